@@ -1,0 +1,52 @@
+//! kiln-worker-sdk: the ABI-stable contract between the kiln server and its worker
+//! plugins.
+//!
+//! A plugin is a `cdylib` crate that implements [`Worker`] and calls
+//! [`export_worker!`] once. The server loads it with abi_stable, which checks the
+//! SDK version and the layout of every type crossing the boundary, and refuses a
+//! mismatch with an error. Every entry point catches panics and turns them into an
+//! error for the batch. Plugin `log` records reach the server's log.
+//!
+//! ```ignore
+//! use kiln_worker_sdk::*;
+//! struct Echo;
+//! impl Worker for Echo { /* init, info, run */ }
+//! export_worker!(Echo);
+//! ```
+//!
+//! [`testing::Harness`] runs a worker in-process for unit tests.
+
+pub mod batch;
+pub mod error;
+pub mod ffi;
+pub mod logging;
+pub mod testing;
+pub mod types;
+pub mod worker;
+
+pub use batch::{
+    Batch, BatchFfi, Input, InputFfi, Output, OutputBuffer, OutputBufferRef, OutputBuffer_TO,
+    OutputFfi, RequestFfi,
+};
+pub use error::WorkerError;
+pub use ffi::{WorkerBox, WorkerFfi, WorkerFfi_TO, WorkerMod, WorkerModRef};
+pub use logging::LogSink;
+pub use types::{
+    params_from_pairs, tensor_byte_len, BatcherKind, DataType, Param, ParamValue, Params, Shape,
+    TensorSpec, WorkerInfo, MAX_RANK,
+};
+pub use worker::Worker;
+
+pub use abi_stable::sabi_trait::TD_Opaque;
+
+/// Items the [`export_worker!`] macro and the host need from abi_stable.
+#[doc(hidden)]
+pub mod reexports {
+    pub use abi_stable::library::{
+        __call_root_module_loader, lib_header_from_path, CheckTypeLayout, LibHeader,
+        LibraryError, RootModuleResult,
+    };
+    pub use abi_stable::sabi_types::RMut;
+    pub use abi_stable::std_types::{RResult, RSlice, RStr, RString};
+    pub use abi_stable::prefix_type::PrefixTypeTrait;
+}

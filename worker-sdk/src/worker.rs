@@ -1,0 +1,40 @@
+//! The trait a plugin author implements: plain Rust, free to panic (the SDK catches it).
+
+use crate::batch::Batch;
+use crate::error::WorkerError;
+use crate::types::{Params, WorkerInfo};
+
+/// A worker: one instance of a plugin's compute. The server drives each instance on
+/// one thread through `init → allocate → acquire → run… → release → deallocate →
+/// destroy` (destroy is `Drop`). Panics in any step are caught at the boundary.
+pub trait Worker: Send + Sized + 'static {
+    /// Creates the worker from its load-time parameters (`batch_size`, and any of the
+    /// worker's own).
+    fn init(params: Params<'_>) -> Result<Self, WorkerError>;
+
+    /// Describes inputs, outputs and batching. Called after `init`.
+    fn info(&self) -> WorkerInfo;
+
+    /// Allocates per-instance resources sized for `batch_size` rows.
+    fn allocate(&mut self, _batch_size: usize) -> Result<(), WorkerError> {
+        Ok(())
+    }
+
+    /// Acquires what running needs (sessions, devices). Called again after a failure.
+    fn acquire(&mut self) -> Result<(), WorkerError> {
+        Ok(())
+    }
+
+    /// Runs one batch: read the inputs, allocate and fill every output.
+    fn run(&mut self, batch: &mut Batch<'_, '_>) -> Result<(), WorkerError>;
+
+    /// Releases what `acquire` took.
+    fn release(&mut self) -> Result<(), WorkerError> {
+        Ok(())
+    }
+
+    /// Frees what `allocate` took.
+    fn deallocate(&mut self) -> Result<(), WorkerError> {
+        Ok(())
+    }
+}

@@ -1,0 +1,74 @@
+//! `echo`: UINT32 `INPUT0` of shape [-1] → `OUTPUT0` = input + 1 (AMD Inference Server
+//! parity). Elementwise, so requests of any length share a batch.
+
+use kiln_worker_sdk::{
+    export_worker, Batch, BatcherKind, DataType, Params, TensorSpec, Worker, WorkerError,
+    WorkerInfo,
+};
+
+/// Largest batch (rows) echo accepts.
+const MAX_BATCH: i64 = 4096;
+
+/// The echo worker.
+pub struct Echo {
+    max_batch_size: u32,
+}
+
+impl Worker for Echo {
+    fn init(params: Params<'_>) -> Result<Self, WorkerError> {
+        let max = params.int("max_batch_size")?.unwrap_or(MAX_BATCH);
+        if !(1..=MAX_BATCH).contains(&max) {
+            return Err(format!("max_batch_size must be in 1..={MAX_BATCH}, got {max}").into());
+        }
+        Ok(Echo {
+            max_batch_size: max as u32,
+        })
+    }
+
+    fn info(&self) -> WorkerInfo {
+        WorkerInfo {
+            inputs: vec![TensorSpec::new("INPUT0", DataType::Uint32, &[-1])].into(),
+            outputs: vec![TensorSpec::new("OUTPUT0", DataType::Uint32, &[-1])].into(),
+            max_batch_size: self.max_batch_size,
+            batcher: BatcherKind::Soft,
+            allow_ragged_batch: true,
+        }
+    }
+
+    fn run(&mut self, batch: &mut Batch<'_, '_>) -> Result<(), WorkerError> {
+        let input = batch.input(0)?;
+        let values = input.as_slice::<u32>()?;
+        let mut output = batch.output(0)?;
+        let out = output.allocate_as::<u32>(input.shapes())?;
+        for (o, v) in out.iter_mut().zip(values) {
+            *o = v.wrapping_add(1);
+        }
+        Ok(())
+    }
+}
+
+export_worker!(Echo);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_worker_sdk::testing::{Harness, TestTensor};
+
+    #[test]
+    fn adds_one_per_request() {
+        let mut h = Harness::start::<Echo>(&[]).unwrap();
+        let a = vec![TestTensor::new("INPUT0", DataType::Uint32, &[1, 3], &[1u32, 2, 3])];
+        let b = vec![TestTensor::new("INPUT0", DataType::Uint32, &[2, 1], &[10u32, u32::MAX])];
+        let out = h.run(&[a, b]).unwrap();
+        assert_eq!(out[0][0].values::<u32>(), vec![2, 3, 4]);
+        assert_eq!(out[0][0].shape.dims(), &[1, 3]);
+        assert_eq!(out[1][0].values::<u32>(), vec![11, 0]);
+        assert_eq!(out[1][0].shape.dims(), &[2, 1]);
+    }
+
+    #[test]
+    fn rejects_bad_max_batch_size() {
+        assert!(Harness::start::<Echo>(&[("max_batch_size", "0")]).is_err());
+        assert!(Harness::start::<Echo>(&[("max_batch_size", "x")]).is_err());
+    }
+}

@@ -1,0 +1,73 @@
+//! `faulty`: a worker for testing failure handling. INT32 `INPUT0` [-1] is copied to
+//! `OUTPUT0`, except that a batch holding the value -1 panics and one holding -2
+//! returns an error. `fail_init=true` makes `init` fail (to test load rollback).
+
+use kiln_worker_sdk::{
+    export_worker, Batch, BatcherKind, DataType, Params, TensorSpec, Worker, WorkerError,
+    WorkerInfo,
+};
+
+/// The faulty worker.
+pub struct Faulty;
+
+impl Worker for Faulty {
+    fn init(params: Params<'_>) -> Result<Self, WorkerError> {
+        if params.bool("fail_init")?.unwrap_or(false) {
+            return Err("init failed as asked (fail_init=true)".into());
+        }
+        Ok(Faulty)
+    }
+
+    fn info(&self) -> WorkerInfo {
+        WorkerInfo {
+            inputs: vec![TensorSpec::new("INPUT0", DataType::Int32, &[-1])].into(),
+            outputs: vec![TensorSpec::new("OUTPUT0", DataType::Int32, &[-1])].into(),
+            max_batch_size: 64,
+            batcher: BatcherKind::Soft,
+            allow_ragged_batch: true,
+        }
+    }
+
+    fn run(&mut self, batch: &mut Batch<'_, '_>) -> Result<(), WorkerError> {
+        let input = batch.input(0)?;
+        let values = input.as_slice::<i32>()?;
+        if values.contains(&-1) {
+            panic!("faulty worker saw -1");
+        }
+        if values.contains(&-2) {
+            return Err("faulty worker saw -2".into());
+        }
+        let mut output = batch.output(0)?;
+        output
+            .allocate_as::<i32>(input.shapes())?
+            .copy_from_slice(values);
+        Ok(())
+    }
+}
+
+export_worker!(Faulty);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_worker_sdk::testing::{Harness, TestTensor};
+
+    #[test]
+    fn panic_becomes_error_and_instance_recovers() {
+        let mut h = Harness::start::<Faulty>(&[]).unwrap();
+        let bad = vec![TestTensor::new("INPUT0", DataType::Int32, &[1, 2], &[5i32, -1])];
+        let err = h.run(&[bad]).unwrap_err();
+        assert!(err.0.contains("panicked"), "{err}");
+        h.restart().unwrap();
+        let good = vec![TestTensor::new("INPUT0", DataType::Int32, &[1, 2], &[5i32, 6])];
+        assert_eq!(h.run(&[good]).unwrap()[0][0].values::<i32>(), vec![5, 6]);
+    }
+
+    #[test]
+    fn error_and_failed_init() {
+        let mut h = Harness::start::<Faulty>(&[]).unwrap();
+        let bad = vec![TestTensor::new("INPUT0", DataType::Int32, &[1, 1], &[-2i32])];
+        assert_eq!(h.run(&[bad]).unwrap_err().0, "faulty worker saw -2");
+        assert!(Harness::start::<Faulty>(&[("fail_init", "true")]).is_err());
+    }
+}
