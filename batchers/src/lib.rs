@@ -1,0 +1,23 @@
+//! kiln-batchers: turn single requests into batches.
+//!
+//! A worker group's batcher threads share one request queue and one batch queue.
+//! Each thread takes a request, takes a buffer set from the group's pool (blocking
+//! while every set is in flight: the backpressure), copies request tensors into the
+//! set's contiguous memory, and hands the [`Batch`] on when the policy fires:
+//!
+//! - **hard**: exactly `batch_size` rows;
+//! - **soft**: up to `batch_size` rows, or what has arrived when `timeout` after the
+//!   first request (counted from its arrival) expires.
+//!
+//! A request whose first dimension is a batch of its own counts with that many rows
+//! and is never split. Unless the worker allows ragged batches, a batch only holds
+//! requests whose non-batch dimensions match. Nothing here knows about protocols:
+//! a request carries an opaque reply handle `R`.
+
+mod batch;
+mod batcher;
+mod request;
+
+pub use batch::{Batch, Member};
+pub use batcher::{run_batcher, BatcherConfig};
+pub use request::{Request, Tensor};

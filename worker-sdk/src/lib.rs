@@ -47,6 +47,6 @@ pub mod reexports {
         LibraryError, RootModuleResult,
     };
     pub use abi_stable::sabi_types::RMut;
-    pub use abi_stable::std_types::{RResult, RSlice, RStr, RString};
+    pub use abi_stable::std_types::{RResult, RSlice, RSliceMut, RStr, RString};
     pub use abi_stable::prefix_type::PrefixTypeTrait;
 }

@@ -1,0 +1,89 @@
+//! A batch: pooled contiguous input memory plus what answering each request needs.
+
+use std::time::Instant;
+
+use kiln_buffers::{BufferSet, Pooled};
+use kiln_worker_sdk::{Param, Shape};
+
+use crate::request::Request;
+
+/// What a batch keeps of each request once its tensors are copied in.
+#[derive(Debug)]
+pub struct Member<R> {
+    pub rows: usize,
+    pub params: Vec<Param>,
+    pub arrived: Instant,
+    pub reply: R,
+}
+
+/// Requests combined for one `run`: input `i` of every request lies back to back in
+/// `buffers.inputs[i]`, and `shapes[i][j]` is request `j`'s shape of input `i`.
+pub struct Batch<R> {
+    pub buffers: Pooled<BufferSet>,
+    pub shapes: Vec<Vec<Shape>>,
+    pub members: Vec<Member<R>>,
+    pub rows: usize,
+    /// The first request kept for shape comparisons (its tensors are already copied).
+    first_shapes: Vec<Shape>,
+}
+
+impl<R> Batch<R> {
+    /// An empty batch on a cleared buffer set, for a worker with `inputs` inputs.
+    pub fn new(mut buffers: Pooled<BufferSet>, inputs: usize, capacity: usize) -> Batch<R> {
+        buffers.clear();
+        Batch {
+            buffers,
+            shapes: (0..inputs).map(|_| Vec::with_capacity(capacity)).collect(),
+            members: Vec::with_capacity(capacity),
+            rows: 0,
+            first_shapes: Vec::new(),
+        }
+    }
+
+    /// Number of requests.
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Whether the batch holds no request.
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// Whether `request` may join without exceeding `batch_size` rows and, unless
+    /// `ragged`, with the same non-batch dimensions as the batch.
+    pub fn accepts(&self, request: &Request<R>, batch_size: usize, ragged: bool) -> bool {
+        if self.members.is_empty() {
+            return true;
+        }
+        self.rows + request.rows <= batch_size
+            && (ragged
+                || self
+                    .first_shapes
+                    .iter()
+                    .zip(&request.inputs)
+                    .all(|(a, b)| a.inner() == b.shape.inner()))
+    }
+
+    /// Copies `request`'s tensors in and keeps what answering it needs.
+    pub fn push(&mut self, request: Request<R>) {
+        if self.members.is_empty() {
+            self.first_shapes = request.inputs.iter().map(|t| t.shape).collect();
+        }
+        for (i, tensor) in request.inputs.iter().enumerate() {
+            if let (Some(buf), Some(shapes)) =
+                (self.buffers.inputs.get_mut(i), self.shapes.get_mut(i))
+            {
+                buf.extend_from_slice(&tensor.data);
+                shapes.push(tensor.shape);
+            }
+        }
+        self.rows += request.rows;
+        self.members.push(Member {
+            rows: request.rows,
+            params: request.params,
+            arrived: request.arrived,
+            reply: request.reply,
+        });
+    }
+}

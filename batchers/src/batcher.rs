@@ -1,0 +1,242 @@
+//! The batcher loop: one thread of a group's batcher group.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use kiln_buffers::{BufferSet, Pool};
+use kiln_worker_sdk::BatcherKind;
+
+use crate::batch::Batch;
+use crate::request::Request;
+
+/// How a batcher forms batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatcherConfig {
+    pub kind: BatcherKind,
+    /// Most rows per batch (hard: exactly this many).
+    pub batch_size: usize,
+    /// Soft batcher: how long after the first request's arrival a partial batch waits.
+    pub timeout: Duration,
+    /// Whether requests with different non-batch dimensions may share a batch.
+    pub allow_ragged: bool,
+    /// Number of inputs the worker declares.
+    pub inputs: usize,
+}
+
+/// Runs one batcher until `requests` is disconnected and drained. Every request
+/// taken is put in a batch; every batch formed is sent to `batches` (a send fails
+/// only when no worker is left, and then the batch, with its replies, is dropped).
+pub fn run_batcher<R>(
+    config: BatcherConfig,
+    requests: Receiver<Request<R>>,
+    pool: Arc<Pool<BufferSet>>,
+    batches: Sender<Batch<R>>,
+) {
+    let batch_size = config.batch_size.max(1);
+    let mut carried: Option<Request<R>> = None;
+    loop {
+        let first = match carried.take() {
+            Some(request) => request,
+            None => match requests.recv() {
+                Ok(request) => request,
+                Err(_) => return,
+            },
+        };
+        let deadline = first.arrived + config.timeout;
+        let mut batch = Batch::new(pool.acquire(), config.inputs, batch_size.min(256));
+        batch.push(first);
+        while batch.rows < batch_size {
+            let next = match requests.try_recv() {
+                Ok(request) => Ok(request),
+                Err(_) => match config.kind {
+                    BatcherKind::Hard => requests.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                    BatcherKind::Soft => recv_until(&requests, deadline),
+                },
+            };
+            match next {
+                Ok(request) if batch.accepts(&request, batch_size, config.allow_ragged) => {
+                    batch.push(request)
+                }
+                Ok(request) => {
+                    carried = Some(request);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        if batches.send(batch).is_err() {
+            return;
+        }
+    }
+}
+
+fn recv_until<T>(rx: &Receiver<T>, deadline: Instant) -> Result<T, RecvTimeoutError> {
+    if Instant::now() >= deadline {
+        return Err(RecvTimeoutError::Timeout);
+    }
+    rx.recv_deadline(deadline)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use crossbeam_channel::{bounded, unbounded};
+    use kiln_worker_sdk::{DataType, Shape};
+
+    use crate::request::Tensor;
+
+    fn request(id: u32, dims: &[i64]) -> Request<u32> {
+        let shape = Shape::new(dims).unwrap();
+        let data: Vec<u8> = (0..shape.element_count() as u32)
+            .flat_map(|v| (v + id * 1000).to_le_bytes())
+            .collect();
+        Request {
+            inputs: vec![Tensor {
+                dtype: DataType::Uint32,
+                shape,
+                data: Bytes::from(data),
+            }],
+            rows: shape.rows(),
+            params: Vec::new(),
+            arrived: Instant::now(),
+            reply: id,
+        }
+    }
+
+    fn config(kind: BatcherKind, batch_size: usize, timeout_ms: u64, ragged: bool) -> BatcherConfig {
+        BatcherConfig {
+            kind,
+            batch_size,
+            timeout: Duration::from_millis(timeout_ms),
+            allow_ragged: ragged,
+            inputs: 1,
+        }
+    }
+
+    /// Sends `reqs`, closes the queue, runs one batcher to the end and returns the
+    /// batches as (reply ids, rows, input bytes).
+    fn batch_all(cfg: BatcherConfig, reqs: Vec<Request<u32>>) -> Vec<(Vec<u32>, usize, Vec<u8>)> {
+        let (tx, rx) = unbounded();
+        let (btx, brx) = unbounded();
+        for r in reqs {
+            tx.send(r).unwrap();
+        }
+        drop(tx);
+        let pool = Pool::new(64, || BufferSet::with_capacities(&[64], &[64]));
+        run_batcher(cfg, rx, pool, btx);
+        brx.iter()
+            .map(|b| {
+                (
+                    b.members.iter().map(|m| m.reply).collect(),
+                    b.rows,
+                    b.buffers.inputs[0].as_slice().to_vec(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn full_batches_in_order() {
+        let reqs = (0..8).map(|i| request(i, &[1, 2])).collect();
+        let out = batch_all(config(BatcherKind::Soft, 4, 1000, false), reqs);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].0, vec![0, 1, 2, 3]);
+        assert_eq!(out[1].0, vec![4, 5, 6, 7]);
+        // Each request's tensor lies back to back, in order.
+        let words: Vec<u32> = bytemuck_words(&out[1].2);
+        assert_eq!(words, vec![4000, 4001, 5000, 5001, 6000, 6001, 7000, 7001]);
+    }
+
+    fn bytemuck_words(bytes: &[u8]) -> Vec<u32> {
+        bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
+    #[test]
+    fn soft_sends_partial_batch_on_timeout() {
+        let (tx, rx) = unbounded();
+        let (btx, brx) = unbounded();
+        let pool = Pool::new(4, || BufferSet::with_capacities(&[64], &[64]));
+        let cfg = config(BatcherKind::Soft, 8, 30, false);
+        let handle = std::thread::spawn(move || run_batcher(cfg, rx, pool, btx));
+        let sent = Instant::now();
+        tx.send(request(1, &[1, 1])).unwrap();
+        tx.send(request(2, &[1, 1])).unwrap();
+        let batch = brx.recv_timeout(Duration::from_secs(5)).unwrap();
+        let waited = sent.elapsed();
+        assert_eq!(batch.members.iter().map(|m| m.reply).collect::<Vec<_>>(), vec![1, 2]);
+        assert!(waited >= Duration::from_millis(30), "sent after {waited:?}");
+        drop(tx);
+        handle.join().unwrap();
+    }
+
+    #[test]
+    fn hard_waits_for_a_full_batch() {
+        let (tx, rx) = unbounded();
+        let (btx, brx) = unbounded();
+        let pool = Pool::new(4, || BufferSet::with_capacities(&[64], &[64]));
+        let cfg = config(BatcherKind::Hard, 3, 0, false);
+        let handle = std::thread::spawn(move || run_batcher(cfg, rx, pool, btx));
+        tx.send(request(1, &[1, 1])).unwrap();
+        tx.send(request(2, &[1, 1])).unwrap();
+        assert!(brx.recv_timeout(Duration::from_millis(50)).is_err());
+        tx.send(request(3, &[1, 1])).unwrap();
+        let batch = brx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(batch.rows, 3);
+        // On shutdown a partial hard batch is still sent: nothing accepted is lost.
+        tx.send(request(4, &[1, 1])).unwrap();
+        drop(tx);
+        handle.join().unwrap();
+        assert_eq!(brx.recv().unwrap().members[0].reply, 4);
+    }
+
+    #[test]
+    fn multi_row_request_counts_its_rows_and_is_not_split() {
+        let reqs = vec![request(0, &[3, 1]), request(1, &[2, 1]), request(2, &[1, 1])];
+        let out = batch_all(config(BatcherKind::Soft, 4, 0, false), reqs);
+        // 3 rows, then 2 would make 5 > 4: the 2-row request starts the next batch.
+        assert_eq!(out.iter().map(|b| (b.0.clone(), b.1)).collect::<Vec<_>>(), vec![
+            (vec![0], 3),
+            (vec![1, 2], 3)
+        ]);
+    }
+
+    #[test]
+    fn mismatched_shapes_split_unless_ragged() {
+        let reqs = || vec![request(0, &[1, 2]), request(1, &[1, 3]), request(2, &[1, 3])];
+        let strict = batch_all(config(BatcherKind::Soft, 8, 0, false), reqs());
+        assert_eq!(strict.iter().map(|b| b.0.clone()).collect::<Vec<_>>(), vec![vec![0], vec![1, 2]]);
+        let ragged = batch_all(config(BatcherKind::Soft, 8, 0, true), reqs());
+        assert_eq!(ragged.len(), 1);
+        assert_eq!(ragged[0].2.len(), (2 + 3 + 3) * 4);
+    }
+
+    #[test]
+    fn pool_bounds_batches_in_flight() {
+        let (tx, rx) = bounded(64);
+        let (btx, brx) = unbounded();
+        let pool = Pool::new(2, || BufferSet::with_capacities(&[64], &[64]));
+        let p = Arc::clone(&pool);
+        let handle = std::thread::spawn(move || run_batcher(config(BatcherKind::Soft, 1, 0, false), rx, p, btx));
+        for i in 0..5 {
+            tx.send(request(i, &[1, 1])).unwrap();
+        }
+        let first = brx.recv_timeout(Duration::from_secs(5)).unwrap();
+        let second = brx.recv_timeout(Duration::from_secs(5)).unwrap();
+        // Both sets are out: the batcher blocks until one comes back.
+        assert!(brx.recv_timeout(Duration::from_millis(50)).is_err());
+        assert_eq!(pool.in_use(), 2);
+        drop(first);
+        let third = brx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(third.members[0].reply, 2);
+        drop((second, third));
+        drop(tx);
+        let rest: Vec<_> = brx.iter().map(|b| b.members[0].reply).collect();
+        assert_eq!(rest, vec![3, 4]);
+        handle.join().unwrap();
+    }
+}
