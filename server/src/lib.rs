@@ -1,0 +1,21 @@
+//! kiln-server: the kiln inference server as a library, and the `kiln` binary.
+//!
+//! [`Server`] is the in-process API: start it, load workers, `infer().await` with
+//! no socket. [`http`] serves it over REST (KServe v2).
+
+pub mod error;
+pub mod group;
+pub mod http;
+pub mod infer;
+pub mod instance;
+pub mod logging;
+pub mod manager;
+pub mod metrics;
+pub mod params;
+pub mod plugin;
+pub mod server;
+
+pub use error::ServerError;
+pub use infer::{InferRequest, InferResponse, InputTensor, OutputTensor};
+pub use kiln_worker_sdk::{params_from_pairs, DataType, Param, ParamValue};
+pub use server::{Server, ServerConfig};

@@ -1,1 +1,133 @@
-fn main(){}
+//! `kiln`: the inference server binary.
+
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand};
+use kiln_server::http::{serve, HttpConfig};
+use kiln_server::{Param, ParamValue, Server, ServerConfig};
+
+#[derive(Parser)]
+#[command(name = "kiln", version, about = "kiln: a model inference server")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start the server.
+    Serve(ServeArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// HTTP port (0: any free port; the bound address is printed).
+    #[arg(long, env = "KILN_HTTP_PORT", default_value_t = 8000)]
+    http_port: u16,
+    /// Address to listen on.
+    #[arg(long, env = "KILN_HOST", default_value = "0.0.0.0")]
+    host: IpAddr,
+    /// Directory holding worker plugins (repeatable; env: `:`-separated). Default:
+    /// the directory of the `kiln` executable, then ../lib/kiln beside it.
+    #[arg(long = "plugin-dir", env = "KILN_PLUGIN_DIR", value_delimiter = ':')]
+    plugin_dirs: Vec<PathBuf>,
+    /// Load a worker at start: WORKER[:key=value,...] (repeatable; env: `;`-separated).
+    #[arg(long = "load", env = "KILN_LOAD", value_delimiter = ';')]
+    load: Vec<String>,
+    /// Log level: error, warn, info, debug or trace.
+    #[arg(long, env = "KILN_LOG_LEVEL", default_value = "info")]
+    log_level: String,
+    /// Log file; with one, the console shows only warnings and errors.
+    #[arg(long, env = "KILN_LOG_FILE")]
+    log_file: Option<PathBuf>,
+    /// Largest request body in bytes.
+    #[arg(long, env = "KILN_MAX_BODY_BYTES", default_value_t = 64 << 20)]
+    max_body_bytes: usize,
+    /// HTTP worker threads (default: one per core).
+    #[arg(long, env = "KILN_HTTP_WORKERS")]
+    http_workers: Option<usize>,
+}
+
+/// Parses `WORKER[:key=value,...]`.
+fn parse_load(spec: &str) -> anyhow::Result<(String, Vec<Param>)> {
+    let (worker, rest) = spec.split_once(':').unwrap_or((spec, ""));
+    if worker.trim().is_empty() {
+        bail!("--load `{spec}`: no worker name");
+    }
+    let mut params = Vec::new();
+    for pair in rest.split(',').filter(|p| !p.trim().is_empty()) {
+        let Some((key, value)) = pair.split_once('=') else {
+            bail!("--load `{spec}`: `{pair}` is not key=value");
+        };
+        params.push(Param {
+            key: key.trim().into(),
+            value: ParamValue::Str(value.trim().into()),
+        });
+    }
+    Ok((worker.trim().to_ascii_lowercase(), params))
+}
+
+#[actix_web::main]
+async fn main() -> anyhow::Result<()> {
+    let Command::Serve(args) = Cli::parse().command;
+    kiln_server::logging::init(&args.log_level, args.log_file.as_deref())
+        .map_err(anyhow::Error::msg)
+        .context("cannot set up logging")?;
+    let loads = args
+        .load
+        .iter()
+        .map(|s| parse_load(s))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let server = Server::start(ServerConfig {
+        plugin_dirs: args.plugin_dirs.clone(),
+    })?;
+    for (worker, params) in loads {
+        let endpoint = server
+            .load(&worker, params)
+            .await
+            .with_context(|| format!("loading `{worker}` at start"))?;
+        spdlog::info!("serving `{endpoint}`");
+    }
+    let (http, addrs) = serve(
+        server.clone(),
+        HttpConfig {
+            addr: SocketAddr::new(args.host, args.http_port),
+            max_body_bytes: args.max_body_bytes,
+            workers: args
+                .http_workers
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
+        },
+    )
+    .with_context(|| format!("cannot listen on {}:{}", args.host, args.http_port))?;
+    for addr in &addrs {
+        // A stable line for scripts and tests that start kiln on port 0.
+        println!("kiln: HTTP listening on {addr}");
+        spdlog::info!("HTTP listening on {addr}");
+    }
+    std::io::stdout().flush()?;
+    server.set_ready(true);
+    http.await?;
+    spdlog::info!("stopping: draining every model");
+    server.shutdown().await;
+    spdlog::default_logger().flush();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn load_specs() {
+        let (w, p) = parse_load("Echo:batch_size=8, timeout=2").unwrap();
+        assert_eq!(w, "echo");
+        assert_eq!(p.len(), 2);
+        assert_eq!(p[1].key.as_str(), "timeout");
+        assert!(parse_load("echo:batch_size").is_err());
+        assert!(parse_load(":x=1").is_err());
+        assert_eq!(parse_load("invert-image").unwrap().1.len(), 0);
+    }
+}

@@ -1,0 +1,64 @@
+//! The server's errors, and the one place that maps them to protocol status codes.
+
+use std::time::Duration;
+
+/// Anything that can go wrong serving a request or changing the loaded workers.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ServerError {
+    /// The request is malformed or does not fit the model (HTTP 400).
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// The request body is larger than the configured limit (HTTP 413).
+    #[error("{0}")]
+    TooLarge(String),
+    /// No such model, version or worker (HTTP 404).
+    #[error("{0}")]
+    NotFound(String),
+    /// The model's queue is full; retry later (HTTP 429 with `Retry-After`).
+    #[error("model `{model}` is overloaded: its request queue of {capacity} is full")]
+    QueueFull { model: String, capacity: usize },
+    /// The server or model cannot take requests now (HTTP 503).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The worker failed this request's batch (HTTP 500).
+    #[error("worker failed: {0}")]
+    WorkerFailed(String),
+    /// Loading a worker failed; nothing of it remains (HTTP 400).
+    #[error("cannot load worker `{worker}`: {reason}")]
+    LoadFailed { worker: String, reason: String },
+    /// A bug or a lost internal reply (HTTP 500).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ServerError {
+    /// The HTTP status for this error.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            ServerError::InvalidRequest(_) | ServerError::LoadFailed { .. } => 400,
+            ServerError::NotFound(_) => 404,
+            ServerError::TooLarge(_) => 413,
+            ServerError::QueueFull { .. } => 429,
+            ServerError::Unavailable(_) => 503,
+            ServerError::WorkerFailed(_) | ServerError::Internal(_) => 500,
+        }
+    }
+
+    /// How long a refused client should wait before retrying, when that applies.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ServerError::QueueFull { .. } | ServerError::Unavailable(_) => {
+                Some(Duration::from_secs(1))
+            }
+            _ => None,
+        }
+    }
+
+    /// Shorthand for [`ServerError::InvalidRequest`].
+    pub fn invalid(message: impl Into<String>) -> Self {
+        ServerError::InvalidRequest(message.into())
+    }
+}
+
+/// Result with a [`ServerError`].
+pub type Result<T, E = ServerError> = std::result::Result<T, E>;

@@ -1,0 +1,272 @@
+//! A worker group: the endpoint clients address. It owns a bounded request queue,
+//! a batcher group (threads sharing that queue and one batch queue), a pool of
+//! buffer sets bounding the batches in flight, and one thread per worker instance.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwapOption;
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TrySendError};
+use kiln_batchers::{run_batcher, Batch, BatcherConfig, Request};
+use kiln_buffers::{BufferSet, Pool};
+use kiln_worker_sdk::{BatcherKind, Shape, WorkerBox, WorkerInfo};
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+
+use crate::error::{Result, ServerError};
+use crate::infer::{validate, InferRequest, InferResponse, MAX_OUTPUTS};
+use crate::instance::{run_instance, InstanceContext};
+use crate::metrics::ModelMetrics;
+use crate::params::GroupParams;
+
+/// How a request is answered once its batch has run.
+pub struct Reply {
+    pub tx: oneshot::Sender<Result<InferResponse>>,
+    pub id: Option<String>,
+    /// Bit `i` set: return output `i`.
+    pub output_mask: u64,
+}
+
+/// Settings a group runs with, resolved from parameters and the worker's info.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupSettings {
+    pub batch_size: usize,
+    pub batcher: BatcherKind,
+    pub timeout: Duration,
+    pub batchers: usize,
+    pub max_buffers: usize,
+    pub queue_size: usize,
+}
+
+/// A loaded endpoint.
+pub struct WorkerGroup {
+    pub endpoint: String,
+    pub worker: String,
+    pub info: Arc<WorkerInfo>,
+    pub settings: GroupSettings,
+    /// The load-time parameters' identity (see [`crate::params::identity`]).
+    pub identity: String,
+    queue: ArcSwapOption<Sender<Request<Reply>>>,
+    batches: Receiver<Batch<Reply>>,
+    pool: Arc<Pool<BufferSet>>,
+    context: Arc<InstanceContext>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl WorkerGroup {
+    /// Starts a group around initialized worker instances (all of one plugin, all
+    /// with the same `info`).
+    pub fn start(
+        endpoint: String,
+        worker: String,
+        identity: String,
+        info: WorkerInfo,
+        params: &GroupParams,
+        instances: Vec<WorkerBox>,
+        metrics: ModelMetrics,
+    ) -> Result<Arc<WorkerGroup>> {
+        let settings = resolve(&info, params, instances.len())?;
+        let info = Arc::new(info);
+        let (queue_tx, queue_rx) = bounded::<Request<Reply>>(settings.queue_size);
+        let (batch_tx, batch_rx) = unbounded::<Batch<Reply>>();
+        let (input_caps, output_caps) = buffer_capacities(&info, settings.batch_size);
+        let pool = Pool::new(settings.max_buffers, || {
+            BufferSet::with_capacities(&input_caps, &output_caps)
+        });
+        metrics.pool_size.set(settings.max_buffers as i64);
+        let context = Arc::new(InstanceContext {
+            endpoint: endpoint.clone(),
+            info: Arc::clone(&info),
+            metrics,
+            healthy: AtomicUsize::new(0),
+        });
+        let config = BatcherConfig {
+            kind: settings.batcher,
+            batch_size: settings.batch_size,
+            timeout: settings.timeout,
+            allow_ragged: info.allow_ragged_batch,
+            inputs: info.inputs.len(),
+        };
+        let mut threads = Vec::new();
+        for i in 0..settings.batchers {
+            let (rx, tx, pool) = (queue_rx.clone(), batch_tx.clone(), Arc::clone(&pool));
+            threads.push(spawn(format!("batcher-{endpoint}-{i}"), move || {
+                run_batcher(config, rx, pool, tx)
+            })?);
+        }
+        let group = Arc::new(WorkerGroup {
+            endpoint,
+            worker,
+            info,
+            settings,
+            identity,
+            queue: ArcSwapOption::from_pointee(queue_tx),
+            batches: batch_rx,
+            pool,
+            context,
+            threads: Mutex::new(threads),
+        });
+        for instance in instances {
+            group.add_instance(instance)?;
+        }
+        Ok(group)
+    }
+
+    /// Starts one more worker instance on this group's batch queue.
+    pub fn add_instance(&self, worker: WorkerBox) -> Result<()> {
+        let (ctx, rx) = (Arc::clone(&self.context), self.batches.clone());
+        self.context.healthy.fetch_add(1, Ordering::SeqCst);
+        self.context
+            .metrics
+            .instances
+            .set(self.context.healthy.load(Ordering::SeqCst) as i64);
+        let n = self.threads.lock().len();
+        let handle = spawn(format!("worker-{}-{n}", self.endpoint), move || {
+            run_instance(worker, ctx, rx)
+        })?;
+        self.threads.lock().push(handle);
+        Ok(())
+    }
+
+    /// Validates `request` and queues it; the receiver yields its answer. A full
+    /// queue refuses at once.
+    pub fn submit(&self, request: InferRequest) -> Result<oneshot::Receiver<Result<InferResponse>>> {
+        let metrics = &self.context.metrics;
+        let InferRequest {
+            id, parameters, ..
+        } = &request;
+        let (id, parameters) = (id.clone(), parameters.clone());
+        let valid = validate(&self.info, self.settings.batch_size, request).inspect_err(|_| {
+            metrics.invalid.inc();
+        })?;
+        let queue = self.queue.load();
+        let Some(tx) = queue.as_ref() else {
+            return Err(self.gone());
+        };
+        let (reply_tx, reply_rx) = oneshot::channel();
+        let request = Request {
+            inputs: valid.inputs,
+            rows: valid.rows,
+            params: parameters,
+            arrived: Instant::now(),
+            reply: Reply {
+                tx: reply_tx,
+                id,
+                output_mask: valid.output_mask,
+            },
+        };
+        metrics.pending.inc();
+        match tx.try_send(request) {
+            Ok(()) => Ok(reply_rx),
+            Err(e) => {
+                metrics.pending.dec();
+                match e {
+                    TrySendError::Full(_) => {
+                        metrics.rejected.inc();
+                        Err(ServerError::QueueFull {
+                            model: self.endpoint.clone(),
+                            capacity: self.settings.queue_size,
+                        })
+                    }
+                    TrySendError::Disconnected(_) => Err(self.gone()),
+                }
+            }
+        }
+    }
+
+    fn gone(&self) -> ServerError {
+        ServerError::NotFound(format!("model `{}` is unloading", self.endpoint))
+    }
+
+    /// Whether some instance can run batches.
+    pub fn is_ready(&self) -> bool {
+        self.queue.load().is_some() && self.context.healthy.load(Ordering::SeqCst) > 0
+    }
+
+    /// Worker instances running.
+    pub fn instance_count(&self) -> usize {
+        self.threads.lock().len().saturating_sub(self.settings.batchers)
+    }
+
+    /// Refreshes gauges that are read rather than counted.
+    pub fn refresh_gauges(&self) {
+        let m = &self.context.metrics;
+        m.pool_in_use.set(self.pool.in_use() as i64);
+        m.instances
+            .set(self.context.healthy.load(Ordering::SeqCst) as i64);
+    }
+
+    /// Refuses new requests, answers every accepted one, then stops the threads and
+    /// ends every instance's lifecycle. Returns when all is done.
+    pub fn drain(&self) {
+        // Dropping the last sender lets the batchers drain the queue and exit; the
+        // worker threads then drain the batch queue and exit.
+        self.queue.store(None);
+        let threads = std::mem::take(&mut *self.threads.lock());
+        for handle in threads {
+            if handle.join().is_err() {
+                spdlog::error!("a thread of `{}` panicked", self.endpoint);
+            }
+        }
+    }
+}
+
+fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(f)
+        .map_err(|e| ServerError::Internal(format!("cannot start a thread: {e}")))
+}
+
+/// Resolves the group's settings against what the worker accepts.
+fn resolve(info: &WorkerInfo, params: &GroupParams, instances: usize) -> Result<GroupSettings> {
+    if info.outputs.len() > MAX_OUTPUTS {
+        return Err(ServerError::invalid(format!(
+            "worker declares {} outputs; at most {MAX_OUTPUTS} are supported",
+            info.outputs.len()
+        )));
+    }
+    let max = info.max_batch_size as usize;
+    let batch_size = match (max, params.batch_size) {
+        (0, None) | (0, Some(1)) => 1,
+        (0, Some(n)) => {
+            return Err(ServerError::invalid(format!(
+                "batch_size {n}: this worker does not batch (max_batch_size 0)"
+            )))
+        }
+        (max, Some(n)) if n > max => {
+            return Err(ServerError::invalid(format!(
+                "batch_size {n} exceeds the worker's max_batch_size {max}"
+            )))
+        }
+        (_, Some(n)) => n,
+        (max, None) => max.min(64),
+    };
+    Ok(GroupSettings {
+        batch_size,
+        batcher: params.batcher.unwrap_or(info.batcher),
+        timeout: params.timeout,
+        batchers: params.batchers,
+        max_buffers: params.max_buffers.unwrap_or(2 * instances + 1),
+        queue_size: params.queue_size,
+    })
+}
+
+/// Initial buffer sizes: a full batch of each fixed-size tensor; dynamic ones grow
+/// on first use and keep their memory.
+fn buffer_capacities(info: &WorkerInfo, batch_size: usize) -> (Vec<usize>, Vec<usize>) {
+    let bytes = |dims: &[i64], dtype: kiln_worker_sdk::DataType| -> usize {
+        match (dtype.size(), dims.iter().all(|&d| d >= 0)) {
+            (Some(size), true) => {
+                Shape::new(dims).map_or(0, |s| s.element_count()) * size * batch_size
+            }
+            _ => 4096,
+        }
+    };
+    (
+        info.inputs.iter().map(|s| bytes(&s.dims, s.dtype)).collect(),
+        info.outputs.iter().map(|s| bytes(&s.dims, s.dtype)).collect(),
+    )
+}

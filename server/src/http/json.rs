@@ -1,0 +1,436 @@
+//! KServe v2 JSON: decoding inference requests (tensor data parsed straight into
+//! little-endian bytes by datatype, nested or flat arrays) and encoding responses.
+
+use std::fmt;
+
+use bytes::Bytes;
+use half::{bf16, f16};
+use kiln_worker_sdk::{DataType, Param, ParamValue, Shape};
+use serde::de::{self, DeserializeSeed, SeqAccess, Visitor};
+use serde::ser::SerializeSeq;
+use serde::{Deserialize, Serialize, Serializer};
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+use crate::error::{Result, ServerError};
+use crate::infer::{InferRequest, InferResponse, InputTensor};
+
+#[derive(Deserialize)]
+struct RequestJson<'a> {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    parameters: Option<Map<String, Value>>,
+    #[serde(borrow)]
+    inputs: Vec<InputJson<'a>>,
+    #[serde(default)]
+    outputs: Option<Vec<OutputRequestJson>>,
+}
+
+#[derive(Deserialize)]
+struct InputJson<'a> {
+    name: String,
+    shape: Vec<i64>,
+    datatype: String,
+    #[serde(borrow, default)]
+    data: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct OutputRequestJson {
+    name: String,
+}
+
+/// Decodes a KServe v2 JSON inference request for `model`.
+pub fn decode_request(model: &str, body: &[u8]) -> Result<InferRequest> {
+    let parsed: RequestJson<'_> = serde_json::from_slice(body)
+        .map_err(|e| ServerError::invalid(format!("malformed inference request: {e}")))?;
+    let mut inputs = Vec::with_capacity(parsed.inputs.len());
+    for input in parsed.inputs {
+        let dtype = DataType::parse(&input.datatype).ok_or_else(|| {
+            ServerError::invalid(format!(
+                "input `{}`: unknown datatype `{}`",
+                input.name, input.datatype
+            ))
+        })?;
+        let raw = input
+            .data
+            .ok_or_else(|| ServerError::invalid(format!("input `{}` has no data", input.name)))?;
+        let elements = Shape::new(&input.shape)
+            .filter(|_| input.shape.iter().all(|&d| d >= 0))
+            .map(|s| s.element_count())
+            .ok_or_else(|| {
+                ServerError::invalid(format!(
+                    "input `{}`: shape {:?} is invalid",
+                    input.name, input.shape
+                ))
+            })?;
+        let data = decode_data(dtype, elements, raw).map_err(|e| {
+            ServerError::invalid(format!("input `{}` ({dtype}): {e}", input.name))
+        })?;
+        inputs.push(InputTensor {
+            name: input.name,
+            dtype,
+            shape: input.shape,
+            data,
+        });
+    }
+    Ok(InferRequest {
+        model: model.to_owned(),
+        id: parsed.id,
+        inputs,
+        outputs: parsed
+            .outputs
+            .map(|outs| outs.into_iter().map(|o| o.name).collect()),
+        parameters: match parsed.parameters {
+            Some(map) => params_from_json(map)?,
+            None => Vec::new(),
+        },
+    })
+}
+
+/// Parameters from a JSON object of booleans, numbers and strings.
+pub fn params_from_json(map: Map<String, Value>) -> Result<Vec<Param>> {
+    map.into_iter()
+        .map(|(key, value)| {
+            let value = match value {
+                Value::Bool(b) => ParamValue::Bool(b),
+                Value::Number(n) => match n.as_i64() {
+                    Some(i) => ParamValue::Int(i),
+                    None => ParamValue::Float(n.as_f64().unwrap_or(f64::NAN)),
+                },
+                Value::String(s) => ParamValue::Str(s.into()),
+                other => {
+                    return Err(ServerError::invalid(format!(
+                        "parameter `{key}` must be a boolean, number or string, got {other}"
+                    )))
+                }
+            };
+            Ok(Param {
+                key: key.into(),
+                value,
+            })
+        })
+        .collect()
+}
+
+fn decode_data(dtype: DataType, elements: usize, raw: &RawValue) -> Result<Bytes, String> {
+    let capacity = dtype.size().unwrap_or(8).saturating_mul(elements).min(1 << 26);
+    let mut out = Vec::with_capacity(capacity);
+    let mut count = 0usize;
+    let mut de = serde_json::Deserializer::from_str(raw.get());
+    Flat {
+        dtype,
+        out: &mut out,
+        count: &mut count,
+        limit: elements,
+    }
+    .deserialize(&mut de)
+    .map_err(|e| e.to_string())?;
+    if count != elements {
+        return Err(format!(
+            "the shape holds {elements} elements but data has {count}"
+        ));
+    }
+    Ok(Bytes::from(out))
+}
+
+/// Flattens nested JSON arrays of scalars into little-endian bytes of `dtype`.
+struct Flat<'o> {
+    dtype: DataType,
+    out: &'o mut Vec<u8>,
+    count: &'o mut usize,
+    limit: usize,
+}
+
+impl Flat<'_> {
+    fn reborrow(&mut self) -> Flat<'_> {
+        Flat {
+            dtype: self.dtype,
+            out: self.out,
+            count: self.count,
+            limit: self.limit,
+        }
+    }
+
+    fn element<E: de::Error>(&mut self) -> Result<(), E> {
+        *self.count += 1;
+        if *self.count > self.limit {
+            return Err(E::custom(format!(
+                "data has more elements than the shape's {}",
+                self.limit
+            )));
+        }
+        Ok(())
+    }
+
+    fn int<E: de::Error>(&mut self, v: i128) -> Result<(), E> {
+        self.element()?;
+        let range = || E::custom(format!("{v} is out of range for {}", self.dtype));
+        let out = &mut *self.out;
+        match self.dtype {
+            DataType::Uint8 => out.push(u8::try_from(v).map_err(|_| range())?),
+            DataType::Uint16 => out.extend(u16::try_from(v).map_err(|_| range())?.to_le_bytes()),
+            DataType::Uint32 => out.extend(u32::try_from(v).map_err(|_| range())?.to_le_bytes()),
+            DataType::Uint64 => out.extend(u64::try_from(v).map_err(|_| range())?.to_le_bytes()),
+            DataType::Int8 => out.extend(i8::try_from(v).map_err(|_| range())?.to_le_bytes()),
+            DataType::Int16 => out.extend(i16::try_from(v).map_err(|_| range())?.to_le_bytes()),
+            DataType::Int32 => out.extend(i32::try_from(v).map_err(|_| range())?.to_le_bytes()),
+            DataType::Int64 => out.extend(i64::try_from(v).map_err(|_| range())?.to_le_bytes()),
+            DataType::Fp16 | DataType::Bf16 | DataType::Fp32 | DataType::Fp64 => {
+                return self.float_value(v as f64)
+            }
+            DataType::Bool => match v {
+                0 | 1 => out.push(v as u8),
+                _ => return Err(E::custom(format!("{v} is not a boolean"))),
+            },
+            DataType::Bytes => return Err(E::custom("expected a string, got a number")),
+        }
+        Ok(())
+    }
+
+    fn float_value<E: de::Error>(&mut self, v: f64) -> Result<(), E> {
+        let out = &mut *self.out;
+        match self.dtype {
+            DataType::Fp16 => out.extend(f16::from_f64(v).to_le_bytes()),
+            DataType::Bf16 => out.extend(bf16::from_f64(v).to_le_bytes()),
+            DataType::Fp32 => out.extend((v as f32).to_le_bytes()),
+            DataType::Fp64 => out.extend(v.to_le_bytes()),
+            other => return Err(E::custom(format!("expected an integer for {other}, got {v}"))),
+        }
+        Ok(())
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Flat<'_> {
+    type Value = ();
+
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Flat<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "an array of {} values", self.dtype)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(self.reborrow())?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_u64<E: de::Error>(mut self, v: u64) -> Result<(), E> {
+        self.int(i128::from(v))
+    }
+
+    fn visit_i64<E: de::Error>(mut self, v: i64) -> Result<(), E> {
+        self.int(i128::from(v))
+    }
+
+    fn visit_f64<E: de::Error>(mut self, v: f64) -> Result<(), E> {
+        self.element()?;
+        self.float_value(v)
+    }
+
+    fn visit_bool<E: de::Error>(mut self, v: bool) -> Result<(), E> {
+        if self.dtype != DataType::Bool {
+            return Err(E::custom(format!("expected {} values, got a boolean", self.dtype)));
+        }
+        self.element()?;
+        self.out.push(u8::from(v));
+        Ok(())
+    }
+
+    fn visit_str<E: de::Error>(mut self, v: &str) -> Result<(), E> {
+        if self.dtype != DataType::Bytes {
+            return Err(E::custom(format!("expected {} values, got a string", self.dtype)));
+        }
+        self.element()?;
+        let len = u32::try_from(v.len()).map_err(|_| E::custom("string longer than 4 GiB"))?;
+        self.out.extend(len.to_le_bytes());
+        self.out.extend_from_slice(v.as_bytes());
+        Ok(())
+    }
+}
+
+#[derive(Serialize)]
+struct ResponseJson<'a> {
+    model_name: &'a str,
+    model_version: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a str>,
+    outputs: Vec<OutputJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct OutputJson<'a> {
+    name: &'a str,
+    datatype: &'static str,
+    shape: &'a [i64],
+    data: DataJson<'a>,
+}
+
+/// Tensor bytes written as a flat JSON array of their datatype's values.
+struct DataJson<'a> {
+    dtype: DataType,
+    bytes: &'a [u8],
+}
+
+macro_rules! seq_of {
+    ($seq:ident, $bytes:expr, $t:ty, $n:literal, $map:expr) => {
+        for chunk in $bytes.chunks_exact($n) {
+            let mut word = [0u8; $n];
+            word.copy_from_slice(chunk);
+            $seq.serialize_element(&$map(<$t>::from_le_bytes(word)))?;
+        }
+    };
+}
+
+impl Serialize for DataJson<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let b = self.bytes;
+        let mut seq = s.serialize_seq(None)?;
+        match self.dtype {
+            DataType::Bool => seq_of!(seq, b, u8, 1, |v: u8| v != 0),
+            DataType::Uint8 => seq_of!(seq, b, u8, 1, |v| v),
+            DataType::Uint16 => seq_of!(seq, b, u16, 2, |v| v),
+            DataType::Uint32 => seq_of!(seq, b, u32, 4, |v| v),
+            DataType::Uint64 => seq_of!(seq, b, u64, 8, |v| v),
+            DataType::Int8 => seq_of!(seq, b, i8, 1, |v| v),
+            DataType::Int16 => seq_of!(seq, b, i16, 2, |v| v),
+            DataType::Int32 => seq_of!(seq, b, i32, 4, |v| v),
+            DataType::Int64 => seq_of!(seq, b, i64, 8, |v| v),
+            DataType::Fp16 => seq_of!(seq, b, u16, 2, |v| f16::from_bits(v).to_f32()),
+            DataType::Bf16 => seq_of!(seq, b, u16, 2, |v| bf16::from_bits(v).to_f32()),
+            DataType::Fp32 => seq_of!(seq, b, f32, 4, |v| v),
+            DataType::Fp64 => seq_of!(seq, b, f64, 8, |v| v),
+            DataType::Bytes => {
+                let mut rest = b;
+                while let Some((len, tail)) = rest.split_first_chunk::<4>() {
+                    let len = (u32::from_le_bytes(*len) as usize).min(tail.len());
+                    let (item, tail) = tail.split_at(len);
+                    seq.serialize_element(&String::from_utf8_lossy(item))?;
+                    rest = tail;
+                }
+            }
+        }
+        seq.end()
+    }
+}
+
+/// Encodes a response as KServe v2 JSON.
+pub fn encode_response(response: &InferResponse) -> Vec<u8> {
+    let json = ResponseJson {
+        model_name: &response.model_name,
+        model_version: &response.model_version,
+        id: response.id.as_deref(),
+        outputs: response
+            .outputs
+            .iter()
+            .map(|o| OutputJson {
+                name: &o.name,
+                datatype: o.dtype.as_str(),
+                shape: &o.shape,
+                data: DataJson {
+                    dtype: o.dtype,
+                    bytes: &o.data,
+                },
+            })
+            .collect(),
+    };
+    // Serializing plain structs of numbers and strings into memory cannot fail.
+    serde_json::to_vec(&json).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::infer::OutputTensor;
+
+    fn one_input(datatype: &str, shape: &str, data: &str) -> Result<InferRequest> {
+        let body = format!(
+            r#"{{"id":"7","inputs":[{{"name":"x","shape":{shape},"datatype":"{datatype}","data":{data}}}]}}"#
+        );
+        decode_request("m", body.as_bytes())
+    }
+
+    #[test]
+    fn decodes_every_datatype() {
+        let cases: Vec<(&str, &str, Vec<u8>)> = vec![
+            ("BOOL", "[true,false]", vec![1, 0]),
+            ("UINT8", "[1,255]", vec![1, 255]),
+            ("UINT16", "[1,2]", vec![1, 0, 2, 0]),
+            ("UINT32", "[[1],[2]]", vec![1, 0, 0, 0, 2, 0, 0, 0]),
+            ("UINT64", "[1,2]", [1u64.to_le_bytes(), 2u64.to_le_bytes()].concat()),
+            ("INT8", "[-1,2]", vec![255, 2]),
+            ("INT16", "[-1,2]", vec![255, 255, 2, 0]),
+            ("INT32", "[-1,2]", [(-1i32).to_le_bytes(), 2i32.to_le_bytes()].concat()),
+            ("INT64", "[-1,2]", [(-1i64).to_le_bytes(), 2i64.to_le_bytes()].concat()),
+            ("FP16", "[1.0,2]", [f16::from_f32(1.0).to_le_bytes(), f16::from_f32(2.0).to_le_bytes()].concat()),
+            ("BF16", "[1.0,2]", [bf16::from_f32(1.0).to_le_bytes(), bf16::from_f32(2.0).to_le_bytes()].concat()),
+            ("FP32", "[1.5,2]", [1.5f32.to_le_bytes(), 2f32.to_le_bytes()].concat()),
+            ("FP64", "[1.5,2]", [1.5f64.to_le_bytes(), 2f64.to_le_bytes()].concat()),
+            ("BYTES", r#"["ab",""]"#, vec![2, 0, 0, 0, b'a', b'b', 0, 0, 0, 0]),
+        ];
+        for (dtype, data, want) in cases {
+            let req = one_input(dtype, "[2]", data).unwrap_or_else(|e| panic!("{dtype}: {e}"));
+            assert_eq!(req.inputs[0].data.as_ref(), want.as_slice(), "{dtype}");
+            assert_eq!(req.id.as_deref(), Some("7"));
+        }
+    }
+
+    #[test]
+    fn refuses_bad_data() {
+        for (dtype, shape, data, want) in [
+            ("UINT8", "[2]", "[1,256]", "out of range"),
+            ("INT32", "[2]", "[1,2.5]", "expected an integer"),
+            ("FP32", "[2]", "[1,\"a\"]", "got a string"),
+            ("BYTES", "[1]", "[1]", "expected a string"),
+            ("FP32", "[3]", "[1,2]", "holds 3 elements but data has 2"),
+            ("FP32", "[1]", "[1,2]", "more elements"),
+            ("FP33", "[1]", "[1]", "unknown datatype"),
+            ("FP32", "[-1]", "[1]", "invalid"),
+            ("BOOL", "[1]", "[2]", "not a boolean"),
+            ("FP32", "[1]", "{}", "invalid type"),
+        ] {
+            let err = one_input(dtype, shape, data).unwrap_err().to_string();
+            assert!(err.contains(want), "{dtype} {data}: {err}");
+        }
+        assert!(decode_request("m", b"{").is_err());
+        assert!(decode_request("m", b"{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"FP32\"}]}")
+            .unwrap_err()
+            .to_string()
+            .contains("no data"));
+    }
+
+    #[test]
+    fn encodes_outputs() {
+        let response = InferResponse {
+            model_name: "m".into(),
+            model_version: "1".into(),
+            id: Some("9".into()),
+            outputs: vec![
+                OutputTensor {
+                    name: "y".into(),
+                    dtype: DataType::Fp16,
+                    shape: vec![1, 2],
+                    data: Bytes::from([f16::from_f32(0.5).to_le_bytes(), f16::from_f32(-2.0).to_le_bytes()].concat()),
+                },
+                OutputTensor {
+                    name: "s".into(),
+                    dtype: DataType::Bytes,
+                    shape: vec![2],
+                    data: Bytes::from_static(&[1, 0, 0, 0, b'z', 0, 0, 0, 0]),
+                },
+            ],
+        };
+        let v: Value = serde_json::from_slice(&encode_response(&response)).unwrap();
+        assert_eq!(v["id"], "9");
+        assert_eq!(v["outputs"][0]["data"], serde_json::json!([0.5, -2.0]));
+        assert_eq!(v["outputs"][0]["datatype"], "FP16");
+        assert_eq!(v["outputs"][1]["data"], serde_json::json!(["z", ""]));
+    }
+}

@@ -1,0 +1,74 @@
+//! REST over actix-web: KServe v2 core (health, metadata, infer), kiln's worker
+//! API (load/unload), and Prometheus `/metrics`. Every error is answered as
+//! `{"error": "..."}` with the status [`ServerError::http_status`] gives.
+
+mod json;
+mod routes;
+
+use std::net::SocketAddr;
+
+use actix_web::http::StatusCode;
+use actix_web::{web, App, HttpResponse, HttpServer, ResponseError};
+
+use crate::error::ServerError;
+use crate::server::Server;
+
+pub use json::{decode_request, encode_response, params_from_json};
+
+/// How to serve HTTP.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    pub addr: SocketAddr,
+    /// Largest request body accepted (413 beyond).
+    pub max_body_bytes: usize,
+    /// actix-web worker threads.
+    pub workers: usize,
+}
+
+/// Binds and returns the running HTTP server (await it) and the bound addresses.
+pub fn serve(server: Server, config: HttpConfig) -> std::io::Result<(actix_web::dev::Server, Vec<SocketAddr>)> {
+    let state = web::Data::new(routes::State {
+        server,
+        max_body_bytes: config.max_body_bytes,
+    });
+    let http = HttpServer::new(move || {
+        App::new()
+            .app_data(state.clone())
+            .configure(routes::configure)
+            .default_service(web::to(routes::not_found))
+    })
+    .workers(config.workers.max(1))
+    .bind(config.addr)?;
+    let addrs = http.addrs();
+    Ok((http.run(), addrs))
+}
+
+/// A [`ServerError`] as an HTTP response.
+#[derive(Debug)]
+pub struct HttpError(pub ServerError);
+
+impl std::fmt::Display for HttpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl From<ServerError> for HttpError {
+    fn from(e: ServerError) -> Self {
+        HttpError(e)
+    }
+}
+
+impl ResponseError for HttpError {
+    fn status_code(&self) -> StatusCode {
+        StatusCode::from_u16(self.0.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let mut response = HttpResponse::build(self.status_code());
+        if let Some(after) = self.0.retry_after() {
+            response.insert_header(("Retry-After", after.as_secs().max(1).to_string()));
+        }
+        response.json(serde_json::json!({ "error": self.0.to_string() }))
+    }
+}

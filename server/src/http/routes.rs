@@ -1,0 +1,202 @@
+//! The REST routes.
+
+use actix_web::http::header::ContentType;
+use actix_web::{web, HttpRequest, HttpResponse};
+use bytes::Bytes;
+use serde_json::{json, Map, Value};
+
+use super::json::{decode_request, encode_response, params_from_json};
+use super::HttpError;
+use crate::error::ServerError;
+use crate::group::WorkerGroup;
+use crate::infer::expected_shape;
+use crate::instance::MODEL_VERSION;
+use crate::server::Server;
+
+/// Shared by every handler.
+pub struct State {
+    pub server: Server,
+    pub max_body_bytes: usize,
+}
+
+type Reply = Result<HttpResponse, HttpError>;
+
+/// Registers every route; a known path with the wrong method answers 405.
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.service(get("/v2/health/live", live))
+        .service(get("/v2/health/ready", ready))
+        .service(get("/v2", server_metadata))
+        .service(get("/v2/models", list_models))
+        .service(get("/v2/models/{model}", model_metadata))
+        .service(get("/v2/models/{model}/versions/{version}", model_metadata))
+        .service(get("/v2/models/{model}/ready", model_ready))
+        .service(get("/v2/models/{model}/versions/{version}/ready", model_ready))
+        .service(get("/metrics", metrics))
+        .service(post("/v2/models/{model}/infer", infer))
+        .service(post("/v2/models/{model}/versions/{version}/infer", infer))
+        .service(post("/v2/workers/{worker}/load", load))
+        .service(post("/v2/workers/{endpoint}/unload", unload));
+}
+
+fn get<F, Args>(path: &str, handler: F) -> actix_web::Resource
+where
+    F: actix_web::Handler<Args>,
+    Args: actix_web::FromRequest + 'static,
+    F::Output: actix_web::Responder + 'static,
+{
+    web::resource(path)
+        .route(web::get().to(handler))
+        .default_service(web::to(method_not_allowed))
+}
+
+fn post<F, Args>(path: &str, handler: F) -> actix_web::Resource
+where
+    F: actix_web::Handler<Args>,
+    Args: actix_web::FromRequest + 'static,
+    F::Output: actix_web::Responder + 'static,
+{
+    web::resource(path)
+        .route(web::post().to(handler))
+        .default_service(web::to(method_not_allowed))
+}
+
+pub async fn not_found(req: HttpRequest) -> Reply {
+    Err(HttpError(ServerError::NotFound(format!(
+        "no route for {} {}",
+        req.method(),
+        req.path()
+    ))))
+}
+
+async fn method_not_allowed(req: HttpRequest) -> HttpResponse {
+    HttpResponse::MethodNotAllowed().json(json!({
+        "error": format!("{} is not allowed on {}", req.method(), req.path())
+    }))
+}
+
+async fn live() -> HttpResponse {
+    HttpResponse::Ok().finish()
+}
+
+async fn ready(state: web::Data<State>) -> HttpResponse {
+    if state.server.is_ready() {
+        HttpResponse::Ok().finish()
+    } else {
+        HttpResponse::ServiceUnavailable().json(json!({"error": "the server is not ready"}))
+    }
+}
+
+async fn server_metadata() -> HttpResponse {
+    HttpResponse::Ok().json(json!({
+        "name": "kiln",
+        "version": env!("CARGO_PKG_VERSION"),
+        "extensions": ["kiln_workers", "kiln_metrics"],
+    }))
+}
+
+async fn list_models(state: web::Data<State>) -> HttpResponse {
+    let models: Vec<Value> = state
+        .server
+        .models()
+        .iter()
+        .map(|g| json!({"name": g.endpoint, "version": MODEL_VERSION, "worker": g.worker, "state": if g.is_ready() {"READY"} else {"UNAVAILABLE"}}))
+        .collect();
+    HttpResponse::Ok().json(json!({ "models": models }))
+}
+
+/// The group for `{model}` and, if given, `{version}` (only version 1 exists).
+fn lookup(state: &State, req: &HttpRequest) -> Result<std::sync::Arc<WorkerGroup>, HttpError> {
+    let model = req.match_info().get("model").unwrap_or_default();
+    let group = state.server.model(model)?;
+    if let Some(version) = req.match_info().get("version") {
+        if version != MODEL_VERSION {
+            return Err(HttpError(ServerError::NotFound(format!(
+                "model `{model}` has no version `{version}` (versions: {MODEL_VERSION})"
+            ))));
+        }
+    }
+    Ok(group)
+}
+
+async fn model_metadata(state: web::Data<State>, req: HttpRequest) -> Reply {
+    let group = lookup(&state, &req)?;
+    let batching = group.info.max_batch_size > 0;
+    let tensors = |specs: &[kiln_worker_sdk::TensorSpec]| -> Vec<Value> {
+        specs
+            .iter()
+            .map(|s| json!({"name": s.name.as_str(), "datatype": s.dtype.as_str(), "shape": expected_shape(s, batching)}))
+            .collect()
+    };
+    Ok(HttpResponse::Ok().json(json!({
+        "name": group.endpoint,
+        "versions": [MODEL_VERSION],
+        "platform": format!("kiln_{}", group.worker),
+        "inputs": tensors(&group.info.inputs),
+        "outputs": tensors(&group.info.outputs),
+        "parameters": {
+            "max_batch_size": group.info.max_batch_size,
+            "batch_size": group.settings.batch_size,
+            "batcher": group.settings.batcher.as_str(),
+            "instances": group.instance_count(),
+        },
+    })))
+}
+
+async fn model_ready(state: web::Data<State>, req: HttpRequest) -> Reply {
+    let group = lookup(&state, &req)?;
+    Ok(if group.is_ready() {
+        HttpResponse::Ok().finish()
+    } else {
+        HttpResponse::ServiceUnavailable().json(json!({"error": format!("model `{}` is not ready", group.endpoint)}))
+    })
+}
+
+async fn read_body(payload: web::Payload, limit: usize) -> Result<Bytes, HttpError> {
+    match payload.to_bytes_limited(limit).await {
+        Ok(Ok(body)) => Ok(body),
+        Ok(Err(e)) => Err(HttpError(ServerError::invalid(format!("cannot read the request body: {e}")))),
+        Err(_) => Err(HttpError(ServerError::TooLarge(format!(
+            "request body exceeds the limit of {limit} bytes"
+        )))),
+    }
+}
+
+async fn infer(state: web::Data<State>, req: HttpRequest, payload: web::Payload) -> Reply {
+    let group = lookup(&state, &req)?;
+    let body = read_body(payload, state.max_body_bytes).await?;
+    let request = decode_request(&group.endpoint, &body)?;
+    let reply = group.submit(request)?;
+    let response = reply
+        .await
+        .map_err(|_| HttpError(ServerError::Internal("the worker dropped the request".into())))??;
+    Ok(HttpResponse::Ok()
+        .content_type(ContentType::json())
+        .body(encode_response(&response)))
+}
+
+async fn load(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
+    let body = read_body(payload, state.max_body_bytes).await?;
+    let params = if body.iter().all(u8::is_ascii_whitespace) {
+        Vec::new()
+    } else {
+        let map: Map<String, Value> = serde_json::from_slice(&body).map_err(|e| {
+            HttpError(ServerError::invalid(format!(
+                "load parameters must be a JSON object: {e}"
+            )))
+        })?;
+        params_from_json(map)?
+    };
+    let endpoint = state.server.load(&path.into_inner().to_ascii_lowercase(), params).await?;
+    Ok(HttpResponse::Ok().json(json!({ "endpoint": endpoint })))
+}
+
+async fn unload(state: web::Data<State>, path: web::Path<String>) -> Reply {
+    state.server.unload(&path.into_inner()).await?;
+    Ok(HttpResponse::Ok().json(json!({})))
+}
+
+async fn metrics(state: web::Data<State>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(state.server.metrics_text())
+}

@@ -1,0 +1,299 @@
+//! Protocol-free inference requests and responses, and their validation against a
+//! worker's declared inputs and outputs.
+
+use bytes::Bytes;
+use kiln_worker_sdk::{tensor_byte_len, DataType, Param, Shape, TensorSpec, WorkerInfo, MAX_RANK};
+
+use crate::error::{Result, ServerError};
+
+/// One input tensor as a client sent it. `data` is row-major, little-endian; BYTES
+/// elements carry 4-byte length prefixes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InputTensor {
+    pub name: String,
+    pub dtype: DataType,
+    pub shape: Vec<i64>,
+    pub data: Bytes,
+}
+
+impl InputTensor {
+    /// An input from typed elements.
+    pub fn from_slice<T: bytemuck::Pod>(name: &str, dtype: DataType, shape: &[i64], data: &[T]) -> Self {
+        InputTensor {
+            name: name.to_owned(),
+            dtype,
+            shape: shape.to_vec(),
+            data: Bytes::copy_from_slice(bytemuck::cast_slice(data)),
+        }
+    }
+}
+
+/// An inference request for one model.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct InferRequest {
+    pub model: String,
+    /// Echoed back in the response.
+    pub id: Option<String>,
+    pub inputs: Vec<InputTensor>,
+    /// Outputs to return; all when `None`.
+    pub outputs: Option<Vec<String>>,
+    /// Request parameters, handed to the worker.
+    pub parameters: Vec<Param>,
+}
+
+/// One output tensor of a response.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutputTensor {
+    pub name: String,
+    pub dtype: DataType,
+    pub shape: Vec<i64>,
+    pub data: Bytes,
+}
+
+impl OutputTensor {
+    /// The data as elements of `T` (copied, so alignment does not matter).
+    pub fn values<T: bytemuck::Pod>(&self) -> Vec<T> {
+        bytemuck::pod_collect_to_vec(&self.data)
+    }
+}
+
+/// The answer to an [`InferRequest`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct InferResponse {
+    pub model_name: String,
+    pub model_version: String,
+    pub id: Option<String>,
+    pub outputs: Vec<OutputTensor>,
+}
+
+/// A request checked against a worker: inputs in declared order, rows counted, the
+/// requested outputs as a bit mask over the declared outputs.
+pub struct Validated {
+    pub inputs: Vec<kiln_batchers::Tensor>,
+    pub rows: usize,
+    pub output_mask: u64,
+}
+
+/// Most outputs a worker may declare (the requested-output mask is a `u64`).
+pub const MAX_OUTPUTS: usize = 64;
+
+/// Checks names, datatypes, shapes and data sizes of `request` against `info`, with
+/// `batch_size` the largest batch a request may carry.
+pub fn validate(info: &WorkerInfo, batch_size: usize, request: InferRequest) -> Result<Validated> {
+    let batching = info.max_batch_size > 0;
+    for (i, input) in request.inputs.iter().enumerate() {
+        if !info.inputs.iter().any(|s| s.name.as_str() == input.name) {
+            return Err(ServerError::invalid(format!(
+                "unknown input `{}`; the model takes {}",
+                input.name,
+                names(&info.inputs)
+            )));
+        }
+        if request.inputs[..i].iter().any(|o| o.name == input.name) {
+            return Err(ServerError::invalid(format!("input `{}` is given twice", input.name)));
+        }
+    }
+    let mut inputs = Vec::with_capacity(info.inputs.len());
+    let mut rows = None;
+    let mut given = request.inputs;
+    for spec in info.inputs.iter() {
+        let position = given
+            .iter()
+            .position(|t| t.name == spec.name.as_str())
+            .ok_or_else(|| ServerError::invalid(format!("missing input `{}`", spec.name)))?;
+        let tensor = given.swap_remove(position);
+        let (shape, tensor_rows) = check_input(spec, batching, batch_size, &tensor)?;
+        match rows {
+            None => rows = Some(tensor_rows),
+            Some(r) if r != tensor_rows => {
+                return Err(ServerError::invalid(format!(
+                    "input `{}` has batch dimension {tensor_rows} but other inputs have {r}",
+                    spec.name
+                )))
+            }
+            Some(_) => {}
+        }
+        inputs.push(kiln_batchers::Tensor {
+            dtype: tensor.dtype,
+            shape,
+            data: tensor.data,
+        });
+    }
+    let output_mask = match &request.outputs {
+        None => u64::MAX,
+        Some(wanted) => {
+            let mut mask = 0u64;
+            for name in wanted {
+                let index = info
+                    .outputs
+                    .iter()
+                    .position(|s| s.name.as_str() == name)
+                    .ok_or_else(|| {
+                        ServerError::invalid(format!(
+                            "unknown output `{name}`; the model gives {}",
+                            names(&info.outputs)
+                        ))
+                    })?;
+                mask |= 1 << index;
+            }
+            mask
+        }
+    };
+    Ok(Validated {
+        inputs,
+        rows: rows.unwrap_or(1),
+        output_mask,
+    })
+}
+
+fn check_input(
+    spec: &TensorSpec,
+    batching: bool,
+    batch_size: usize,
+    tensor: &InputTensor,
+) -> Result<(Shape, usize)> {
+    let name = &tensor.name;
+    if tensor.dtype != spec.dtype {
+        return Err(ServerError::invalid(format!(
+            "input `{name}`: expected datatype {}, got {}",
+            spec.dtype, tensor.dtype
+        )));
+    }
+    let expected = expected_shape(spec, batching);
+    let shape = Shape::new(&tensor.shape)
+        .filter(|_| tensor.shape.iter().all(|&d| d >= 0))
+        .ok_or_else(|| {
+            ServerError::invalid(format!(
+                "input `{name}`: shape {:?} is invalid (at most {MAX_RANK} non-negative dims)",
+                tensor.shape
+            ))
+        })?;
+    let (inner, rows) = if batching {
+        if shape.dims().is_empty() {
+            return Err(shape_error(name, &expected, &tensor.shape));
+        }
+        (shape.inner(), shape.rows())
+    } else {
+        (shape, 1)
+    };
+    if !spec.accepts(inner.dims()) {
+        return Err(shape_error(name, &expected, &tensor.shape));
+    }
+    if batching && (rows == 0 || rows > batch_size) {
+        return Err(ServerError::invalid(format!(
+            "input `{name}`: batch dimension {rows} is outside 1..={batch_size}"
+        )));
+    }
+    let elements = shape.element_count();
+    let needed = tensor_byte_len(tensor.dtype, elements, &tensor.data)
+        .map_err(|e| ServerError::invalid(format!("input `{name}`: {e}")))?;
+    if needed != tensor.data.len() {
+        return Err(ServerError::invalid(format!(
+            "input `{name}`: shape {:?} of {} needs {needed} bytes of data, got {}",
+            tensor.shape,
+            tensor.dtype,
+            tensor.data.len()
+        )));
+    }
+    Ok((shape, rows))
+}
+
+/// The shape a client must send for `spec` (`-1` for the batch dim when batching).
+pub fn expected_shape(spec: &TensorSpec, batching: bool) -> Vec<i64> {
+    let mut dims = Vec::with_capacity(spec.dims.len() + 1);
+    if batching {
+        dims.push(-1);
+    }
+    dims.extend_from_slice(&spec.dims);
+    dims
+}
+
+fn shape_error(name: &str, expected: &[i64], got: &[i64]) -> ServerError {
+    ServerError::invalid(format!(
+        "input `{name}`: expected shape {expected:?} (-1: any size), got {got:?}"
+    ))
+}
+
+fn names(specs: &[TensorSpec]) -> String {
+    specs
+        .iter()
+        .map(|s| format!("`{}`", s.name))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_worker_sdk::BatcherKind;
+
+    fn info() -> WorkerInfo {
+        WorkerInfo {
+            inputs: vec![
+                TensorSpec::new("A", DataType::Fp32, &[2]),
+                TensorSpec::new("B", DataType::Bytes, &[-1]),
+            ]
+            .into(),
+            outputs: vec![TensorSpec::new("Y", DataType::Fp32, &[2])].into(),
+            max_batch_size: 8,
+            batcher: BatcherKind::Soft,
+            allow_ragged_batch: false,
+        }
+    }
+
+    fn request(a_shape: &[i64], a: &[f32], b_shape: &[i64], b: &[u8]) -> InferRequest {
+        InferRequest {
+            model: "m".into(),
+            inputs: vec![
+                InputTensor {
+                    name: "B".into(),
+                    dtype: DataType::Bytes,
+                    shape: b_shape.to_vec(),
+                    data: Bytes::copy_from_slice(b),
+                },
+                InputTensor::from_slice("A", DataType::Fp32, a_shape, a),
+            ],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn reorders_inputs_and_counts_rows() {
+        let bytes = [1, 0, 0, 0, b'x', 0, 0, 0, 0];
+        let v = validate(&info(), 8, request(&[2, 2], &[1.0; 4], &[2, 1], &bytes)).unwrap();
+        assert_eq!(v.rows, 2);
+        assert_eq!(v.inputs[0].dtype, DataType::Fp32);
+        assert_eq!(v.inputs[1].dtype, DataType::Bytes);
+        assert_eq!(v.output_mask, u64::MAX);
+    }
+
+    #[test]
+    fn rejects_what_does_not_fit() {
+        let bytes = [0u8; 4];
+        let cases: Vec<(InferRequest, &str)> = vec![
+            (request(&[1, 3], &[1.0; 3], &[1, 1], &bytes), "expected shape [-1, 2]"),
+            (request(&[2], &[1.0; 2], &[1, 1], &bytes), "expected shape"),
+            (request(&[1, 2], &[1.0; 3], &[1, 1], &bytes), "needs 8 bytes"),
+            (request(&[9, 2], &[1.0; 18], &[9, 1], &[0u8; 36]), "outside 1..=8"),
+            (request(&[1, 2], &[1.0; 2], &[2, 1], &[0u8; 8]), "batch dimension 2 but"),
+            (request(&[1, 2], &[1.0; 2], &[1, 1], &[5, 0, 0, 0]), "cut short"),
+            (request(&[1, -2], &[], &[1, 1], &bytes), "invalid"),
+        ];
+        for (req, want) in cases {
+            let err = validate(&info(), 8, req).err().unwrap().to_string();
+            assert!(err.contains(want), "{err} should contain {want}");
+        }
+        let mut req = request(&[1, 2], &[1.0; 2], &[1, 1], &bytes);
+        req.inputs[1].dtype = DataType::Fp64;
+        assert!(validate(&info(), 8, req).err().unwrap().to_string().contains("expected datatype FP32"));
+        let mut req = request(&[1, 2], &[1.0; 2], &[1, 1], &bytes);
+        req.inputs[1].name = "C".into();
+        assert!(validate(&info(), 8, req).err().unwrap().to_string().contains("unknown input `C`"));
+        let mut req = request(&[1, 2], &[1.0; 2], &[1, 1], &bytes);
+        req.inputs.pop();
+        assert!(validate(&info(), 8, req).err().unwrap().to_string().contains("missing input `A`"));
+        let mut req = request(&[1, 2], &[1.0; 2], &[1, 1], &bytes);
+        req.outputs = Some(vec!["Z".into()]);
+        assert!(validate(&info(), 8, req).err().unwrap().to_string().contains("unknown output `Z`"));
+    }
+}

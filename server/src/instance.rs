@@ -1,0 +1,221 @@
+//! A worker instance's thread: take a batch, run it across the boundary, split the
+//! outputs back per request and answer each one. A failed batch fails only its own
+//! requests; the instance is then restarted through `release` → `acquire`.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use crossbeam_channel::Receiver;
+use kiln_batchers::{Batch, Member};
+use kiln_worker_sdk::reexports::RStr;
+use kiln_worker_sdk::{
+    tensor_byte_len, BatchFfi, InputFfi, OutputBuffer_TO, OutputFfi, RequestFfi, Shape, WorkerBox,
+    WorkerInfo, TD_Opaque,
+};
+
+use crate::error::ServerError;
+use crate::group::Reply;
+use crate::infer::{InferResponse, OutputTensor};
+use crate::metrics::ModelMetrics;
+
+/// What every instance of a group shares.
+pub struct InstanceContext {
+    pub endpoint: String,
+    pub info: Arc<WorkerInfo>,
+    pub metrics: ModelMetrics,
+    /// Instances able to run batches now.
+    pub healthy: AtomicUsize,
+}
+
+/// The version every worker endpoint reports.
+pub const MODEL_VERSION: &str = "1";
+
+/// Runs batches until the batch queue closes, then ends the instance's lifecycle.
+pub fn run_instance(mut worker: WorkerBox, ctx: Arc<InstanceContext>, batches: Receiver<Batch<Reply>>) {
+    let mut healthy = true;
+    for mut batch in batches.iter() {
+        if !healthy {
+            healthy = worker.acquire().into_result().is_ok();
+            if healthy {
+                ctx.healthy.fetch_add(1, Ordering::SeqCst);
+            } else {
+                fail_all(&ctx, batch, &ServerError::Unavailable(format!(
+                    "model `{}`: worker instance cannot be acquired",
+                    ctx.endpoint
+                )));
+                continue;
+            }
+        }
+        let started = Instant::now();
+        let m = &ctx.metrics;
+        for member in &batch.members {
+            m.queue_seconds
+                .observe(started.saturating_duration_since(member.arrived).as_secs_f64());
+        }
+        m.batch_size.observe(batch.len() as f64);
+        let result = run_batch(&mut worker, &ctx.info, &mut batch);
+        m.compute_seconds.observe(started.elapsed().as_secs_f64());
+        match result {
+            Ok(outputs) => answer(&ctx, batch, &outputs),
+            Err(message) => {
+                spdlog::error!("model `{}`: batch of {} failed: {message}", ctx.endpoint, batch.len());
+                fail_all(&ctx, batch, &ServerError::WorkerFailed(message));
+                let restarted = worker.release().into_result().is_ok()
+                    && worker.acquire().into_result().is_ok();
+                if !restarted {
+                    spdlog::error!("model `{}`: instance restart failed", ctx.endpoint);
+                    ctx.healthy.fetch_sub(1, Ordering::SeqCst);
+                    healthy = false;
+                }
+            }
+        }
+    }
+    if healthy {
+        ctx.healthy.fetch_sub(1, Ordering::SeqCst);
+        let _ = worker.release();
+    }
+    let _ = worker.deallocate();
+    worker.destroy();
+}
+
+/// One output of a run: the whole output's bytes and each request's shape.
+struct RunOutput {
+    data: Bytes,
+    shapes: Vec<Shape>,
+}
+
+fn run_batch(worker: &mut WorkerBox, info: &WorkerInfo, batch: &mut Batch<Reply>) -> Result<Vec<RunOutput>, String> {
+    let members = batch.members.len();
+    let set = &mut *batch.buffers;
+    let inputs: Vec<InputFfi<'_>> = info
+        .inputs
+        .iter()
+        .zip(&set.inputs)
+        .zip(&batch.shapes)
+        .map(|((spec, buf), shapes)| InputFfi {
+            name: RStr::from_str(spec.name.as_str()),
+            dtype: spec.dtype,
+            data: buf.as_slice().into(),
+            shapes: shapes.as_slice().into(),
+        })
+        .collect();
+    let mut out_shapes: Vec<Vec<Shape>> = info.outputs.iter().map(|_| vec![Shape::scalar(); members]).collect();
+    let mut outputs: Vec<OutputFfi<'_>> = info
+        .outputs
+        .iter()
+        .zip(set.outputs.iter_mut())
+        .zip(out_shapes.iter_mut())
+        .map(|((spec, buf), shapes)| {
+            buf.clear();
+            OutputFfi {
+                name: RStr::from_str(spec.name.as_str()),
+                dtype: spec.dtype,
+                shapes: shapes.as_mut_slice().into(),
+                buffer: OutputBuffer_TO::from_ptr(kiln_worker_sdk::reexports::RMut::new(buf), TD_Opaque),
+                len: 0,
+                written: false,
+            }
+        })
+        .collect();
+    let requests: Vec<RequestFfi<'_>> = batch
+        .members
+        .iter()
+        .map(|m: &Member<Reply>| RequestFfi {
+            params: m.params.as_slice().into(),
+        })
+        .collect();
+    let mut ffi = BatchFfi {
+        inputs: inputs.as_slice().into(),
+        outputs: outputs.as_mut_slice().into(),
+        requests: requests.as_slice().into(),
+    };
+    worker.run(&mut ffi).into_result().map_err(|e| e.into_string())?;
+    let written: Vec<(bool, usize)> = outputs.iter().map(|o| (o.written, o.len)).collect();
+    drop(outputs);
+    info.outputs
+        .iter()
+        .zip(&set.outputs)
+        .zip(out_shapes)
+        .zip(written)
+        .map(|(((spec, buf), shapes), (was_written, len))| {
+            if !was_written {
+                return Err(format!("worker did not write output `{}`", spec.name));
+            }
+            let bytes = buf
+                .as_slice()
+                .get(..len)
+                .ok_or_else(|| format!("output `{}`: {len} bytes reported, {} written", spec.name, buf.len()))?;
+            Ok(RunOutput {
+                data: Bytes::copy_from_slice(bytes),
+                shapes,
+            })
+        })
+        .collect()
+}
+
+fn answer(ctx: &InstanceContext, batch: Batch<Reply>, outputs: &[RunOutput]) {
+    let members = batch.members.len();
+    // Split each output into per-request slices sharing one allocation.
+    let mut split: Vec<Vec<Bytes>> = Vec::with_capacity(outputs.len());
+    for (spec, out) in ctx.info.outputs.iter().zip(outputs) {
+        let mut parts = Vec::with_capacity(members);
+        let mut offset = 0;
+        for shape in &out.shapes {
+            let rest = &out.data[offset..];
+            match tensor_byte_len(spec.dtype, shape.element_count(), rest) {
+                Ok(n) if n <= rest.len() => {
+                    parts.push(out.data.slice(offset..offset + n));
+                    offset += n;
+                }
+                _ => {
+                    let e = ServerError::WorkerFailed(format!(
+                        "output `{}` is shorter than the shapes the worker reported",
+                        spec.name
+                    ));
+                    return fail_all(ctx, batch, &e);
+                }
+            }
+        }
+        split.push(parts);
+    }
+    let m = &ctx.metrics;
+    for (j, member) in batch.members.into_iter().enumerate() {
+        let reply = member.reply;
+        let tensors = ctx
+            .info
+            .outputs
+            .iter()
+            .enumerate()
+            .filter(|(k, _)| reply.output_mask & (1 << k) != 0)
+            .map(|(k, spec)| OutputTensor {
+                name: spec.name.to_string(),
+                dtype: spec.dtype,
+                shape: outputs[k].shapes[j].dims().to_vec(),
+                data: split[k][j].clone(),
+            })
+            .collect();
+        let response = InferResponse {
+            model_name: ctx.endpoint.clone(),
+            model_version: MODEL_VERSION.to_owned(),
+            id: reply.id,
+            outputs: tensors,
+        };
+        m.pending.dec();
+        m.success.inc();
+        let _ = reply.tx.send(Ok(response));
+    }
+}
+
+fn fail_all(ctx: &InstanceContext, batch: Batch<Reply>, error: &ServerError) {
+    let m = &ctx.metrics;
+    for member in batch.members {
+        m.pending.dec();
+        match error {
+            ServerError::Unavailable(_) => m.unavailable.inc(),
+            _ => m.failure.inc(),
+        };
+        let _ = member.reply.tx.send(Err(error.clone()));
+    }
+}

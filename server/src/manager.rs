@@ -1,0 +1,278 @@
+//! The Manager: one thread owns every change of state (load, unload, shutdown).
+//! Callers send a command and wait on a one-shot reply. After each change it
+//! publishes a new snapshot of the endpoint table, which readers take without locks.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use arc_swap::ArcSwap;
+use crossbeam_channel::{unbounded, Receiver, Sender};
+use kiln_worker_sdk::{Param, WorkerBox, WorkerInfo, WorkerModRef};
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+
+use crate::error::{Result, ServerError};
+use crate::group::WorkerGroup;
+use crate::metrics::Metrics;
+use crate::params::{identity, GroupParams};
+use crate::plugin::{check_name, Plugins};
+
+/// Endpoint name → group, as published by the Manager.
+pub type Models = HashMap<String, Arc<WorkerGroup>>;
+
+enum Command {
+    Load {
+        worker: String,
+        params: Vec<Param>,
+        reply: oneshot::Sender<Result<String>>,
+    },
+    Unload {
+        endpoint: String,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    Shutdown {
+        reply: oneshot::Sender<()>,
+    },
+}
+
+/// Handle to the Manager thread.
+pub struct Manager {
+    commands: Sender<Command>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Manager {
+    /// Starts the Manager thread; it publishes into `models`.
+    pub fn start(plugins: Plugins, models: Arc<ArcSwap<Models>>, metrics: Arc<Metrics>) -> Result<Manager> {
+        let (commands, rx) = unbounded();
+        let state = State {
+            plugins,
+            models,
+            metrics,
+            groups: HashMap::new(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("kiln-manager".into())
+            .spawn(move || state.run(rx))
+            .map_err(|e| ServerError::Internal(format!("cannot start the manager: {e}")))?;
+        Ok(Manager {
+            commands,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// Loads `worker` with `params`; returns the endpoint name.
+    pub async fn load(&self, worker: &str, params: Vec<Param>) -> Result<String> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Load {
+            worker: worker.to_ascii_lowercase(),
+            params,
+            reply,
+        })?;
+        rx.await.map_err(|_| stopped())?
+    }
+
+    /// Unloads `endpoint` after answering every request it accepted.
+    pub async fn unload(&self, endpoint: &str) -> Result<()> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Unload {
+            endpoint: endpoint.to_ascii_lowercase(),
+            reply,
+        })?;
+        rx.await.map_err(|_| stopped())?
+    }
+
+    /// Unloads everything and stops the thread.
+    pub async fn shutdown(&self) {
+        let (reply, rx) = oneshot::channel();
+        if self.send(Command::Shutdown { reply }).is_ok() {
+            let _ = rx.await;
+        }
+        if let Some(thread) = self.thread.lock().take() {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+    }
+
+    fn send(&self, command: Command) -> Result<()> {
+        self.commands.send(command).map_err(|_| stopped())
+    }
+}
+
+fn stopped() -> ServerError {
+    ServerError::Unavailable("the server is shutting down".into())
+}
+
+struct State {
+    plugins: Plugins,
+    models: Arc<ArcSwap<Models>>,
+    metrics: Arc<Metrics>,
+    groups: HashMap<String, Arc<WorkerGroup>>,
+}
+
+impl State {
+    fn run(mut self, commands: Receiver<Command>) {
+        for command in commands.iter() {
+            match command {
+                Command::Load { worker, params, reply } => {
+                    let result = self.load(&worker, params);
+                    if let Err(e) = &result {
+                        spdlog::warn!("load of `{worker}` failed: {e}");
+                    }
+                    let _ = reply.send(result);
+                }
+                Command::Unload { endpoint, reply } => {
+                    let _ = reply.send(self.unload(&endpoint));
+                }
+                Command::Shutdown { reply } => {
+                    let names: Vec<String> = self.groups.keys().cloned().collect();
+                    for name in names {
+                        let _ = self.unload(&name);
+                    }
+                    let _ = reply.send(());
+                    return;
+                }
+            }
+        }
+    }
+
+    fn publish(&self) {
+        self.models.store(Arc::new(self.groups.clone()));
+    }
+
+    fn load(&mut self, worker: &str, params: Vec<Param>) -> Result<String> {
+        check_name(worker)?;
+        let group_params = GroupParams::parse(&params)?;
+        let id = identity(&params);
+        let existing = self
+            .groups
+            .values()
+            .find(|g| g.worker == worker && g.identity == id)
+            .cloned();
+        if let Some(group) = existing {
+            if !group_params.share {
+                let module = self.plugins.load(worker)?;
+                let (mut instances, info) = create_instances(module, worker, &params, 1, group.settings.batch_size)?;
+                if info != *group.info {
+                    destroy_all(instances);
+                    return Err(load_failed(worker, "the new instance describes itself differently"));
+                }
+                if let Some(instance) = instances.pop() {
+                    group.add_instance(instance)?;
+                }
+                spdlog::info!("added an instance to `{}`", group.endpoint);
+            }
+            return Ok(group.endpoint.clone());
+        }
+        let module = self.plugins.load(worker)?;
+        let batch_hint = group_params.batch_size.unwrap_or(1);
+        let (instances, info) = create_instances(module, worker, &params, group_params.instances, batch_hint)?;
+        let endpoint = self.free_name(worker);
+        let metrics = self.metrics.model(&endpoint);
+        let group = WorkerGroup::start(
+            endpoint.clone(),
+            worker.to_owned(),
+            id,
+            info,
+            &group_params,
+            instances,
+            metrics,
+        )
+        .inspect_err(|_| self.metrics.remove(&endpoint))?;
+        spdlog::info!(
+            "loaded `{endpoint}` (worker `{worker}`, batch_size {}, {} batcher, {} instance(s), {} buffer sets)",
+            group.settings.batch_size,
+            group.settings.batcher.as_str(),
+            group.instance_count(),
+            group.settings.max_buffers
+        );
+        self.groups.insert(endpoint.clone(), group);
+        self.publish();
+        Ok(endpoint)
+    }
+
+    /// `worker`, else `worker-0`, `worker-1`, … whichever is free first.
+    fn free_name(&self, worker: &str) -> String {
+        if !self.groups.contains_key(worker) {
+            return worker.to_owned();
+        }
+        (0..)
+            .map(|n| format!("{worker}-{n}"))
+            .find(|name| !self.groups.contains_key(name))
+            .unwrap_or_else(|| worker.to_owned())
+    }
+
+    fn unload(&mut self, endpoint: &str) -> Result<()> {
+        let group = self
+            .groups
+            .remove(endpoint)
+            .ok_or_else(|| ServerError::NotFound(format!("no model `{endpoint}` is loaded")))?;
+        // New requests stop finding it; then accepted ones are answered.
+        self.publish();
+        group.drain();
+        self.metrics.remove(endpoint);
+        spdlog::info!("unloaded `{endpoint}`");
+        Ok(())
+    }
+}
+
+fn load_failed(worker: &str, reason: impl Into<String>) -> ServerError {
+    ServerError::LoadFailed {
+        worker: worker.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+/// Creates `count` instances through init → allocate → acquire. On any failure every
+/// instance created so far is taken back down, and the error is returned.
+fn create_instances(
+    module: WorkerModRef,
+    worker: &str,
+    params: &[Param],
+    count: usize,
+    batch_hint: usize,
+) -> Result<(Vec<WorkerBox>, WorkerInfo)> {
+    let mut ready: Vec<WorkerBox> = Vec::with_capacity(count);
+    let mut info: Option<WorkerInfo> = None;
+    for _ in 0..count {
+        let mut instance = (module.new_worker())();
+        let step = (|| {
+            let described = instance.init(params.into()).into_result().map_err(|e| format!("init: {e}"))?;
+            let batch = if described.max_batch_size == 0 { 1 } else { batch_hint.max(1) };
+            instance.allocate(batch).into_result().map_err(|e| format!("allocate: {e}"))?;
+            if let Err(e) = instance.acquire().into_result() {
+                let _ = instance.deallocate();
+                return Err(format!("acquire: {e}"));
+            }
+            Ok(described)
+        })();
+        match step {
+            Ok(described) => {
+                if info.as_ref().is_some_and(|i| *i != described) {
+                    instance.destroy();
+                    destroy_all(ready);
+                    return Err(load_failed(worker, "instances describe themselves differently"));
+                }
+                info = Some(described);
+                ready.push(instance);
+            }
+            Err(reason) => {
+                instance.destroy();
+                destroy_all(ready);
+                return Err(load_failed(worker, reason));
+            }
+        }
+    }
+    match info {
+        Some(info) => Ok((ready, info)),
+        None => Err(load_failed(worker, "no instance requested")),
+    }
+}
+
+fn destroy_all(instances: Vec<WorkerBox>) {
+    for mut instance in instances {
+        let _ = instance.release();
+        let _ = instance.deallocate();
+        instance.destroy();
+    }
+}

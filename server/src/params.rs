@@ -1,0 +1,154 @@
+//! Load-time parameters of a worker group. The group-level ones are read here; all
+//! parameters (these included) are also handed to the worker's `init`.
+
+use std::time::Duration;
+
+use kiln_worker_sdk::{BatcherKind, Param, ParamValue, Params};
+
+use crate::error::{Result, ServerError};
+
+/// Group settings read from load-time parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupParams {
+    /// Rows per batch; defaults to the worker's max batch size.
+    pub batch_size: Option<usize>,
+    /// Soft batcher timeout after the first request (`timeout`, ms).
+    pub timeout: Duration,
+    /// Batcher threads sharing the group's queues.
+    pub batchers: usize,
+    /// Worker instances (one thread each).
+    pub instances: usize,
+    /// Buffer sets in the pool: the bound on batches in flight.
+    pub max_buffers: Option<usize>,
+    /// `false`: load another instance into an existing group with these parameters.
+    pub share: bool,
+    /// Overrides the worker's preferred batcher.
+    pub batcher: Option<BatcherKind>,
+    /// Requests the group queues before refusing with 429.
+    pub queue_size: usize,
+}
+
+/// Parameter keys the server reads (the rest are the worker's own).
+pub const GROUP_KEYS: [&str; 8] = [
+    "batch_size",
+    "timeout",
+    "batchers",
+    "instances",
+    "max_buffers",
+    "share",
+    "batcher",
+    "queue_size",
+];
+
+impl GroupParams {
+    /// Reads and checks the group parameters.
+    pub fn parse(params: &[Param]) -> Result<GroupParams> {
+        let p = Params(params);
+        let bad = ServerError::InvalidRequest;
+        let count = |key: &str, default: usize, max: usize| -> Result<usize> {
+            match p.int(key).map_err(bad)? {
+                None => Ok(default),
+                Some(v) if v >= 1 && v as u64 <= max as u64 => Ok(v as usize),
+                Some(v) => Err(ServerError::invalid(format!(
+                    "parameter `{key}` must be in 1..={max}, got {v}"
+                ))),
+            }
+        };
+        let batch_size = match p.get("batch_size") {
+            None => None,
+            Some(_) => Some(count("batch_size", 1, 1 << 16)?),
+        };
+        let max_buffers = match p.get("max_buffers") {
+            None => None,
+            Some(_) => Some(count("max_buffers", 1, 4096)?),
+        };
+        let timeout_ms = match p.int("timeout").map_err(bad)? {
+            None => 0,
+            Some(v) if (0..=60_000).contains(&v) => v as u64,
+            Some(v) => {
+                return Err(ServerError::invalid(format!(
+                    "parameter `timeout` (ms) must be in 0..=60000, got {v}"
+                )))
+            }
+        };
+        let batcher = match p.string("batcher").map(|s| s.to_ascii_lowercase()) {
+            None => None,
+            Some(s) if s == "hard" => Some(BatcherKind::Hard),
+            Some(s) if s == "soft" => Some(BatcherKind::Soft),
+            Some(s) => {
+                return Err(ServerError::invalid(format!(
+                    "parameter `batcher` must be `hard` or `soft`, got `{s}`"
+                )))
+            }
+        };
+        Ok(GroupParams {
+            batch_size,
+            timeout: Duration::from_millis(timeout_ms),
+            batchers: count("batchers", 1, 64)?,
+            instances: count("instances", 1, 256)?,
+            max_buffers,
+            share: p.bool("share").map_err(bad)?.unwrap_or(true),
+            batcher,
+            queue_size: count("queue_size", 4096, 1 << 20)?,
+        })
+    }
+}
+
+/// The identity of a parameter set: sorted lower-case keys with their values,
+/// without `share`. Equal identities mean "the same configuration".
+pub fn identity(params: &[Param]) -> String {
+    let mut pairs: Vec<(String, String)> = params
+        .iter()
+        .filter(|p| !p.key.as_str().eq_ignore_ascii_case("share"))
+        .map(|p| (p.key.as_str().to_ascii_lowercase(), value_text(&p.value)))
+        .collect();
+    pairs.sort();
+    pairs.dedup_by(|a, b| a.0 == b.0);
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn value_text(value: &ParamValue) -> String {
+    value.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_worker_sdk::params_from_pairs;
+
+    #[test]
+    fn defaults_and_ranges() {
+        let g = GroupParams::parse(&[]).unwrap();
+        assert_eq!(g.batchers, 1);
+        assert_eq!(g.instances, 1);
+        assert!(g.share);
+        assert_eq!(g.batch_size, None);
+        let g = GroupParams::parse(&params_from_pairs(&[
+            ("batch_size", "8"),
+            ("timeout", "5"),
+            ("batcher", "HARD"),
+            ("share", "false"),
+        ]))
+        .unwrap();
+        assert_eq!(g.batch_size, Some(8));
+        assert_eq!(g.timeout, Duration::from_millis(5));
+        assert_eq!(g.batcher, Some(BatcherKind::Hard));
+        assert!(!g.share);
+        for bad in [("batch_size", "0"), ("timeout", "-1"), ("batcher", "x"), ("instances", "y")] {
+            assert!(GroupParams::parse(&params_from_pairs(&[bad])).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn identity_ignores_order_case_and_share() {
+        let a = params_from_pairs(&[("batch_size", "8"), ("Timeout", "5"), ("share", "false")]);
+        let b = params_from_pairs(&[("timeout", "5"), ("batch_size", "8")]);
+        assert_eq!(identity(&a), identity(&b));
+        let c = params_from_pairs(&[("batch_size", "4")]);
+        assert_ne!(identity(&a), identity(&c));
+    }
+}

@@ -1,0 +1,120 @@
+//! The embeddable server: start it, load workers, infer without a socket.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use kiln_worker_sdk::Param;
+
+use crate::error::{Result, ServerError};
+use crate::group::WorkerGroup;
+use crate::infer::{InferRequest, InferResponse};
+use crate::manager::{Manager, Models};
+use crate::metrics::Metrics;
+use crate::plugin::Plugins;
+
+/// How to start a [`Server`].
+#[derive(Debug, Clone, Default)]
+pub struct ServerConfig {
+    /// Where plugins are found; [`Plugins::default_dirs`] when empty.
+    pub plugin_dirs: Vec<PathBuf>,
+}
+
+/// A running kiln server; cheap to clone.
+#[derive(Clone)]
+pub struct Server {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    manager: Manager,
+    models: Arc<ArcSwap<Models>>,
+    metrics: Arc<Metrics>,
+    ready: AtomicBool,
+}
+
+impl Server {
+    /// Starts the Manager; the server is ready once [`Server::set_ready`] says so
+    /// (the binary does after loading its start-up workers).
+    pub fn start(config: ServerConfig) -> Result<Server> {
+        let dirs = if config.plugin_dirs.is_empty() {
+            Plugins::default_dirs()
+        } else {
+            config.plugin_dirs
+        };
+        let models = Arc::new(ArcSwap::from_pointee(Models::new()));
+        let metrics = Arc::new(Metrics::new());
+        let manager = Manager::start(Plugins::new(dirs), Arc::clone(&models), Arc::clone(&metrics))?;
+        Ok(Server {
+            inner: Arc::new(Inner {
+                manager,
+                models,
+                metrics,
+                ready: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// Loads `worker` with load-time `params`; returns the endpoint name.
+    pub async fn load(&self, worker: &str, params: Vec<Param>) -> Result<String> {
+        self.inner.manager.load(worker, params).await
+    }
+
+    /// Unloads an endpoint, answering its accepted requests first.
+    pub async fn unload(&self, endpoint: &str) -> Result<()> {
+        self.inner.manager.unload(endpoint).await
+    }
+
+    /// The group serving `name` (case-insensitive).
+    pub fn model(&self, name: &str) -> Result<Arc<WorkerGroup>> {
+        let models = self.inner.models.load();
+        if let Some(group) = models.get(name) {
+            return Ok(Arc::clone(group));
+        }
+        models
+            .get(&name.to_ascii_lowercase())
+            .cloned()
+            .ok_or_else(|| ServerError::NotFound(format!("no model `{name}` is loaded")))
+    }
+
+    /// Loaded endpoints, sorted.
+    pub fn models(&self) -> Vec<Arc<WorkerGroup>> {
+        let mut groups: Vec<Arc<WorkerGroup>> = self.inner.models.load().values().cloned().collect();
+        groups.sort_by(|a, b| a.endpoint.cmp(&b.endpoint));
+        groups
+    }
+
+    /// Runs one inference.
+    pub async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
+        let reply = self.model(&request.model)?.submit(request)?;
+        reply
+            .await
+            .map_err(|_| ServerError::Internal("the worker dropped the request".into()))?
+    }
+
+    /// Whether the server takes requests.
+    pub fn is_ready(&self) -> bool {
+        self.inner.ready.load(Ordering::SeqCst)
+    }
+
+    /// Marks the server ready (or not).
+    pub fn set_ready(&self, ready: bool) {
+        self.inner.ready.store(ready, Ordering::SeqCst);
+    }
+
+    /// Prometheus text for `/metrics`.
+    pub fn metrics_text(&self) -> String {
+        for group in self.inner.models.load().values() {
+            group.refresh_gauges();
+        }
+        self.inner.metrics.encode()
+    }
+
+    /// Stops taking requests, unloads every model (answering what was accepted) and
+    /// stops the Manager.
+    pub async fn shutdown(&self) {
+        self.set_ready(false);
+        self.inner.manager.shutdown().await;
+    }
+}
