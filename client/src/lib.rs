@@ -1,0 +1,50 @@
+//! kiln-client: talk to kiln over HTTP (KServe v2 JSON) or in-process, with one API.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), kiln_client::ClientError> {
+//! use kiln_client::{HttpClient, InferRequest, InputTensor, DataType};
+//! let client = HttpClient::new("http://127.0.0.1:8000")?;
+//! let request = InferRequest {
+//!     model: "echo".into(),
+//!     inputs: vec![InputTensor::from_slice("INPUT0", DataType::Uint32, &[1, 2], &[1u32, 2])],
+//!     ..Default::default()
+//! };
+//! let response = client.infer(&request).await?;
+//! assert_eq!(response.outputs[0].values::<u32>(), vec![2, 3]);
+//! # Ok(()) }
+//! ```
+
+mod http;
+mod native;
+
+pub use http::HttpClient;
+pub use kiln_server::{DataType, InferRequest, InferResponse, InputTensor, OutputTensor, Param, ParamValue};
+pub use native::NativeClient;
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The server answered with an error status and `{"error": ...}`.
+    #[error("HTTP {status}: {message}")]
+    Status { status: u16, message: String },
+    /// The request never got an answer (connection, timeout).
+    #[error("transport: {0}")]
+    Transport(String),
+    /// The answer could not be understood.
+    #[error("decode: {0}")]
+    Decode(String),
+    /// The in-process server refused the request.
+    #[error(transparent)]
+    Server(#[from] kiln_server::ServerError),
+}
+
+impl ClientError {
+    /// The HTTP status this error stands for, if any.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Status { status, .. } => Some(*status),
+            ClientError::Server(e) => Some(e.http_status()),
+            _ => None,
+        }
+    }
+}

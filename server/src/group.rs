@@ -176,6 +176,11 @@ impl WorkerGroup {
         }
     }
 
+    /// Counts a request for this model refused before validation (undecodable).
+    pub fn record_invalid(&self) {
+        self.context.metrics.invalid.inc();
+    }
+
     fn gone(&self) -> ServerError {
         ServerError::NotFound(format!("model `{}` is unloading", self.endpoint))
     }

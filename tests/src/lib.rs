@@ -1,0 +1,121 @@
+//! Helpers for kiln's end-to-end tests: start the real `kiln` binary on a free
+//! loopback port with the real plugins built beside it, and read its metrics.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+pub use kiln_client::HttpClient;
+
+/// The directory holding the `kiln` binary and the plugins (`target/debug` when the
+/// tests run from `target/debug/deps`).
+pub fn build_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let mut dir = exe.parent().expect("executable dir").to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    dir
+}
+
+/// A running `kiln serve`, stopped on drop.
+pub struct Kiln {
+    child: Child,
+    pub url: String,
+    pub client: HttpClient,
+    log: Arc<Mutex<String>>,
+}
+
+impl Kiln {
+    /// Starts `kiln serve` on 127.0.0.1 with a free port, plugins from the build
+    /// directory, and `args` added.
+    pub fn start(args: &[&str]) -> Kiln {
+        let dir = build_dir();
+        let binary = dir.join("kiln");
+        assert!(
+            binary.is_file(),
+            "{} is missing: build the workspace first (cargo build --workspace)",
+            binary.display()
+        );
+        let mut child = Command::new(&binary)
+            .args(["serve", "--http-port", "0", "--host", "127.0.0.1", "--http-workers", "2"])
+            .arg("--plugin-dir")
+            .arg(&dir)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start kiln");
+        let log = Arc::new(Mutex::new(String::new()));
+        let stderr = child.stderr.take().expect("stderr");
+        let log_sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(stderr);
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap_or(0) > 0 {
+                log_sink.lock().unwrap().push_str(&line);
+                line.clear();
+            }
+        });
+        let (tx, rx) = mpsc::channel();
+        let stdout = child.stdout.take().expect("stdout");
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(stdout);
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap_or(0) > 0 {
+                if let Some(addr) = line.trim().strip_prefix("kiln: HTTP listening on ") {
+                    let _ = tx.send(addr.to_owned());
+                }
+                line.clear();
+            }
+            let _ = reader.read_to_string(&mut line);
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(addr) => addr,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("kiln did not start; its log:\n{}", log.lock().unwrap());
+            }
+        };
+        let url = format!("http://{addr}");
+        let client = HttpClient::new(&url).expect("client");
+        Kiln {
+            child,
+            url,
+            client,
+            log,
+        }
+    }
+
+    /// Everything kiln logged so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Kiln {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The value of the sample `name{labels}` where every `key="value"` in `labels`
+/// appears among the sample's labels; `None` when absent.
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (metric_name, rest) = series.split_once('{').unwrap_or((series, ""));
+            if metric_name != name {
+                return None;
+            }
+            let all = labels
+                .iter()
+                .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")));
+            all.then(|| value.parse().ok()).flatten()
+        })
+}

@@ -1,1 +1,381 @@
-fn main(){}
+//! kiln-load: a load generator for kiln.
+//!
+//! Closed loop (`--concurrency N`: N clients, each sends its next request when the
+//! last is answered) or open loop (`--rate R`: requests start on a fixed schedule,
+//! latency counted from the scheduled start, so a slow server cannot hide queueing).
+//! Over HTTP (one keep-alive HTTP/1.1 connection per client, KServe v2 JSON) or
+//! in-process (`--in-process`: an embedded server, no socket).
+//!
+//! ```text
+//! kiln-load --url http://127.0.0.1:8000 --model echo --input INPUT0:UINT32:1x16 \
+//!           --concurrency 1,8,32,128 --duration 10
+//! kiln-load --in-process --load echo --model echo --input INPUT0:UINT32:1x16 --concurrency 32
+//! ```
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use clap::Parser;
+use hdrhistogram::Histogram;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use kiln_client::{DataType, InferRequest, InputTensor, NativeClient, Param, ParamValue};
+use kiln_server::http::encode_request;
+use kiln_server::ServerConfig;
+use tokio::net::TcpStream;
+
+#[derive(Parser, Clone)]
+#[command(name = "kiln-load", about = "Load generator for kiln (closed or open loop)")]
+struct Args {
+    /// Server base URL (HTTP mode).
+    #[arg(long, env = "KILN_URL", default_value = "http://127.0.0.1:8000")]
+    url: String,
+    /// Drive an embedded server instead of HTTP.
+    #[arg(long)]
+    in_process: bool,
+    /// In-process: worker to load first, WORKER[:key=value,...].
+    #[arg(long)]
+    load: Option<String>,
+    /// In-process: plugin directory (default: beside this executable).
+    #[arg(long)]
+    plugin_dir: Vec<std::path::PathBuf>,
+    /// Model (endpoint) to call.
+    #[arg(long, default_value = "echo")]
+    model: String,
+    /// Input NAME:DATATYPE:SHAPE, shape as 1x16 (repeatable).
+    #[arg(long = "input", required = true)]
+    inputs: Vec<String>,
+    /// Closed loop: clients, one run per value (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    concurrency: Vec<usize>,
+    /// Open loop: requests per second (clients then bound requests in flight).
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Measured seconds per run.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Unmeasured seconds before each run.
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
+    /// Runtime threads of the load generator.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Print one JSON object per run.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_input(spec: &str) -> anyhow::Result<InputTensor> {
+    let parts: Vec<&str> = spec.split(':').collect();
+    let [name, dtype, shape] = parts.as_slice() else {
+        bail!("--input `{spec}`: expected NAME:DATATYPE:SHAPE");
+    };
+    let dtype = DataType::parse(dtype).with_context(|| format!("unknown datatype `{dtype}`"))?;
+    let shape: Vec<i64> = shape
+        .split('x')
+        .map(|d| d.parse::<i64>().with_context(|| format!("bad dimension `{d}`")))
+        .collect::<anyhow::Result<_>>()?;
+    let elements: usize = shape.iter().map(|&d| d.max(0) as usize).product();
+    let size = dtype.size().context("BYTES inputs are not supported by kiln-load")?;
+    // Small deterministic values valid for every numeric type.
+    let data: Vec<u8> = (0..elements)
+        .flat_map(|i| {
+            let v = (i % 100) as u8;
+            let mut word = vec![0u8; size];
+            match dtype {
+                DataType::Fp32 => word.copy_from_slice(&f32::from(v).to_le_bytes()),
+                DataType::Fp64 => word.copy_from_slice(&f64::from(v).to_le_bytes()),
+                DataType::Fp16 => word.copy_from_slice(&half::f16::from(v).to_le_bytes()),
+                DataType::Bf16 => word.copy_from_slice(&half::bf16::from(v).to_le_bytes()),
+                DataType::Bool => word[0] = v % 2,
+                _ => word[0] = v,
+            }
+            word
+        })
+        .collect();
+    Ok(InputTensor {
+        name: (*name).to_owned(),
+        dtype,
+        shape,
+        data: Bytes::from(data),
+    })
+}
+
+/// What one client talks to.
+enum Caller {
+    Http {
+        sender: SendRequest<Full<Bytes>>,
+        path: Arc<str>,
+        host: Arc<str>,
+        body: Bytes,
+    },
+    Native {
+        client: NativeClient,
+        request: InferRequest,
+    },
+}
+
+impl Caller {
+    async fn call(&mut self) -> Result<(), String> {
+        match self {
+            Caller::Http {
+                sender,
+                path,
+                host,
+                body,
+            } => {
+                sender.ready().await.map_err(|e| format!("connection: {e}"))?;
+                let request = hyper::Request::post(&**path)
+                    .header(hyper::header::HOST, &**host)
+                    .header(hyper::header::CONTENT_TYPE, "application/json")
+                    .body(Full::new(body.clone()))
+                    .map_err(|e| e.to_string())?;
+                let response = sender
+                    .send_request(request)
+                    .await
+                    .map_err(|e| format!("send: {e}"))?;
+                let status = response.status();
+                let _ = response.into_body().collect().await.map_err(|e| format!("body: {e}"))?;
+                if status.is_success() {
+                    Ok(())
+                } else {
+                    Err(format!("HTTP {}", status.as_u16()))
+                }
+            }
+            Caller::Native { client, request } => client
+                .infer(request.clone())
+                .await
+                .map(drop)
+                .map_err(|e| format!("{:?}", e.status())),
+        }
+    }
+}
+
+enum Target {
+    Http {
+        addr: String,
+        path: Arc<str>,
+        host: Arc<str>,
+        body: Bytes,
+    },
+    Native {
+        client: NativeClient,
+        request: InferRequest,
+    },
+}
+
+impl Target {
+    async fn caller(&self) -> anyhow::Result<Caller> {
+        match self {
+            Target::Http {
+                addr,
+                path,
+                host,
+                body,
+            } => {
+                let stream = TcpStream::connect(addr.as_str())
+                    .await
+                    .with_context(|| format!("connect {addr}"))?;
+                stream.set_nodelay(true)?;
+                let (sender, connection) =
+                    hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+                tokio::spawn(connection);
+                Ok(Caller::Http {
+                    sender,
+                    path: Arc::clone(path),
+                    host: Arc::clone(host),
+                    body: body.clone(),
+                })
+            }
+            Target::Native { client, request } => Ok(Caller::Native {
+                client: client.clone(),
+                request: request.clone(),
+            }),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Stats {
+    ok: u64,
+    errors: BTreeMap<String, u64>,
+    latency: Option<Histogram<u64>>,
+}
+
+impl Stats {
+    fn record(&mut self, started: Instant, result: Result<(), String>) {
+        match result {
+            Ok(()) => {
+                self.ok += 1;
+                let micros = started.elapsed().as_micros().max(1) as u64;
+                if let Some(h) = self.latency.as_mut() {
+                    let _ = h.record(micros.min(h.high()));
+                }
+            }
+            Err(e) => *self.errors.entry(e).or_default() += 1,
+        }
+    }
+
+    fn merge(&mut self, other: Stats) {
+        self.ok += other.ok;
+        for (k, v) in other.errors {
+            *self.errors.entry(k).or_default() += v;
+        }
+        if let (Some(a), Some(b)) = (self.latency.as_mut(), other.latency.as_ref()) {
+            let _ = a.add(b);
+        }
+    }
+}
+
+fn histogram() -> Option<Histogram<u64>> {
+    Histogram::new_with_bounds(1, 120_000_000, 3).ok()
+}
+
+/// One run: `clients` clients for warmup + duration; returns the measured stats.
+async fn run(target: Arc<Target>, clients: usize, args: &Args) -> anyhow::Result<Stats> {
+    let start = Instant::now();
+    let measure_from = start + Duration::from_secs_f64(args.warmup);
+    let end = measure_from + Duration::from_secs_f64(args.duration);
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        let mut caller = target.caller().await?;
+        let (next, rate) = (Arc::clone(&next), args.rate);
+        tasks.push(tokio::spawn(async move {
+            let mut stats = Stats {
+                latency: histogram(),
+                ..Default::default()
+            };
+            loop {
+                let scheduled = match rate {
+                    Some(rate) => {
+                        let k = next.fetch_add(1, Ordering::Relaxed);
+                        let at = start + Duration::from_secs_f64(k as f64 / rate);
+                        tokio::time::sleep_until(at.into()).await;
+                        at
+                    }
+                    None => Instant::now(),
+                };
+                if scheduled >= end {
+                    break;
+                }
+                let result = caller.call().await;
+                if scheduled >= measure_from {
+                    stats.record(scheduled, result);
+                }
+            }
+            stats
+        }));
+    }
+    let mut total = Stats {
+        latency: histogram(),
+        ..Default::default()
+    };
+    for task in tasks {
+        total.merge(task.await?);
+    }
+    Ok(total)
+}
+
+fn parse_load(spec: &str) -> (String, Vec<Param>) {
+    let (worker, rest) = spec.split_once(':').unwrap_or((spec, ""));
+    let params = rest
+        .split(',')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| Param {
+            key: k.trim().into(),
+            value: ParamValue::Str(v.trim().into()),
+        })
+        .collect();
+    (worker.to_owned(), params)
+}
+
+async fn target(args: &Args, inputs: Vec<InputTensor>) -> anyhow::Result<Target> {
+    let request = InferRequest {
+        model: args.model.clone(),
+        inputs,
+        ..Default::default()
+    };
+    if args.in_process {
+        let client = NativeClient::start(ServerConfig {
+            plugin_dirs: args.plugin_dir.clone(),
+        })?;
+        if let Some(spec) = &args.load {
+            let (worker, params) = parse_load(spec);
+            let endpoint = client.load(&worker, params).await?;
+            eprintln!("kiln-load: loaded `{endpoint}` in-process");
+        }
+        return Ok(Target::Native { client, request });
+    }
+    let url = args.url.trim_end_matches('/');
+    let host = url
+        .strip_prefix("http://")
+        .context("--url must start with http://")?
+        .to_owned();
+    Ok(Target::Http {
+        addr: host.clone(),
+        path: format!("/v2/models/{}/infer", args.model).into(),
+        host: host.into(),
+        body: Bytes::from(encode_request(&request)),
+    })
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let inputs = args
+        .inputs
+        .iter()
+        .map(|s| parse_input(s))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.threads.max(1))
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let target = Arc::new(target(&args, inputs).await?);
+        for &clients in &args.concurrency {
+            let stats = run(Arc::clone(&target), clients.max(1), &args).await?;
+            let throughput = stats.ok as f64 / args.duration;
+            let q = |p: f64| {
+                stats
+                    .latency
+                    .as_ref()
+                    .map_or(0.0, |h| h.value_at_quantile(p) as f64 / 1000.0)
+            };
+            let errors: u64 = stats.errors.values().sum();
+            let mode = if args.in_process { "in-process" } else { "http" };
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "mode": mode, "model": args.model, "concurrency": clients,
+                        "rate": args.rate, "requests": stats.ok, "errors": stats.errors,
+                        "throughput": throughput, "p50_ms": q(0.5), "p90_ms": q(0.9),
+                        "p99_ms": q(0.99), "max_ms": q(1.0),
+                    })
+                );
+            } else {
+                println!(
+                    "{mode} model={} concurrency={clients}{} requests={} throughput={throughput:.0}/s p50={:.3}ms p90={:.3}ms p99={:.3}ms max={:.3}ms errors={errors}{}",
+                    args.model,
+                    args.rate.map(|r| format!(" rate={r}/s")).unwrap_or_default(),
+                    stats.ok,
+                    q(0.5),
+                    q(0.9),
+                    q(0.99),
+                    q(1.0),
+                    if errors > 0 { format!(" {:?}", stats.errors) } else { String::new() },
+                );
+            }
+        }
+        if let Target::Native { client, .. } = &*target {
+            client.shutdown().await;
+        }
+        anyhow::Ok(())
+    })
+}

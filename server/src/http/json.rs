@@ -13,7 +13,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::error::{Result, ServerError};
-use crate::infer::{InferRequest, InferResponse, InputTensor};
+use crate::infer::{InferRequest, InferResponse, InputTensor, OutputTensor};
 
 #[derive(Deserialize)]
 struct RequestJson<'a> {
@@ -45,36 +45,11 @@ struct OutputRequestJson {
 pub fn decode_request(model: &str, body: &[u8]) -> Result<InferRequest> {
     let parsed: RequestJson<'_> = serde_json::from_slice(body)
         .map_err(|e| ServerError::invalid(format!("malformed inference request: {e}")))?;
-    let mut inputs = Vec::with_capacity(parsed.inputs.len());
-    for input in parsed.inputs {
-        let dtype = DataType::parse(&input.datatype).ok_or_else(|| {
-            ServerError::invalid(format!(
-                "input `{}`: unknown datatype `{}`",
-                input.name, input.datatype
-            ))
-        })?;
-        let raw = input
-            .data
-            .ok_or_else(|| ServerError::invalid(format!("input `{}` has no data", input.name)))?;
-        let elements = Shape::new(&input.shape)
-            .filter(|_| input.shape.iter().all(|&d| d >= 0))
-            .map(|s| s.element_count())
-            .ok_or_else(|| {
-                ServerError::invalid(format!(
-                    "input `{}`: shape {:?} is invalid",
-                    input.name, input.shape
-                ))
-            })?;
-        let data = decode_data(dtype, elements, raw).map_err(|e| {
-            ServerError::invalid(format!("input `{}` ({dtype}): {e}", input.name))
-        })?;
-        inputs.push(InputTensor {
-            name: input.name,
-            dtype,
-            shape: input.shape,
-            data,
-        });
-    }
+    let inputs = parsed
+        .inputs
+        .into_iter()
+        .map(decode_tensor)
+        .collect::<Result<Vec<_>>>()?;
     Ok(InferRequest {
         model: model.to_owned(),
         id: parsed.id,
@@ -86,6 +61,36 @@ pub fn decode_request(model: &str, body: &[u8]) -> Result<InferRequest> {
             Some(map) => params_from_json(map)?,
             None => Vec::new(),
         },
+    })
+}
+
+fn decode_tensor(input: InputJson<'_>) -> Result<InputTensor> {
+    let dtype = DataType::parse(&input.datatype).ok_or_else(|| {
+        ServerError::invalid(format!(
+            "input `{}`: unknown datatype `{}`",
+            input.name, input.datatype
+        ))
+    })?;
+    let raw = input
+        .data
+        .ok_or_else(|| ServerError::invalid(format!("input `{}` has no data", input.name)))?;
+    let elements = Shape::new(&input.shape)
+        .filter(|_| input.shape.iter().all(|&d| d >= 0))
+        .map(|s| s.element_count())
+        .ok_or_else(|| {
+            ServerError::invalid(format!(
+                "input `{}`: shape {:?} is invalid",
+                input.name, input.shape
+            ))
+        })?;
+    let data = decode_data(dtype, elements, raw).map_err(|e| {
+        ServerError::invalid(format!("input `{}` ({dtype}): {e}", input.name))
+    })?;
+    Ok(InputTensor {
+        name: input.name,
+        dtype,
+        shape: input.shape,
+        data,
     })
 }
 
@@ -321,6 +326,88 @@ impl Serialize for DataJson<'_> {
     }
 }
 
+#[derive(Serialize)]
+struct RequestOutJson<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a str>,
+    inputs: Vec<OutputJson<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    outputs: Option<Vec<Value>>,
+    #[serde(skip_serializing_if = "Map::is_empty")]
+    parameters: Map<String, Value>,
+}
+
+/// Encodes a request as KServe v2 JSON (what a client sends).
+pub fn encode_request(request: &InferRequest) -> Vec<u8> {
+    let json = RequestOutJson {
+        id: request.id.as_deref(),
+        inputs: request
+            .inputs
+            .iter()
+            .map(|t| OutputJson {
+                name: &t.name,
+                datatype: t.dtype.as_str(),
+                shape: &t.shape,
+                data: DataJson {
+                    dtype: t.dtype,
+                    bytes: &t.data,
+                },
+            })
+            .collect(),
+        outputs: request
+            .outputs
+            .as_ref()
+            .map(|names| names.iter().map(|n| serde_json::json!({ "name": n })).collect()),
+        parameters: request
+            .parameters
+            .iter()
+            .map(|p| {
+                let value = match &p.value {
+                    ParamValue::Bool(b) => Value::from(*b),
+                    ParamValue::Int(i) => Value::from(*i),
+                    ParamValue::Float(f) => Value::from(*f),
+                    ParamValue::Str(s) => Value::from(s.as_str()),
+                };
+                (p.key.to_string(), value)
+            })
+            .collect(),
+    };
+    serde_json::to_vec(&json).unwrap_or_default()
+}
+
+#[derive(Deserialize)]
+struct ResponseInJson<'a> {
+    model_name: String,
+    #[serde(default)]
+    model_version: String,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(borrow)]
+    outputs: Vec<InputJson<'a>>,
+}
+
+/// Decodes a KServe v2 JSON response (what a client receives).
+pub fn decode_response(body: &[u8]) -> Result<InferResponse> {
+    let parsed: ResponseInJson<'_> = serde_json::from_slice(body)
+        .map_err(|e| ServerError::invalid(format!("malformed inference response: {e}")))?;
+    let mut outputs = Vec::with_capacity(parsed.outputs.len());
+    for out in parsed.outputs {
+        let tensor = decode_tensor(out)?;
+        outputs.push(OutputTensor {
+            name: tensor.name,
+            dtype: tensor.dtype,
+            shape: tensor.shape,
+            data: tensor.data,
+        });
+    }
+    Ok(InferResponse {
+        model_name: parsed.model_name,
+        model_version: parsed.model_version,
+        id: parsed.id,
+        outputs,
+    })
+}
+
 /// Encodes a response as KServe v2 JSON.
 pub fn encode_response(response: &InferResponse) -> Vec<u8> {
     let json = ResponseJson {
@@ -348,7 +435,6 @@ pub fn encode_response(response: &InferResponse) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::infer::OutputTensor;
 
     fn one_input(datatype: &str, shape: &str, data: &str) -> Result<InferRequest> {
         let body = format!(
@@ -432,5 +518,18 @@ mod tests {
         assert_eq!(v["outputs"][0]["data"], serde_json::json!([0.5, -2.0]));
         assert_eq!(v["outputs"][0]["datatype"], "FP16");
         assert_eq!(v["outputs"][1]["data"], serde_json::json!(["z", ""]));
+        assert_eq!(decode_response(&encode_response(&response)).unwrap(), response);
+    }
+
+    #[test]
+    fn request_round_trip() {
+        let request = InferRequest {
+            model: "m".into(),
+            id: Some("x".into()),
+            inputs: vec![InputTensor::from_slice("a", DataType::Int16, &[1, 2], &[-3i16, 4])],
+            outputs: Some(vec!["y".into()]),
+            parameters: vec![Param { key: "k".into(), value: ParamValue::Int(3) }],
+        };
+        assert_eq!(decode_request("m", &encode_request(&request)).unwrap(), request);
     }
 }

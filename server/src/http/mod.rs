@@ -13,7 +13,7 @@ use actix_web::{web, App, HttpResponse, HttpServer, ResponseError};
 use crate::error::ServerError;
 use crate::server::Server;
 
-pub use json::{decode_request, encode_response, params_from_json};
+pub use json::{decode_request, decode_response, encode_request, encode_response, params_from_json};
 
 /// How to serve HTTP.
 #[derive(Debug, Clone)]

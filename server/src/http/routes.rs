@@ -164,7 +164,7 @@ async fn read_body(payload: web::Payload, limit: usize) -> Result<Bytes, HttpErr
 async fn infer(state: web::Data<State>, req: HttpRequest, payload: web::Payload) -> Reply {
     let group = lookup(&state, &req)?;
     let body = read_body(payload, state.max_body_bytes).await?;
-    let request = decode_request(&group.endpoint, &body)?;
+    let request = decode_request(&group.endpoint, &body).inspect_err(|_| group.record_invalid())?;
     let reply = group.submit(request)?;
     let response = reply
         .await

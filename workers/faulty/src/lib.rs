@@ -1,6 +1,7 @@
 //! `faulty`: a worker for testing failure handling. INT32 `INPUT0` [-1] is copied to
 //! `OUTPUT0`, except that a batch holding the value -1 panics and one holding -2
-//! returns an error. `fail_init=true` makes `init` fail (to test load rollback).
+//! returns an error; one holding -3 takes 1 s (a slow worker, to test overload).
+//! `fail_init=true` makes `init` fail (to test load rollback).
 
 use kiln_worker_sdk::{
     export_worker, Batch, BatcherKind, DataType, Params, TensorSpec, Worker, WorkerError,
@@ -36,6 +37,9 @@ impl Worker for Faulty {
         }
         if values.contains(&-2) {
             return Err("faulty worker saw -2".into());
+        }
+        if values.contains(&-3) {
+            std::thread::sleep(std::time::Duration::from_millis(1000));
         }
         let mut output = batch.output(0)?;
         output

@@ -1,0 +1,141 @@
+//! The HTTP client (reqwest, KServe v2 JSON).
+
+use std::time::Duration;
+
+use kiln_server::http::{decode_response, encode_request};
+use kiln_server::{InferRequest, InferResponse};
+use serde_json::Value;
+
+use crate::ClientError;
+
+/// A client for one kiln server's REST API.
+#[derive(Clone)]
+pub struct HttpClient {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl HttpClient {
+    /// A client for the server at `base` (e.g. `http://127.0.0.1:8000`).
+    pub fn new(base: &str) -> Result<HttpClient, ClientError> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(1024)
+            .build()
+            .map_err(|e| ClientError::Transport(e.to_string()))?;
+        Ok(HttpClient {
+            base: base.trim_end_matches('/').to_owned(),
+            http,
+        })
+    }
+
+    /// The base URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    async fn send(&self, request: reqwest::RequestBuilder) -> Result<bytes::Bytes, ClientError> {
+        let response = request
+            .send()
+            .await
+            .map_err(|e| ClientError::Transport(e.to_string()))?;
+        let status = response.status().as_u16();
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| ClientError::Transport(e.to_string()))?;
+        if status >= 400 {
+            let message = serde_json::from_slice::<Value>(&body)
+                .ok()
+                .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_owned))
+                .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
+            return Err(ClientError::Status { status, message });
+        }
+        Ok(body)
+    }
+
+    async fn get_json(&self, path: &str) -> Result<Value, ClientError> {
+        let body = self.send(self.http.get(format!("{}{path}", self.base))).await?;
+        serde_json::from_slice(&body).map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
+    /// `GET /v2/health/live` succeeded.
+    pub async fn is_live(&self) -> Result<bool, ClientError> {
+        Ok(self.send(self.http.get(format!("{}/v2/health/live", self.base))).await.is_ok())
+    }
+
+    /// `GET /v2/health/ready` answered 200.
+    pub async fn is_ready(&self) -> Result<bool, ClientError> {
+        match self.send(self.http.get(format!("{}/v2/health/ready", self.base))).await {
+            Ok(_) => Ok(true),
+            Err(ClientError::Status { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `GET /v2`.
+    pub async fn server_metadata(&self) -> Result<Value, ClientError> {
+        self.get_json("/v2").await
+    }
+
+    /// `GET /v2/models/{model}`.
+    pub async fn model_metadata(&self, model: &str) -> Result<Value, ClientError> {
+        self.get_json(&format!("/v2/models/{model}")).await
+    }
+
+    /// Names of the loaded models (`GET /v2/models`).
+    pub async fn models(&self) -> Result<Vec<String>, ClientError> {
+        let list = self.get_json("/v2/models").await?;
+        Ok(list["models"]
+            .as_array()
+            .map(|models| {
+                models
+                    .iter()
+                    .filter_map(|m| m["name"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// `POST /v2/models/{model}/infer`.
+    pub async fn infer(&self, request: &InferRequest) -> Result<InferResponse, ClientError> {
+        let body = self
+            .send(
+                self.http
+                    .post(format!("{}/v2/models/{}/infer", self.base, request.model))
+                    .header("content-type", "application/json")
+                    .body(encode_request(request)),
+            )
+            .await?;
+        decode_response(&body).map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
+    /// Loads `worker` with a JSON object of load-time parameters; returns the endpoint.
+    pub async fn load(&self, worker: &str, params: &Value) -> Result<String, ClientError> {
+        let body = self
+            .send(
+                self.http
+                    .post(format!("{}/v2/workers/{worker}/load", self.base))
+                    .json(params),
+            )
+            .await?;
+        let v: Value = serde_json::from_slice(&body).map_err(|e| ClientError::Decode(e.to_string()))?;
+        v["endpoint"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| ClientError::Decode(format!("no endpoint in {v}")))
+    }
+
+    /// Unloads an endpoint.
+    pub async fn unload(&self, endpoint: &str) -> Result<(), ClientError> {
+        self.send(self.http.post(format!("{}/v2/workers/{endpoint}/unload", self.base)))
+            .await
+            .map(drop)
+    }
+
+    /// The Prometheus text of `GET /metrics`.
+    pub async fn metrics(&self) -> Result<String, ClientError> {
+        let body = self.send(self.http.get(format!("{}/metrics", self.base))).await?;
+        Ok(String::from_utf8_lossy(&body).into_owned())
+    }
+}

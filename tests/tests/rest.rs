@@ -1,0 +1,311 @@
+//! End-to-end over REST: the real `kiln` binary, real plugins, real sockets.
+
+use std::time::Duration;
+
+use kiln_client::{ClientError, DataType, InferRequest, InputTensor};
+use kiln_tests::{metric, Kiln};
+use serde_json::{json, Value};
+
+fn echo_request(model: &str, id: usize, values: &[u32]) -> InferRequest {
+    InferRequest {
+        model: model.into(),
+        id: Some(format!("req-{id}")),
+        inputs: vec![InputTensor::from_slice(
+            "INPUT0",
+            DataType::Uint32,
+            &[1, values.len() as i64],
+            values,
+        )],
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_metadata_and_startup_load() {
+    let kiln = Kiln::start(&["--load", "echo:batch_size=8", "--load", "invert-image"]);
+    let c = &kiln.client;
+    assert!(c.is_live().await.unwrap());
+    assert!(c.is_ready().await.unwrap());
+    let meta = c.server_metadata().await.unwrap();
+    assert_eq!(meta["name"], "kiln");
+    assert!(meta["extensions"].is_array());
+    assert_eq!(c.models().await.unwrap(), vec!["echo", "invert-image"]);
+    let echo = c.model_metadata("echo").await.unwrap();
+    assert_eq!(echo["inputs"][0], json!({"name": "INPUT0", "datatype": "UINT32", "shape": [-1, -1]}));
+    assert_eq!(echo["outputs"][0]["name"], "OUTPUT0");
+    assert_eq!(echo["parameters"]["batch_size"], 8);
+    let http = reqwest::Client::new();
+    for path in ["/v2/models/echo/ready", "/v2/models/echo/versions/1/ready", "/v2/models/echo/versions/1"] {
+        let status = http.get(format!("{}{path}", kiln.url)).send().await.unwrap().status();
+        assert_eq!(status, 200, "{path}");
+    }
+    // An image through the worker that does not batch: [H, W, C], no batch dim.
+    let pixels: Vec<u8> = (0..24).map(|v| v * 10).collect();
+    let response = c
+        .infer(&InferRequest {
+            model: "invert-image".into(),
+            inputs: vec![InputTensor::from_slice("image", DataType::Uint8, &[2, 4, 3], &pixels)],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(response.outputs[0].shape, vec![2, 4, 3]);
+    assert_eq!(response.outputs[0].values::<u8>(), pixels.iter().map(|v| 255 - v).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_concurrent_requests_each_get_their_own_answer() {
+    let kiln = Kiln::start(&[]);
+    let c = kiln.client.clone();
+    let endpoint = c.load("echo", &json!({"batch_size": 32, "timeout": 20})).await.unwrap();
+    assert_eq!(endpoint, "echo");
+    let tasks: Vec<_> = (0..1000usize)
+        .map(|i| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                // Ragged lengths: echo batches requests of different lengths together.
+                let values: Vec<u32> = (0..(1 + i % 7) as u32).map(|k| i as u32 * 100 + k).collect();
+                let response = c.infer(&echo_request("echo", i, &values)).await.unwrap();
+                assert_eq!(response.id.as_deref(), Some(format!("req-{i}").as_str()));
+                assert_eq!(response.model_name, "echo");
+                let want: Vec<u32> = values.iter().map(|v| v + 1).collect();
+                assert_eq!(response.outputs[0].values::<u32>(), want, "request {i}");
+                assert_eq!(response.outputs[0].shape, vec![1, values.len() as i64]);
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let text = c.metrics().await.unwrap();
+    let m = |name: &str, extra: &[(&str, &str)]| {
+        let mut labels = vec![("model", "echo")];
+        labels.extend_from_slice(extra);
+        metric(&text, name, &labels).unwrap_or_else(|| panic!("{name} missing in\n{text}"))
+    };
+    assert_eq!(m("kiln_requests_total", &[("outcome", "success")]), 1000.0);
+    assert_eq!(m("kiln_batch_size_sum", &[]), 1000.0);
+    let batches = m("kiln_batch_size_count", &[]);
+    let singles = m("kiln_batch_size_bucket", &[("le", "1.0")]);
+    assert!(batches < 1000.0, "every request ran alone: {batches} batches");
+    assert!(singles < batches, "no batch of more than one request formed");
+    assert_eq!(m("kiln_pending_requests", &[]), 0.0);
+    assert_eq!(m("kiln_buffer_pool_size", &[]), 3.0);
+    assert!(m("kiln_queue_duration_seconds_count", &[]) == 1000.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoint_naming_sharing_and_unload() {
+    let kiln = Kiln::start(&[]);
+    let c = &kiln.client;
+    assert_eq!(c.load("echo", &json!({})).await.unwrap(), "echo");
+    assert_eq!(c.load("echo", &json!({})).await.unwrap(), "echo", "same parameters, same endpoint");
+    assert_eq!(c.load("ECHO", &json!({})).await.unwrap(), "echo", "names are case-insensitive");
+    assert_eq!(c.load("echo", &json!({"batch_size": 4})).await.unwrap(), "echo-0");
+    assert_eq!(c.load("echo", &json!({"batch_size": 2})).await.unwrap(), "echo-1");
+    assert_eq!(c.load("echo", &json!({"batch_size": 4})).await.unwrap(), "echo-0");
+    // share=false adds an instance to the group with those parameters.
+    assert_eq!(c.model_metadata("echo-0").await.unwrap()["parameters"]["instances"], 1);
+    assert_eq!(c.load("echo", &json!({"batch_size": 4, "share": false})).await.unwrap(), "echo-0");
+    assert_eq!(c.model_metadata("echo-0").await.unwrap()["parameters"]["instances"], 2);
+    for (i, model) in ["echo", "ECHO-0", "echo-1"].iter().enumerate() {
+        let r = c.infer(&echo_request(model, i, &[7, 8])).await.unwrap();
+        assert_eq!(r.outputs[0].values::<u32>(), vec![8, 9]);
+    }
+    // Unload drains, then the endpoint is gone.
+    let inflight: Vec<_> = (0..50)
+        .map(|i| {
+            let c = c.clone();
+            tokio::spawn(async move { c.infer(&echo_request("echo-1", i, &[i as u32])).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    c.unload("echo-1").await.unwrap();
+    for task in inflight {
+        match task.await.unwrap() {
+            Ok(r) => assert_eq!(r.outputs[0].shape, vec![1, 1]),
+            // Refused because it arrived after the unload began: never lost silently.
+            Err(e) => assert_eq!(e.status(), Some(404), "{e}"),
+        }
+    }
+    let err = c.infer(&echo_request("echo-1", 0, &[1])).await.unwrap_err();
+    assert_eq!(err.status(), Some(404), "{err}");
+    assert_eq!(c.unload("echo-1").await.unwrap_err().status(), Some(404));
+    assert_eq!(c.model_metadata("echo-1").await.unwrap_err().status(), Some(404));
+    assert_eq!(c.models().await.unwrap(), vec!["echo", "echo-0"]);
+    let text = c.metrics().await.unwrap();
+    assert!(!text.contains("model=\"echo-1\""), "unloaded model's series remain");
+    // A load after an unload frees the name again.
+    assert_eq!(c.load("echo", &json!({"batch_size": 3})).await.unwrap(), "echo-1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_the_right_status_and_the_server_stays_healthy() {
+    let kiln = Kiln::start(&["--load", "echo", "--load", "echo-multi", "--max-body-bytes", "4096"]);
+    let http = reqwest::Client::new();
+    let infer = |dtype: &str, shape: &str, data: &str| {
+        format!(r#"{{"inputs":[{{"name":"INPUT0","shape":{shape},"datatype":"{dtype}","data":{data}}}]}}"#)
+    };
+    let big = format!("[{}]", vec!["1"; 3000].join(","));
+    let cases: Vec<(&str, &str, String, u16, &str)> = vec![
+        ("POST", "/v2/models/echo/infer", "{".into(), 400, "malformed"),
+        ("POST", "/v2/models/echo/infer", "[]".into(), 400, "malformed"),
+        ("POST", "/v2/models/echo/infer", "".into(), 400, "malformed"),
+        ("POST", "/v2/models/echo/infer", infer("FP32", "[1,2]", "[1,2]"), 400, "expected datatype UINT32"),
+        ("POST", "/v2/models/echo/infer", infer("UINT32", "[1,3]", "[1,2]"), 400, "3 elements but data has 2"),
+        ("POST", "/v2/models/echo/infer", infer("UINT32", "[2]", "[1,2]"), 400, "expected shape [-1, -1]"),
+        ("POST", "/v2/models/echo/infer", infer("UINT32", "[1,1]", "[-5]"), 400, "out of range"),
+        ("POST", "/v2/models/echo/infer", infer("UINT32", "[1,1]", "[\"x\"]"), 400, "got a string"),
+        ("POST", "/v2/models/echo/infer", infer("NOPE", "[1,1]", "[1]"), 400, "unknown datatype"),
+        ("POST", "/v2/models/echo/infer", infer("UINT32", "[1,1,1,1,1,1,1,1,1]", "[1]"), 400, "invalid"),
+        ("POST", "/v2/models/echo/infer", infer("UINT32", "[99999,1]", &format!("[{}]", vec!["1"; 99999].join(","))), 413, "exceeds the limit"),
+        ("POST", "/v2/models/echo/infer", infer("UINT32", "[1,3000]", &big), 413, "exceeds the limit"),
+        ("POST", "/v2/models/echo/infer", r#"{"inputs":[{"name":"X","shape":[1,1],"datatype":"UINT32","data":[1]}]}"#.into(), 400, "unknown input `X`"),
+        ("POST", "/v2/models/echo/infer", r#"{"inputs":[]}"#.into(), 400, "missing input `INPUT0`"),
+        ("POST", "/v2/models/echo/infer", r#"{"inputs":[{"name":"INPUT0","shape":[1,1],"datatype":"UINT32","data":[1]}],"outputs":[{"name":"NOPE"}]}"#.into(), 400, "unknown output `NOPE`"),
+        ("POST", "/v2/models/echo-multi/infer", r#"{"inputs":[{"name":"INPUT0","shape":[1,1],"datatype":"UINT32","data":[1]}]}"#.into(), 400, "missing input"),
+        ("POST", "/v2/models/nope/infer", infer("UINT32", "[1,1]", "[1]"), 404, "no model `nope`"),
+        ("POST", "/v2/models/echo/versions/2/infer", infer("UINT32", "[1,1]", "[1]"), 404, "no version `2`"),
+        ("GET", "/v2/models/nope", String::new(), 404, "no model"),
+        ("GET", "/v2/models/nope/ready", String::new(), 404, "no model"),
+        ("GET", "/v2/nothing/here", String::new(), 404, "no route"),
+        ("GET", "/v2/models/echo/infer", String::new(), 405, "not allowed"),
+        ("POST", "/v2/workers/nope/load", "{}".into(), 404, "no plugin for worker `nope`"),
+        ("POST", "/v2/workers/..%2F..%2Fetc/load", "{}".into(), 400, "invalid worker name"),
+        ("POST", "/v2/workers/echo/load", "[1]".into(), 400, "must be a JSON object"),
+        ("POST", "/v2/workers/echo/load", r#"{"batch_size": 0}"#.into(), 400, "batch_size"),
+        ("POST", "/v2/workers/echo/load", r#"{"batch_size": 100000}"#.into(), 400, "batch_size"),
+        ("POST", "/v2/workers/echo/load", r#"{"batcher": "fancy"}"#.into(), 400, "batcher"),
+        ("POST", "/v2/workers/echo/load", r#"{"timeout": [1]}"#.into(), 400, "boolean, number or string"),
+        ("POST", "/v2/workers/invert-image/load", r#"{"batch_size": 4}"#.into(), 400, "does not batch"),
+        ("POST", "/v2/workers/faulty/load", r#"{"fail_init": true}"#.into(), 400, "init failed as asked"),
+        ("POST", "/v2/workers/nope/unload", String::new(), 404, "no model `nope`"),
+    ];
+    for (method, path, body, status, want) in cases {
+        let url = format!("{}{path}", kiln.url);
+        let request = if method == "GET" { http.get(url) } else { http.post(url).body(body.clone()) };
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status().as_u16(), status, "{method} {path} {body:.80}");
+        let v: Value = response.json().await.unwrap_or_else(|e| panic!("{method} {path}: not JSON: {e}"));
+        let message = v["error"].as_str().unwrap_or_else(|| panic!("{method} {path}: no error in {v}"));
+        assert!(message.contains(want), "{method} {path}: `{message}` lacks `{want}`");
+    }
+    // Still healthy and serving, and a failed load left nothing behind.
+    assert!(kiln.client.is_ready().await.unwrap());
+    assert_eq!(kiln.client.models().await.unwrap(), vec!["echo", "echo-multi"]);
+    let r = kiln.client.infer(&echo_request("echo", 1, &[41])).await.unwrap();
+    assert_eq!(r.outputs[0].values::<u32>(), vec![42]);
+    let text = kiln.client.metrics().await.unwrap();
+    assert!(metric(&text, "kiln_requests_total", &[("model", "echo"), ("outcome", "invalid")]).unwrap() >= 8.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_outputs_and_requested_outputs() {
+    let kiln = Kiln::start(&["--load", "echo-multi"]);
+    let mut strings = Vec::new();
+    for s in ["kiln", ""] {
+        strings.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        strings.extend_from_slice(s.as_bytes());
+    }
+    let mut request = InferRequest {
+        model: "echo-multi".into(),
+        inputs: vec![
+            InputTensor::from_slice("INPUT0", DataType::Uint32, &[1, 3], &[1u32, 2, 3]),
+            InputTensor::from_slice("INPUT1", DataType::Fp32, &[1, 2], &[0.5f32, -1.0]),
+            InputTensor::from_slice("INPUT2", DataType::Bytes, &[1, 2], &strings),
+        ],
+        ..Default::default()
+    };
+    let r = kiln.client.infer(&request).await.unwrap();
+    assert_eq!(r.outputs.len(), 3);
+    assert_eq!(r.outputs[0].values::<u32>(), vec![2, 3, 4]);
+    assert_eq!(r.outputs[1].dtype, DataType::Fp64);
+    assert_eq!(r.outputs[1].values::<f64>(), vec![1.0, -2.0]);
+    let mut reversed = Vec::new();
+    for s in ["nlik", ""] {
+        reversed.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        reversed.extend_from_slice(s.as_bytes());
+    }
+    assert_eq!(r.outputs[2].data.as_ref(), reversed.as_slice());
+    request.outputs = Some(vec!["OUTPUT1".into()]);
+    let r = kiln.client.infer(&request).await.unwrap();
+    assert_eq!(r.outputs.len(), 1);
+    assert_eq!(r.outputs[0].name, "OUTPUT1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_plugin_fails_only_its_batch() {
+    let kiln = Kiln::start(&["--load", "faulty"]);
+    let c = &kiln.client;
+    let request = |values: &[i32]| InferRequest {
+        model: "faulty".into(),
+        inputs: vec![InputTensor::from_slice("INPUT0", DataType::Int32, &[1, values.len() as i64], values)],
+        ..Default::default()
+    };
+    let err = c.infer(&request(&[1, -1])).await.unwrap_err();
+    assert!(matches!(&err, ClientError::Status { status: 500, message } if message.contains("panicked")), "{err}");
+    let err = c.infer(&request(&[-2])).await.unwrap_err();
+    assert!(matches!(&err, ClientError::Status { status: 500, message } if message.contains("saw -2")), "{err}");
+    // The instance was restarted: everything after succeeds.
+    let tasks: Vec<_> = (0..20)
+        .map(|i| {
+            let (c, r) = (c.clone(), request(&[i, i + 1]));
+            tokio::spawn(async move { c.infer(&r).await })
+        })
+        .collect();
+    for (i, task) in tasks.into_iter().enumerate() {
+        assert_eq!(task.await.unwrap().unwrap().outputs[0].values::<i32>(), vec![i as i32, i as i32 + 1]);
+    }
+    assert!(c.is_ready().await.unwrap());
+    assert!(kiln.log().contains("worker panicked"), "the plugin's panic reaches the server log");
+    let text = c.metrics().await.unwrap();
+    assert_eq!(metric(&text, "kiln_requests_total", &[("model", "faulty"), ("outcome", "failure")]), Some(2.0));
+    assert_eq!(metric(&text, "kiln_worker_instances", &[("model", "faulty")]), Some(1.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_answers_429_and_loses_nothing_accepted() {
+    let kiln = Kiln::start(&[]);
+    let c = kiln.client.clone();
+    // One buffer set, one instance, a queue of two; -3 makes the worker take 1 s.
+    let endpoint = c
+        .load("faulty", &json!({"batch_size": 1, "max_buffers": 1, "queue_size": 2}))
+        .await
+        .unwrap();
+    let send = |values: Vec<i32>| {
+        let c = c.clone();
+        let endpoint = endpoint.clone();
+        tokio::spawn(async move {
+            c.infer(&InferRequest {
+                model: endpoint,
+                inputs: vec![InputTensor::from_slice("INPUT0", DataType::Int32, &[1, 1], &values)],
+                ..Default::default()
+            })
+            .await
+        })
+    };
+    let running = send(vec![-3]); // holds the only buffer set for 1 s
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let blocked = send(vec![-3]); // taken by the batcher, waiting for a buffer set
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let queued: Vec<_> = (1..=2).map(|v| send(vec![v])).collect(); // fill the queue
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let refused = reqwest::Client::new()
+        .post(format!("{}/v2/models/{endpoint}/infer", kiln.url))
+        .body(r#"{"inputs":[{"name":"INPUT0","shape":[1,1],"datatype":"INT32","data":[9]}]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 429);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let body: Value = refused.json().await.unwrap();
+    assert!(body["error"].as_str().unwrap().contains("queue of 2 is full"), "{body}");
+    running.await.unwrap().unwrap();
+    blocked.await.unwrap().unwrap();
+    for (i, task) in queued.into_iter().enumerate() {
+        assert_eq!(task.await.unwrap().unwrap().outputs[0].values::<i32>(), vec![i as i32 + 1]);
+    }
+    let text = c.metrics().await.unwrap();
+    assert_eq!(metric(&text, "kiln_requests_total", &[("model", "faulty"), ("outcome", "rejected")]), Some(1.0));
+    assert_eq!(metric(&text, "kiln_requests_total", &[("model", "faulty"), ("outcome", "success")]), Some(4.0));
+}
