@@ -50,7 +50,9 @@ pub fn run_batcher<R>(
             let next = match requests.try_recv() {
                 Ok(request) => Ok(request),
                 Err(_) => match config.kind {
-                    BatcherKind::Hard => requests.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                    BatcherKind::Hard => {
+                        requests.recv().map_err(|_| RecvTimeoutError::Disconnected)
+                    }
                     BatcherKind::Soft => recv_until(&requests, deadline),
                 },
             };
@@ -105,7 +107,12 @@ mod tests {
         }
     }
 
-    fn config(kind: BatcherKind, batch_size: usize, timeout_ms: u64, ragged: bool) -> BatcherConfig {
+    fn config(
+        kind: BatcherKind,
+        batch_size: usize,
+        timeout_ms: u64,
+        ragged: bool,
+    ) -> BatcherConfig {
         BatcherConfig {
             kind,
             batch_size,
@@ -168,7 +175,10 @@ mod tests {
         tx.send(request(2, &[1, 1])).unwrap();
         let batch = brx.recv_timeout(Duration::from_secs(5)).unwrap();
         let waited = sent.elapsed();
-        assert_eq!(batch.members.iter().map(|m| m.reply).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(
+            batch.members.iter().map(|m| m.reply).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
         assert!(waited >= Duration::from_millis(30), "sent after {waited:?}");
         drop(tx);
         handle.join().unwrap();
@@ -196,20 +206,33 @@ mod tests {
 
     #[test]
     fn multi_row_request_counts_its_rows_and_is_not_split() {
-        let reqs = vec![request(0, &[3, 1]), request(1, &[2, 1]), request(2, &[1, 1])];
+        let reqs = vec![
+            request(0, &[3, 1]),
+            request(1, &[2, 1]),
+            request(2, &[1, 1]),
+        ];
         let out = batch_all(config(BatcherKind::Soft, 4, 0, false), reqs);
         // 3 rows, then 2 would make 5 > 4: the 2-row request starts the next batch.
-        assert_eq!(out.iter().map(|b| (b.0.clone(), b.1)).collect::<Vec<_>>(), vec![
-            (vec![0], 3),
-            (vec![1, 2], 3)
-        ]);
+        assert_eq!(
+            out.iter().map(|b| (b.0.clone(), b.1)).collect::<Vec<_>>(),
+            vec![(vec![0], 3), (vec![1, 2], 3)]
+        );
     }
 
     #[test]
     fn mismatched_shapes_split_unless_ragged() {
-        let reqs = || vec![request(0, &[1, 2]), request(1, &[1, 3]), request(2, &[1, 3])];
+        let reqs = || {
+            vec![
+                request(0, &[1, 2]),
+                request(1, &[1, 3]),
+                request(2, &[1, 3]),
+            ]
+        };
         let strict = batch_all(config(BatcherKind::Soft, 8, 0, false), reqs());
-        assert_eq!(strict.iter().map(|b| b.0.clone()).collect::<Vec<_>>(), vec![vec![0], vec![1, 2]]);
+        assert_eq!(
+            strict.iter().map(|b| b.0.clone()).collect::<Vec<_>>(),
+            vec![vec![0], vec![1, 2]]
+        );
         let ragged = batch_all(config(BatcherKind::Soft, 8, 0, true), reqs());
         assert_eq!(ragged.len(), 1);
         assert_eq!(ragged[0].2.len(), (2 + 3 + 3) * 4);
@@ -221,7 +244,9 @@ mod tests {
         let (btx, brx) = unbounded();
         let pool = Pool::new(2, || BufferSet::with_capacities(&[64], &[64]));
         let p = Arc::clone(&pool);
-        let handle = std::thread::spawn(move || run_batcher(config(BatcherKind::Soft, 1, 0, false), rx, p, btx));
+        let handle = std::thread::spawn(move || {
+            run_batcher(config(BatcherKind::Soft, 1, 0, false), rx, p, btx)
+        });
         for i in 0..5 {
             tx.send(request(i, &[1, 1])).unwrap();
         }

@@ -1,6 +1,5 @@
 //! 64-byte aligned, growable CPU memory.
 
-
 use kiln_worker_sdk::OutputBuffer;
 
 /// Alignment of every [`AlignedBuf`], enough for any tensor element and for SIMD.
@@ -94,7 +93,6 @@ impl OutputBuffer for AlignedBuf {
         AlignedBuf::resize(self, len).into()
     }
 }
-
 
 #[cfg(test)]
 mod tests {

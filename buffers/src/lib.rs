@@ -22,13 +22,22 @@ impl BufferSet {
     /// A set with buffers of these initial capacities (bytes).
     pub fn with_capacities(inputs: &[usize], outputs: &[usize]) -> BufferSet {
         BufferSet {
-            inputs: inputs.iter().map(|&c| AlignedBuf::with_capacity(c)).collect(),
-            outputs: outputs.iter().map(|&c| AlignedBuf::with_capacity(c)).collect(),
+            inputs: inputs
+                .iter()
+                .map(|&c| AlignedBuf::with_capacity(c))
+                .collect(),
+            outputs: outputs
+                .iter()
+                .map(|&c| AlignedBuf::with_capacity(c))
+                .collect(),
         }
     }
 
     /// Empties every buffer, keeping its memory.
     pub fn clear(&mut self) {
-        self.inputs.iter_mut().chain(&mut self.outputs).for_each(AlignedBuf::clear);
+        self.inputs
+            .iter_mut()
+            .chain(&mut self.outputs)
+            .for_each(AlignedBuf::clear);
     }
 }

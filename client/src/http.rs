@@ -55,18 +55,26 @@ impl HttpClient {
     }
 
     async fn get_json(&self, path: &str) -> Result<Value, ClientError> {
-        let body = self.send(self.http.get(format!("{}{path}", self.base))).await?;
+        let body = self
+            .send(self.http.get(format!("{}{path}", self.base)))
+            .await?;
         serde_json::from_slice(&body).map_err(|e| ClientError::Decode(e.to_string()))
     }
 
     /// `GET /v2/health/live` succeeded.
     pub async fn is_live(&self) -> Result<bool, ClientError> {
-        Ok(self.send(self.http.get(format!("{}/v2/health/live", self.base))).await.is_ok())
+        Ok(self
+            .send(self.http.get(format!("{}/v2/health/live", self.base)))
+            .await
+            .is_ok())
     }
 
     /// `GET /v2/health/ready` answered 200.
     pub async fn is_ready(&self) -> Result<bool, ClientError> {
-        match self.send(self.http.get(format!("{}/v2/health/ready", self.base))).await {
+        match self
+            .send(self.http.get(format!("{}/v2/health/ready", self.base)))
+            .await
+        {
             Ok(_) => Ok(true),
             Err(ClientError::Status { .. }) => Ok(false),
             Err(e) => Err(e),
@@ -119,7 +127,8 @@ impl HttpClient {
                     .json(params),
             )
             .await?;
-        let v: Value = serde_json::from_slice(&body).map_err(|e| ClientError::Decode(e.to_string()))?;
+        let v: Value =
+            serde_json::from_slice(&body).map_err(|e| ClientError::Decode(e.to_string()))?;
         v["endpoint"]
             .as_str()
             .map(str::to_owned)
@@ -128,14 +137,19 @@ impl HttpClient {
 
     /// Unloads an endpoint.
     pub async fn unload(&self, endpoint: &str) -> Result<(), ClientError> {
-        self.send(self.http.post(format!("{}/v2/workers/{endpoint}/unload", self.base)))
-            .await
-            .map(drop)
+        self.send(
+            self.http
+                .post(format!("{}/v2/workers/{endpoint}/unload", self.base)),
+        )
+        .await
+        .map(drop)
     }
 
     /// The Prometheus text of `GET /metrics`.
     pub async fn metrics(&self) -> Result<String, ClientError> {
-        let body = self.send(self.http.get(format!("{}/metrics", self.base))).await?;
+        let body = self
+            .send(self.http.get(format!("{}/metrics", self.base)))
+            .await?;
         Ok(String::from_utf8_lossy(&body).into_owned())
     }
 }

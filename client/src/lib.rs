@@ -18,7 +18,9 @@ mod http;
 mod native;
 
 pub use http::HttpClient;
-pub use kiln_server::{DataType, InferRequest, InferResponse, InputTensor, OutputTensor, Param, ParamValue};
+pub use kiln_server::{
+    DataType, InferRequest, InferResponse, InputTensor, OutputTensor, Param, ParamValue,
+};
 pub use native::NativeClient;
 
 /// Why a call failed.

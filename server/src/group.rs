@@ -132,11 +132,12 @@ impl WorkerGroup {
 
     /// Validates `request` and queues it; the receiver yields its answer. A full
     /// queue refuses at once.
-    pub fn submit(&self, request: InferRequest) -> Result<oneshot::Receiver<Result<InferResponse>>> {
+    pub fn submit(
+        &self,
+        request: InferRequest,
+    ) -> Result<oneshot::Receiver<Result<InferResponse>>> {
         let metrics = &self.context.metrics;
-        let InferRequest {
-            id, parameters, ..
-        } = &request;
+        let InferRequest { id, parameters, .. } = &request;
         let (id, parameters) = (id.clone(), parameters.clone());
         let valid = validate(&self.info, self.settings.batch_size, request).inspect_err(|_| {
             metrics.invalid.inc();
@@ -192,7 +193,10 @@ impl WorkerGroup {
 
     /// Worker instances running.
     pub fn instance_count(&self) -> usize {
-        self.threads.lock().len().saturating_sub(self.settings.batchers)
+        self.threads
+            .lock()
+            .len()
+            .saturating_sub(self.settings.batchers)
     }
 
     /// Refreshes gauges that are read rather than counted.
@@ -271,7 +275,13 @@ fn buffer_capacities(info: &WorkerInfo, batch_size: usize) -> (Vec<usize>, Vec<u
         }
     };
     (
-        info.inputs.iter().map(|s| bytes(&s.dims, s.dtype)).collect(),
-        info.outputs.iter().map(|s| bytes(&s.dims, s.dtype)).collect(),
+        info.inputs
+            .iter()
+            .map(|s| bytes(&s.dims, s.dtype))
+            .collect(),
+        info.outputs
+            .iter()
+            .map(|s| bytes(&s.dims, s.dtype))
+            .collect(),
     )
 }

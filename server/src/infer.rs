@@ -18,7 +18,12 @@ pub struct InputTensor {
 
 impl InputTensor {
     /// An input from typed elements.
-    pub fn from_slice<T: bytemuck::Pod>(name: &str, dtype: DataType, shape: &[i64], data: &[T]) -> Self {
+    pub fn from_slice<T: bytemuck::Pod>(
+        name: &str,
+        dtype: DataType,
+        shape: &[i64],
+        data: &[T],
+    ) -> Self {
         InputTensor {
             name: name.to_owned(),
             dtype,
@@ -90,7 +95,10 @@ pub fn validate(info: &WorkerInfo, batch_size: usize, request: InferRequest) -> 
             )));
         }
         if request.inputs[..i].iter().any(|o| o.name == input.name) {
-            return Err(ServerError::invalid(format!("input `{}` is given twice", input.name)));
+            return Err(ServerError::invalid(format!(
+                "input `{}` is given twice",
+                input.name
+            )));
         }
     }
     let mut inputs = Vec::with_capacity(info.inputs.len());
@@ -271,12 +279,27 @@ mod tests {
     fn rejects_what_does_not_fit() {
         let bytes = [0u8; 4];
         let cases: Vec<(InferRequest, &str)> = vec![
-            (request(&[1, 3], &[1.0; 3], &[1, 1], &bytes), "expected shape [-1, 2]"),
+            (
+                request(&[1, 3], &[1.0; 3], &[1, 1], &bytes),
+                "expected shape [-1, 2]",
+            ),
             (request(&[2], &[1.0; 2], &[1, 1], &bytes), "expected shape"),
-            (request(&[1, 2], &[1.0; 3], &[1, 1], &bytes), "needs 8 bytes"),
-            (request(&[9, 2], &[1.0; 18], &[9, 1], &[0u8; 36]), "outside 1..=8"),
-            (request(&[1, 2], &[1.0; 2], &[2, 1], &[0u8; 8]), "batch dimension 2 but"),
-            (request(&[1, 2], &[1.0; 2], &[1, 1], &[5, 0, 0, 0]), "cut short"),
+            (
+                request(&[1, 2], &[1.0; 3], &[1, 1], &bytes),
+                "needs 8 bytes",
+            ),
+            (
+                request(&[9, 2], &[1.0; 18], &[9, 1], &[0u8; 36]),
+                "outside 1..=8",
+            ),
+            (
+                request(&[1, 2], &[1.0; 2], &[2, 1], &[0u8; 8]),
+                "batch dimension 2 but",
+            ),
+            (
+                request(&[1, 2], &[1.0; 2], &[1, 1], &[5, 0, 0, 0]),
+                "cut short",
+            ),
             (request(&[1, -2], &[], &[1, 1], &bytes), "invalid"),
         ];
         for (req, want) in cases {
@@ -285,15 +308,31 @@ mod tests {
         }
         let mut req = request(&[1, 2], &[1.0; 2], &[1, 1], &bytes);
         req.inputs[1].dtype = DataType::Fp64;
-        assert!(validate(&info(), 8, req).err().unwrap().to_string().contains("expected datatype FP32"));
+        assert!(validate(&info(), 8, req)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("expected datatype FP32"));
         let mut req = request(&[1, 2], &[1.0; 2], &[1, 1], &bytes);
         req.inputs[1].name = "C".into();
-        assert!(validate(&info(), 8, req).err().unwrap().to_string().contains("unknown input `C`"));
+        assert!(validate(&info(), 8, req)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("unknown input `C`"));
         let mut req = request(&[1, 2], &[1.0; 2], &[1, 1], &bytes);
         req.inputs.pop();
-        assert!(validate(&info(), 8, req).err().unwrap().to_string().contains("missing input `A`"));
+        assert!(validate(&info(), 8, req)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("missing input `A`"));
         let mut req = request(&[1, 2], &[1.0; 2], &[1, 1], &bytes);
         req.outputs = Some(vec!["Z".into()]);
-        assert!(validate(&info(), 8, req).err().unwrap().to_string().contains("unknown output `Z`"));
+        assert!(validate(&info(), 8, req)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("unknown output `Z`"));
     }
 }

@@ -11,8 +11,8 @@ use crossbeam_channel::Receiver;
 use kiln_batchers::{Batch, Member};
 use kiln_worker_sdk::reexports::RStr;
 use kiln_worker_sdk::{
-    tensor_byte_len, BatchFfi, InputFfi, OutputBuffer_TO, OutputFfi, RequestFfi, Shape, WorkerBox,
-    WorkerInfo, TD_Opaque,
+    tensor_byte_len, BatchFfi, InputFfi, OutputBuffer_TO, OutputFfi, RequestFfi, Shape, TD_Opaque,
+    WorkerBox, WorkerInfo,
 };
 
 use crate::error::ServerError;
@@ -33,7 +33,11 @@ pub struct InstanceContext {
 pub const MODEL_VERSION: &str = "1";
 
 /// Runs batches until the batch queue closes, then ends the instance's lifecycle.
-pub fn run_instance(mut worker: WorkerBox, ctx: Arc<InstanceContext>, batches: Receiver<Batch<Reply>>) {
+pub fn run_instance(
+    mut worker: WorkerBox,
+    ctx: Arc<InstanceContext>,
+    batches: Receiver<Batch<Reply>>,
+) {
     let mut healthy = true;
     for mut batch in batches.iter() {
         if !healthy {
@@ -41,18 +45,25 @@ pub fn run_instance(mut worker: WorkerBox, ctx: Arc<InstanceContext>, batches: R
             if healthy {
                 ctx.healthy.fetch_add(1, Ordering::SeqCst);
             } else {
-                fail_all(&ctx, batch, &ServerError::Unavailable(format!(
-                    "model `{}`: worker instance cannot be acquired",
-                    ctx.endpoint
-                )));
+                fail_all(
+                    &ctx,
+                    batch,
+                    &ServerError::Unavailable(format!(
+                        "model `{}`: worker instance cannot be acquired",
+                        ctx.endpoint
+                    )),
+                );
                 continue;
             }
         }
         let started = Instant::now();
         let m = &ctx.metrics;
         for member in &batch.members {
-            m.queue_seconds
-                .observe(started.saturating_duration_since(member.arrived).as_secs_f64());
+            m.queue_seconds.observe(
+                started
+                    .saturating_duration_since(member.arrived)
+                    .as_secs_f64(),
+            );
         }
         m.batch_size.observe(batch.len() as f64);
         let result = run_batch(&mut worker, &ctx.info, &mut batch);
@@ -60,7 +71,11 @@ pub fn run_instance(mut worker: WorkerBox, ctx: Arc<InstanceContext>, batches: R
         match result {
             Ok(outputs) => answer(&ctx, batch, &outputs),
             Err(message) => {
-                spdlog::error!("model `{}`: batch of {} failed: {message}", ctx.endpoint, batch.len());
+                spdlog::error!(
+                    "model `{}`: batch of {} failed: {message}",
+                    ctx.endpoint,
+                    batch.len()
+                );
                 fail_all(&ctx, batch, &ServerError::WorkerFailed(message));
                 let restarted = worker.release().into_result().is_ok()
                     && worker.acquire().into_result().is_ok();
@@ -86,7 +101,11 @@ struct RunOutput {
     shapes: Vec<Shape>,
 }
 
-fn run_batch(worker: &mut WorkerBox, info: &WorkerInfo, batch: &mut Batch<Reply>) -> Result<Vec<RunOutput>, String> {
+fn run_batch(
+    worker: &mut WorkerBox,
+    info: &WorkerInfo,
+    batch: &mut Batch<Reply>,
+) -> Result<Vec<RunOutput>, String> {
     let members = batch.members.len();
     let set = &mut *batch.buffers;
     let inputs: Vec<InputFfi<'_>> = info
@@ -101,7 +120,11 @@ fn run_batch(worker: &mut WorkerBox, info: &WorkerInfo, batch: &mut Batch<Reply>
             shapes: shapes.as_slice().into(),
         })
         .collect();
-    let mut out_shapes: Vec<Vec<Shape>> = info.outputs.iter().map(|_| vec![Shape::scalar(); members]).collect();
+    let mut out_shapes: Vec<Vec<Shape>> = info
+        .outputs
+        .iter()
+        .map(|_| vec![Shape::scalar(); members])
+        .collect();
     let mut outputs: Vec<OutputFfi<'_>> = info
         .outputs
         .iter()
@@ -113,7 +136,10 @@ fn run_batch(worker: &mut WorkerBox, info: &WorkerInfo, batch: &mut Batch<Reply>
                 name: RStr::from_str(spec.name.as_str()),
                 dtype: spec.dtype,
                 shapes: shapes.as_mut_slice().into(),
-                buffer: OutputBuffer_TO::from_ptr(kiln_worker_sdk::reexports::RMut::new(buf), TD_Opaque),
+                buffer: OutputBuffer_TO::from_ptr(
+                    kiln_worker_sdk::reexports::RMut::new(buf),
+                    TD_Opaque,
+                ),
                 len: 0,
                 written: false,
             }
@@ -131,7 +157,10 @@ fn run_batch(worker: &mut WorkerBox, info: &WorkerInfo, batch: &mut Batch<Reply>
         outputs: outputs.as_mut_slice().into(),
         requests: requests.as_slice().into(),
     };
-    worker.run(&mut ffi).into_result().map_err(|e| e.into_string())?;
+    worker
+        .run(&mut ffi)
+        .into_result()
+        .map_err(|e| e.into_string())?;
     let written: Vec<(bool, usize)> = outputs.iter().map(|o| (o.written, o.len)).collect();
     drop(outputs);
     info.outputs
@@ -143,10 +172,13 @@ fn run_batch(worker: &mut WorkerBox, info: &WorkerInfo, batch: &mut Batch<Reply>
             if !was_written {
                 return Err(format!("worker did not write output `{}`", spec.name));
             }
-            let bytes = buf
-                .as_slice()
-                .get(..len)
-                .ok_or_else(|| format!("output `{}`: {len} bytes reported, {} written", spec.name, buf.len()))?;
+            let bytes = buf.as_slice().get(..len).ok_or_else(|| {
+                format!(
+                    "output `{}`: {len} bytes reported, {} written",
+                    spec.name,
+                    buf.len()
+                )
+            })?;
             Ok(RunOutput {
                 data: Bytes::copy_from_slice(bytes),
                 shapes,

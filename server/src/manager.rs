@@ -44,7 +44,11 @@ pub struct Manager {
 
 impl Manager {
     /// Starts the Manager thread; it publishes into `models`.
-    pub fn start(plugins: Plugins, models: Arc<ArcSwap<Models>>, metrics: Arc<Metrics>) -> Result<Manager> {
+    pub fn start(
+        plugins: Plugins,
+        models: Arc<ArcSwap<Models>>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Manager> {
         let (commands, rx) = unbounded();
         let state = State {
             plugins,
@@ -89,7 +93,8 @@ impl Manager {
         if self.send(Command::Shutdown { reply }).is_ok() {
             let _ = rx.await;
         }
-        if let Some(thread) = self.thread.lock().take() {
+        let thread = self.thread.lock().take();
+        if let Some(thread) = thread {
             let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         }
     }
@@ -114,7 +119,11 @@ impl State {
     fn run(mut self, commands: Receiver<Command>) {
         for command in commands.iter() {
             match command {
-                Command::Load { worker, params, reply } => {
+                Command::Load {
+                    worker,
+                    params,
+                    reply,
+                } => {
                     let result = self.load(&worker, params);
                     if let Err(e) = &result {
                         spdlog::warn!("load of `{worker}` failed: {e}");
@@ -152,10 +161,14 @@ impl State {
         if let Some(group) = existing {
             if !group_params.share {
                 let module = self.plugins.load(worker)?;
-                let (mut instances, info) = create_instances(module, worker, &params, 1, group.settings.batch_size)?;
+                let (mut instances, info) =
+                    create_instances(module, worker, &params, 1, group.settings.batch_size)?;
                 if info != *group.info {
                     destroy_all(instances);
-                    return Err(load_failed(worker, "the new instance describes itself differently"));
+                    return Err(load_failed(
+                        worker,
+                        "the new instance describes itself differently",
+                    ));
                 }
                 if let Some(instance) = instances.pop() {
                     group.add_instance(instance)?;
@@ -166,7 +179,8 @@ impl State {
         }
         let module = self.plugins.load(worker)?;
         let batch_hint = group_params.batch_size.unwrap_or(1);
-        let (instances, info) = create_instances(module, worker, &params, group_params.instances, batch_hint)?;
+        let (instances, info) =
+            create_instances(module, worker, &params, group_params.instances, batch_hint)?;
         let endpoint = self.free_name(worker);
         let metrics = self.metrics.model(&endpoint);
         let group = WorkerGroup::start(
@@ -237,9 +251,19 @@ fn create_instances(
     for _ in 0..count {
         let mut instance = (module.new_worker())();
         let step = (|| {
-            let described = instance.init(params.into()).into_result().map_err(|e| format!("init: {e}"))?;
-            let batch = if described.max_batch_size == 0 { 1 } else { batch_hint.max(1) };
-            instance.allocate(batch).into_result().map_err(|e| format!("allocate: {e}"))?;
+            let described = instance
+                .init(params.into())
+                .into_result()
+                .map_err(|e| format!("init: {e}"))?;
+            let batch = if described.max_batch_size == 0 {
+                1
+            } else {
+                batch_hint.max(1)
+            };
+            instance
+                .allocate(batch)
+                .into_result()
+                .map_err(|e| format!("allocate: {e}"))?;
             if let Err(e) = instance.acquire().into_result() {
                 let _ = instance.deallocate();
                 return Err(format!("acquire: {e}"));
@@ -251,7 +275,10 @@ fn create_instances(
                 if info.as_ref().is_some_and(|i| *i != described) {
                     instance.destroy();
                     destroy_all(ready);
-                    return Err(load_failed(worker, "instances describe themselves differently"));
+                    return Err(load_failed(
+                        worker,
+                        "instances describe themselves differently",
+                    ));
                 }
                 info = Some(described);
                 ready.push(instance);

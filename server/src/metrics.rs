@@ -172,7 +172,12 @@ impl Metrics {
         for family in [&self.queue, &self.compute, &self.batch_size] {
             family.remove(&m);
         }
-        for family in [&self.pending, &self.pool_in_use, &self.pool_size, &self.instances] {
+        for family in [
+            &self.pending,
+            &self.pool_in_use,
+            &self.pool_size,
+            &self.instances,
+        ] {
             family.remove(&m);
         }
     }

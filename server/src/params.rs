@@ -138,8 +138,16 @@ mod tests {
         assert_eq!(g.timeout, Duration::from_millis(5));
         assert_eq!(g.batcher, Some(BatcherKind::Hard));
         assert!(!g.share);
-        for bad in [("batch_size", "0"), ("timeout", "-1"), ("batcher", "x"), ("instances", "y")] {
-            assert!(GroupParams::parse(&params_from_pairs(&[bad])).is_err(), "{bad:?}");
+        for bad in [
+            ("batch_size", "0"),
+            ("timeout", "-1"),
+            ("batcher", "x"),
+            ("instances", "y"),
+        ] {
+            assert!(
+                GroupParams::parse(&params_from_pairs(&[bad])).is_err(),
+                "{bad:?}"
+            );
         }
     }
 

@@ -57,7 +57,10 @@ impl Plugins {
 
     /// The library file name for worker `name`.
     pub fn file_name(name: &str) -> String {
-        format!("{DLL_PREFIX}kiln_worker_{}{DLL_SUFFIX}", name.replace('-', "_"))
+        format!(
+            "{DLL_PREFIX}kiln_worker_{}{DLL_SUFFIX}",
+            name.replace('-', "_")
+        )
     }
 
     /// Loads (once) the plugin for worker `name`.
@@ -101,7 +104,11 @@ impl Plugins {
             if real.starts_with(&real_dir) {
                 return Ok(real);
             }
-            spdlog::warn!("{} leads outside {}: ignored", candidate.display(), dir.display());
+            spdlog::warn!(
+                "{} leads outside {}: ignored",
+                candidate.display(),
+                dir.display()
+            );
         }
         Err(ServerError::NotFound(format!(
             "no plugin for worker `{name}` ({file}) in {}",
@@ -137,12 +144,23 @@ mod tests {
 
     #[test]
     fn names_cannot_escape() {
-        for bad in ["../echo", "/etc/passwd", "a/b", "", "echo.so", "ECHO", "a\0b"] {
+        for bad in [
+            "../echo",
+            "/etc/passwd",
+            "a/b",
+            "",
+            "echo.so",
+            "ECHO",
+            "a\0b",
+        ] {
             assert!(check_name(bad).is_err(), "{bad:?}");
         }
         for good in ["echo", "echo-multi", "invert_image", "w2"] {
             assert!(check_name(good).is_ok(), "{good}");
         }
-        assert_eq!(Plugins::file_name("echo-multi"), format!("{DLL_PREFIX}kiln_worker_echo_multi{DLL_SUFFIX}"));
+        assert_eq!(
+            Plugins::file_name("echo-multi"),
+            format!("{DLL_PREFIX}kiln_worker_echo_multi{DLL_SUFFIX}")
+        );
     }
 }

@@ -45,7 +45,11 @@ impl Server {
         };
         let models = Arc::new(ArcSwap::from_pointee(Models::new()));
         let metrics = Arc::new(Metrics::new());
-        let manager = Manager::start(Plugins::new(dirs), Arc::clone(&models), Arc::clone(&metrics))?;
+        let manager = Manager::start(
+            Plugins::new(dirs),
+            Arc::clone(&models),
+            Arc::clone(&metrics),
+        )?;
         Ok(Server {
             inner: Arc::new(Inner {
                 manager,
@@ -80,7 +84,8 @@ impl Server {
 
     /// Loaded endpoints, sorted.
     pub fn models(&self) -> Vec<Arc<WorkerGroup>> {
-        let mut groups: Vec<Arc<WorkerGroup>> = self.inner.models.load().values().cloned().collect();
+        let mut groups: Vec<Arc<WorkerGroup>> =
+            self.inner.models.load().values().cloned().collect();
         groups.sort_by(|a, b| a.endpoint.cmp(&b.endpoint));
         groups
     }

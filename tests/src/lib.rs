@@ -1,6 +1,9 @@
 //! Helpers for kiln's end-to-end tests: start the real `kiln` binary on a free
 //! loopback port with the real plugins built beside it, and read its metrics.
 
+// Test support: a failed setup step should fail the test loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -40,7 +43,15 @@ impl Kiln {
             binary.display()
         );
         let mut child = Command::new(&binary)
-            .args(["serve", "--http-port", "0", "--host", "127.0.0.1", "--http-workers", "2"])
+            .args([
+                "serve",
+                "--http-port",
+                "0",
+                "--host",
+                "127.0.0.1",
+                "--http-workers",
+                "2",
+            ])
             .arg("--plugin-dir")
             .arg(&dir)
             .args(args)

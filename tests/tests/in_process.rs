@@ -7,7 +7,10 @@ use kiln_server::{params_from_pairs, ServerConfig, ServerError};
 async fn embedded_server_serves_and_validates() {
     let client = NativeClient::start(ServerConfig::default()).unwrap();
     let endpoint = client
-        .load("echo", params_from_pairs(&[("batch_size", "16"), ("timeout", "5")]))
+        .load(
+            "echo",
+            params_from_pairs(&[("batch_size", "16"), ("timeout", "5")]),
+        )
         .await
         .unwrap();
     let tasks: Vec<_> = (0..200u32)
@@ -18,7 +21,12 @@ async fn embedded_server_serves_and_validates() {
                 let r = client
                     .infer(InferRequest {
                         model: endpoint,
-                        inputs: vec![InputTensor::from_slice("INPUT0", DataType::Uint32, &[1, 2], &[i, i * 2])],
+                        inputs: vec![InputTensor::from_slice(
+                            "INPUT0",
+                            DataType::Uint32,
+                            &[1, 2],
+                            &[i, i * 2],
+                        )],
                         ..Default::default()
                     })
                     .await
@@ -33,7 +41,12 @@ async fn embedded_server_serves_and_validates() {
     let err = client
         .infer(InferRequest {
             model: "echo".into(),
-            inputs: vec![InputTensor::from_slice("INPUT0", DataType::Fp32, &[1, 1], &[1.0f32])],
+            inputs: vec![InputTensor::from_slice(
+                "INPUT0",
+                DataType::Fp32,
+                &[1, 1],
+                &[1.0f32],
+            )],
             ..Default::default()
         })
         .await

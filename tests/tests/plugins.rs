@@ -12,14 +12,22 @@ async fn foreign_mismatched_and_escaping_libraries_are_refused() {
     // Not a library at all.
     std::fs::write(dir.join("libkiln_worker_garbage.so"), b"\x7fELF not really").unwrap();
     // A real shared library that is not a kiln plugin (zlib: dpkg depends on it).
-    let zlib = ["/usr/lib/x86_64-linux-gnu/libz.so.1", "/lib/x86_64-linux-gnu/libz.so.1", "/usr/lib/libz.so.1"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-        .expect("zlib is present on Debian");
+    let zlib = [
+        "/usr/lib/x86_64-linux-gnu/libz.so.1",
+        "/lib/x86_64-linux-gnu/libz.so.1",
+        "/usr/lib/libz.so.1",
+    ]
+    .into_iter()
+    .find(|p| Path::new(p).exists())
+    .expect("zlib is present on Debian");
     std::fs::copy(zlib, dir.join("libkiln_worker_foreign.so")).unwrap();
     // A link that leads out of the plugin directory.
     let _ = std::fs::remove_file(dir.join("libkiln_worker_escape.so"));
-    std::os::unix::fs::symlink(build_dir().join("libkiln_worker_echo.so"), dir.join("libkiln_worker_escape.so")).unwrap();
+    std::os::unix::fs::symlink(
+        build_dir().join("libkiln_worker_echo.so"),
+        dir.join("libkiln_worker_escape.so"),
+    )
+    .unwrap();
 
     let dir_arg = dir.to_str().unwrap().to_owned();
     let kiln = Kiln::start(&["--plugin-dir", &dir_arg]);

@@ -31,12 +31,24 @@ async fn health_metadata_and_startup_load() {
     assert!(meta["extensions"].is_array());
     assert_eq!(c.models().await.unwrap(), vec!["echo", "invert-image"]);
     let echo = c.model_metadata("echo").await.unwrap();
-    assert_eq!(echo["inputs"][0], json!({"name": "INPUT0", "datatype": "UINT32", "shape": [-1, -1]}));
+    assert_eq!(
+        echo["inputs"][0],
+        json!({"name": "INPUT0", "datatype": "UINT32", "shape": [-1, -1]})
+    );
     assert_eq!(echo["outputs"][0]["name"], "OUTPUT0");
     assert_eq!(echo["parameters"]["batch_size"], 8);
     let http = reqwest::Client::new();
-    for path in ["/v2/models/echo/ready", "/v2/models/echo/versions/1/ready", "/v2/models/echo/versions/1"] {
-        let status = http.get(format!("{}{path}", kiln.url)).send().await.unwrap().status();
+    for path in [
+        "/v2/models/echo/ready",
+        "/v2/models/echo/versions/1/ready",
+        "/v2/models/echo/versions/1",
+    ] {
+        let status = http
+            .get(format!("{}{path}", kiln.url))
+            .send()
+            .await
+            .unwrap()
+            .status();
         assert_eq!(status, 200, "{path}");
     }
     // An image through the worker that does not batch: [H, W, C], no batch dim.
@@ -44,27 +56,40 @@ async fn health_metadata_and_startup_load() {
     let response = c
         .infer(&InferRequest {
             model: "invert-image".into(),
-            inputs: vec![InputTensor::from_slice("image", DataType::Uint8, &[2, 4, 3], &pixels)],
+            inputs: vec![InputTensor::from_slice(
+                "image",
+                DataType::Uint8,
+                &[2, 4, 3],
+                &pixels,
+            )],
             ..Default::default()
         })
         .await
         .unwrap();
     assert_eq!(response.outputs[0].shape, vec![2, 4, 3]);
-    assert_eq!(response.outputs[0].values::<u8>(), pixels.iter().map(|v| 255 - v).collect::<Vec<_>>());
+    assert_eq!(
+        response.outputs[0].values::<u8>(),
+        pixels.iter().map(|v| 255 - v).collect::<Vec<_>>()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_concurrent_requests_each_get_their_own_answer() {
     let kiln = Kiln::start(&[]);
     let c = kiln.client.clone();
-    let endpoint = c.load("echo", &json!({"batch_size": 32, "timeout": 20})).await.unwrap();
+    let endpoint = c
+        .load("echo", &json!({"batch_size": 32, "timeout": 20}))
+        .await
+        .unwrap();
     assert_eq!(endpoint, "echo");
     let tasks: Vec<_> = (0..1000usize)
         .map(|i| {
             let c = c.clone();
             tokio::spawn(async move {
                 // Ragged lengths: echo batches requests of different lengths together.
-                let values: Vec<u32> = (0..(1 + i % 7) as u32).map(|k| i as u32 * 100 + k).collect();
+                let values: Vec<u32> = (0..(1 + i % 7) as u32)
+                    .map(|k| i as u32 * 100 + k)
+                    .collect();
                 let response = c.infer(&echo_request("echo", i, &values)).await.unwrap();
                 assert_eq!(response.id.as_deref(), Some(format!("req-{i}").as_str()));
                 assert_eq!(response.model_name, "echo");
@@ -87,8 +112,14 @@ async fn a_thousand_concurrent_requests_each_get_their_own_answer() {
     assert_eq!(m("kiln_batch_size_sum", &[]), 1000.0);
     let batches = m("kiln_batch_size_count", &[]);
     let singles = m("kiln_batch_size_bucket", &[("le", "1.0")]);
-    assert!(batches < 1000.0, "every request ran alone: {batches} batches");
-    assert!(singles < batches, "no batch of more than one request formed");
+    assert!(
+        batches < 1000.0,
+        "every request ran alone: {batches} batches"
+    );
+    assert!(
+        singles < batches,
+        "no batch of more than one request formed"
+    );
     assert_eq!(m("kiln_pending_requests", &[]), 0.0);
     assert_eq!(m("kiln_buffer_pool_size", &[]), 3.0);
     assert!(m("kiln_queue_duration_seconds_count", &[]) == 1000.0);
@@ -99,15 +130,43 @@ async fn endpoint_naming_sharing_and_unload() {
     let kiln = Kiln::start(&[]);
     let c = &kiln.client;
     assert_eq!(c.load("echo", &json!({})).await.unwrap(), "echo");
-    assert_eq!(c.load("echo", &json!({})).await.unwrap(), "echo", "same parameters, same endpoint");
-    assert_eq!(c.load("ECHO", &json!({})).await.unwrap(), "echo", "names are case-insensitive");
-    assert_eq!(c.load("echo", &json!({"batch_size": 4})).await.unwrap(), "echo-0");
-    assert_eq!(c.load("echo", &json!({"batch_size": 2})).await.unwrap(), "echo-1");
-    assert_eq!(c.load("echo", &json!({"batch_size": 4})).await.unwrap(), "echo-0");
+    assert_eq!(
+        c.load("echo", &json!({})).await.unwrap(),
+        "echo",
+        "same parameters, same endpoint"
+    );
+    assert_eq!(
+        c.load("ECHO", &json!({})).await.unwrap(),
+        "echo",
+        "names are case-insensitive"
+    );
+    assert_eq!(
+        c.load("echo", &json!({"batch_size": 4})).await.unwrap(),
+        "echo-0"
+    );
+    assert_eq!(
+        c.load("echo", &json!({"batch_size": 2})).await.unwrap(),
+        "echo-1"
+    );
+    assert_eq!(
+        c.load("echo", &json!({"batch_size": 4})).await.unwrap(),
+        "echo-0"
+    );
     // share=false adds an instance to the group with those parameters.
-    assert_eq!(c.model_metadata("echo-0").await.unwrap()["parameters"]["instances"], 1);
-    assert_eq!(c.load("echo", &json!({"batch_size": 4, "share": false})).await.unwrap(), "echo-0");
-    assert_eq!(c.model_metadata("echo-0").await.unwrap()["parameters"]["instances"], 2);
+    assert_eq!(
+        c.model_metadata("echo-0").await.unwrap()["parameters"]["instances"],
+        1
+    );
+    assert_eq!(
+        c.load("echo", &json!({"batch_size": 4, "share": false}))
+            .await
+            .unwrap(),
+        "echo-0"
+    );
+    assert_eq!(
+        c.model_metadata("echo-0").await.unwrap()["parameters"]["instances"],
+        2
+    );
     for (i, model) in ["echo", "ECHO-0", "echo-1"].iter().enumerate() {
         let r = c.infer(&echo_request(model, i, &[7, 8])).await.unwrap();
         assert_eq!(r.outputs[0].values::<u32>(), vec![8, 9]);
@@ -131,20 +190,38 @@ async fn endpoint_naming_sharing_and_unload() {
     let err = c.infer(&echo_request("echo-1", 0, &[1])).await.unwrap_err();
     assert_eq!(err.status(), Some(404), "{err}");
     assert_eq!(c.unload("echo-1").await.unwrap_err().status(), Some(404));
-    assert_eq!(c.model_metadata("echo-1").await.unwrap_err().status(), Some(404));
+    assert_eq!(
+        c.model_metadata("echo-1").await.unwrap_err().status(),
+        Some(404)
+    );
     assert_eq!(c.models().await.unwrap(), vec!["echo", "echo-0"]);
     let text = c.metrics().await.unwrap();
-    assert!(!text.contains("model=\"echo-1\""), "unloaded model's series remain");
+    assert!(
+        !text.contains("model=\"echo-1\""),
+        "unloaded model's series remain"
+    );
     // A load after an unload frees the name again.
-    assert_eq!(c.load("echo", &json!({"batch_size": 3})).await.unwrap(), "echo-1");
+    assert_eq!(
+        c.load("echo", &json!({"batch_size": 3})).await.unwrap(),
+        "echo-1"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_the_right_status_and_the_server_stays_healthy() {
-    let kiln = Kiln::start(&["--load", "echo", "--load", "echo-multi", "--max-body-bytes", "4096"]);
+    let kiln = Kiln::start(&[
+        "--load",
+        "echo",
+        "--load",
+        "echo-multi",
+        "--max-body-bytes",
+        "4096",
+    ]);
     let http = reqwest::Client::new();
     let infer = |dtype: &str, shape: &str, data: &str| {
-        format!(r#"{{"inputs":[{{"name":"INPUT0","shape":{shape},"datatype":"{dtype}","data":{data}}}]}}"#)
+        format!(
+            r#"{{"inputs":[{{"name":"INPUT0","shape":{shape},"datatype":"{dtype}","data":{data}}}]}}"#
+        )
     };
     let big = format!("[{}]", vec!["1"; 3000].join(","));
     let cases: Vec<(&str, &str, String, u16, &str)> = vec![
@@ -183,20 +260,51 @@ async fn bad_requests_get_the_right_status_and_the_server_stays_healthy() {
     ];
     for (method, path, body, status, want) in cases {
         let url = format!("{}{path}", kiln.url);
-        let request = if method == "GET" { http.get(url) } else { http.post(url).body(body.clone()) };
+        let request = if method == "GET" {
+            http.get(url)
+        } else {
+            http.post(url).body(body.clone())
+        };
         let response = request.send().await.unwrap();
-        assert_eq!(response.status().as_u16(), status, "{method} {path} {body:.80}");
-        let v: Value = response.json().await.unwrap_or_else(|e| panic!("{method} {path}: not JSON: {e}"));
-        let message = v["error"].as_str().unwrap_or_else(|| panic!("{method} {path}: no error in {v}"));
-        assert!(message.contains(want), "{method} {path}: `{message}` lacks `{want}`");
+        assert_eq!(
+            response.status().as_u16(),
+            status,
+            "{method} {path} {body:.80}"
+        );
+        let v: Value = response
+            .json()
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: not JSON: {e}"));
+        let message = v["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{method} {path}: no error in {v}"));
+        assert!(
+            message.contains(want),
+            "{method} {path}: `{message}` lacks `{want}`"
+        );
     }
     // Still healthy and serving, and a failed load left nothing behind.
     assert!(kiln.client.is_ready().await.unwrap());
-    assert_eq!(kiln.client.models().await.unwrap(), vec!["echo", "echo-multi"]);
-    let r = kiln.client.infer(&echo_request("echo", 1, &[41])).await.unwrap();
+    assert_eq!(
+        kiln.client.models().await.unwrap(),
+        vec!["echo", "echo-multi"]
+    );
+    let r = kiln
+        .client
+        .infer(&echo_request("echo", 1, &[41]))
+        .await
+        .unwrap();
     assert_eq!(r.outputs[0].values::<u32>(), vec![42]);
     let text = kiln.client.metrics().await.unwrap();
-    assert!(metric(&text, "kiln_requests_total", &[("model", "echo"), ("outcome", "invalid")]).unwrap() >= 8.0);
+    assert!(
+        metric(
+            &text,
+            "kiln_requests_total",
+            &[("model", "echo"), ("outcome", "invalid")]
+        )
+        .unwrap()
+            >= 8.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -239,13 +347,24 @@ async fn a_panicking_plugin_fails_only_its_batch() {
     let c = &kiln.client;
     let request = |values: &[i32]| InferRequest {
         model: "faulty".into(),
-        inputs: vec![InputTensor::from_slice("INPUT0", DataType::Int32, &[1, values.len() as i64], values)],
+        inputs: vec![InputTensor::from_slice(
+            "INPUT0",
+            DataType::Int32,
+            &[1, values.len() as i64],
+            values,
+        )],
         ..Default::default()
     };
     let err = c.infer(&request(&[1, -1])).await.unwrap_err();
-    assert!(matches!(&err, ClientError::Status { status: 500, message } if message.contains("panicked")), "{err}");
+    assert!(
+        matches!(&err, ClientError::Status { status: 500, message } if message.contains("panicked")),
+        "{err}"
+    );
     let err = c.infer(&request(&[-2])).await.unwrap_err();
-    assert!(matches!(&err, ClientError::Status { status: 500, message } if message.contains("saw -2")), "{err}");
+    assert!(
+        matches!(&err, ClientError::Status { status: 500, message } if message.contains("saw -2")),
+        "{err}"
+    );
     // The instance was restarted: everything after succeeds.
     let tasks: Vec<_> = (0..20)
         .map(|i| {
@@ -254,13 +373,29 @@ async fn a_panicking_plugin_fails_only_its_batch() {
         })
         .collect();
     for (i, task) in tasks.into_iter().enumerate() {
-        assert_eq!(task.await.unwrap().unwrap().outputs[0].values::<i32>(), vec![i as i32, i as i32 + 1]);
+        assert_eq!(
+            task.await.unwrap().unwrap().outputs[0].values::<i32>(),
+            vec![i as i32, i as i32 + 1]
+        );
     }
     assert!(c.is_ready().await.unwrap());
-    assert!(kiln.log().contains("worker panicked"), "the plugin's panic reaches the server log");
+    assert!(
+        kiln.log().contains("worker panicked"),
+        "the plugin's panic reaches the server log"
+    );
     let text = c.metrics().await.unwrap();
-    assert_eq!(metric(&text, "kiln_requests_total", &[("model", "faulty"), ("outcome", "failure")]), Some(2.0));
-    assert_eq!(metric(&text, "kiln_worker_instances", &[("model", "faulty")]), Some(1.0));
+    assert_eq!(
+        metric(
+            &text,
+            "kiln_requests_total",
+            &[("model", "faulty"), ("outcome", "failure")]
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        metric(&text, "kiln_worker_instances", &[("model", "faulty")]),
+        Some(1.0)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -269,7 +404,10 @@ async fn a_full_queue_answers_429_and_loses_nothing_accepted() {
     let c = kiln.client.clone();
     // One buffer set, one instance, a queue of two; -3 makes the worker take 1 s.
     let endpoint = c
-        .load("faulty", &json!({"batch_size": 1, "max_buffers": 1, "queue_size": 2}))
+        .load(
+            "faulty",
+            &json!({"batch_size": 1, "max_buffers": 1, "queue_size": 2}),
+        )
         .await
         .unwrap();
     let send = |values: Vec<i32>| {
@@ -278,7 +416,12 @@ async fn a_full_queue_answers_429_and_loses_nothing_accepted() {
         tokio::spawn(async move {
             c.infer(&InferRequest {
                 model: endpoint,
-                inputs: vec![InputTensor::from_slice("INPUT0", DataType::Int32, &[1, 1], &values)],
+                inputs: vec![InputTensor::from_slice(
+                    "INPUT0",
+                    DataType::Int32,
+                    &[1, 1],
+                    &values,
+                )],
                 ..Default::default()
             })
             .await
@@ -299,13 +442,36 @@ async fn a_full_queue_answers_429_and_loses_nothing_accepted() {
     assert_eq!(refused.status(), 429);
     assert_eq!(refused.headers()["retry-after"], "1");
     let body: Value = refused.json().await.unwrap();
-    assert!(body["error"].as_str().unwrap().contains("queue of 2 is full"), "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("queue of 2 is full"),
+        "{body}"
+    );
     running.await.unwrap().unwrap();
     blocked.await.unwrap().unwrap();
     for (i, task) in queued.into_iter().enumerate() {
-        assert_eq!(task.await.unwrap().unwrap().outputs[0].values::<i32>(), vec![i as i32 + 1]);
+        assert_eq!(
+            task.await.unwrap().unwrap().outputs[0].values::<i32>(),
+            vec![i as i32 + 1]
+        );
     }
     let text = c.metrics().await.unwrap();
-    assert_eq!(metric(&text, "kiln_requests_total", &[("model", "faulty"), ("outcome", "rejected")]), Some(1.0));
-    assert_eq!(metric(&text, "kiln_requests_total", &[("model", "faulty"), ("outcome", "success")]), Some(4.0));
+    assert_eq!(
+        metric(
+            &text,
+            "kiln_requests_total",
+            &[("model", "faulty"), ("outcome", "rejected")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "kiln_requests_total",
+            &[("model", "faulty"), ("outcome", "success")]
+        ),
+        Some(4.0)
+    );
 }

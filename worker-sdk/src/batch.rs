@@ -102,7 +102,11 @@ impl<'b, 'a> Batch<'b, 'a> {
 
     /// The parameters request `index` carried.
     pub fn params(&self, index: usize) -> Params<'a> {
-        Params(self.requests.get(index).map_or(&[], |r| r.params.as_slice()))
+        Params(
+            self.requests
+                .get(index)
+                .map_or(&[], |r| r.params.as_slice()),
+        )
     }
 
     /// Number of inputs.

@@ -43,10 +43,10 @@ pub use abi_stable::sabi_trait::TD_Opaque;
 #[doc(hidden)]
 pub mod reexports {
     pub use abi_stable::library::{
-        __call_root_module_loader, lib_header_from_path, CheckTypeLayout, LibHeader,
-        LibraryError, RootModuleResult,
+        __call_root_module_loader, lib_header_from_path, CheckTypeLayout, LibHeader, LibraryError,
+        RootModuleResult,
     };
+    pub use abi_stable::prefix_type::PrefixTypeTrait;
     pub use abi_stable::sabi_types::RMut;
     pub use abi_stable::std_types::{RResult, RSlice, RSliceMut, RStr, RString};
-    pub use abi_stable::prefix_type::PrefixTypeTrait;
 }

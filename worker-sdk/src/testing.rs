@@ -88,7 +88,10 @@ impl Harness {
 
     /// Runs one batch of `requests` (each a list of tensors, one per declared input,
     /// in any order) and returns each request's outputs in declared order.
-    pub fn run(&mut self, requests: &[Vec<TestTensor>]) -> Result<Vec<Vec<TestTensor>>, WorkerError> {
+    pub fn run(
+        &mut self,
+        requests: &[Vec<TestTensor>],
+    ) -> Result<Vec<Vec<TestTensor>>, WorkerError> {
         let mut input_data: Vec<(AlignedBytes, Vec<Shape>)> = Vec::new();
         for spec in self.info.inputs.iter() {
             let mut bytes = Vec::new();
@@ -97,7 +100,9 @@ impl Harness {
                 let tensor = request
                     .iter()
                     .find(|t| t.name == spec.name.as_str())
-                    .ok_or_else(|| WorkerError::new(format!("request lacks input `{}`", spec.name)))?;
+                    .ok_or_else(|| {
+                        WorkerError::new(format!("request lacks input `{}`", spec.name))
+                    })?;
                 bytes.extend_from_slice(&tensor.data);
                 shapes.push(tensor.shape);
             }
@@ -117,8 +122,12 @@ impl Harness {
                 shapes: shapes.as_slice().into(),
             })
             .collect();
-        let mut out_buffers: Vec<AlignedBytes> =
-            self.info.outputs.iter().map(|_| AlignedBytes::default()).collect();
+        let mut out_buffers: Vec<AlignedBytes> = self
+            .info
+            .outputs
+            .iter()
+            .map(|_| AlignedBytes::default())
+            .collect();
         let mut out_shapes: Vec<Vec<Shape>> = self
             .info
             .outputs
@@ -141,7 +150,9 @@ impl Harness {
             .collect();
         let metas: Vec<RequestFfi<'_>> = requests
             .iter()
-            .map(|_| RequestFfi { params: (&[][..]).into() })
+            .map(|_| RequestFfi {
+                params: (&[][..]).into(),
+            })
             .collect();
         let mut batch = BatchFfi {
             inputs: inputs.as_slice().into(),
@@ -161,7 +172,10 @@ impl Harness {
             .zip(written)
         {
             if !was_written {
-                return Err(WorkerError::new(format!("worker did not write output `{}`", spec.name)));
+                return Err(WorkerError::new(format!(
+                    "worker did not write output `{}`",
+                    spec.name
+                )));
             }
             let mut rest = &buffer.as_slice()[..len];
             for (response, shape) in responses.iter_mut().zip(shapes) {

@@ -289,7 +289,9 @@ impl<'a> Params<'a> {
                 .parse()
                 .map(Some)
                 .map_err(|_| format!("parameter `{key}` must be an integer, got `{s}`")),
-            Some(other) => Err(format!("parameter `{key}` must be an integer, got `{other}`")),
+            Some(other) => Err(format!(
+                "parameter `{key}` must be an integer, got `{other}`"
+            )),
         }
     }
 
@@ -305,7 +307,9 @@ impl<'a> Params<'a> {
                 "false" | "0" | "no" => Ok(Some(false)),
                 _ => Err(format!("parameter `{key}` must be a boolean, got `{s}`")),
             },
-            Some(other) => Err(format!("parameter `{key}` must be a boolean, got `{other}`")),
+            Some(other) => Err(format!(
+                "parameter `{key}` must be a boolean, got `{other}`"
+            )),
         }
     }
 

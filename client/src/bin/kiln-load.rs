@@ -30,7 +30,10 @@ use kiln_server::ServerConfig;
 use tokio::net::TcpStream;
 
 #[derive(Parser, Clone)]
-#[command(name = "kiln-load", about = "Load generator for kiln (closed or open loop)")]
+#[command(
+    name = "kiln-load",
+    about = "Load generator for kiln (closed or open loop)"
+)]
 struct Args {
     /// Server base URL (HTTP mode).
     #[arg(long, env = "KILN_URL", default_value = "http://127.0.0.1:8000")]
@@ -78,10 +81,15 @@ fn parse_input(spec: &str) -> anyhow::Result<InputTensor> {
     let dtype = DataType::parse(dtype).with_context(|| format!("unknown datatype `{dtype}`"))?;
     let shape: Vec<i64> = shape
         .split('x')
-        .map(|d| d.parse::<i64>().with_context(|| format!("bad dimension `{d}`")))
+        .map(|d| {
+            d.parse::<i64>()
+                .with_context(|| format!("bad dimension `{d}`"))
+        })
         .collect::<anyhow::Result<_>>()?;
     let elements: usize = shape.iter().map(|&d| d.max(0) as usize).product();
-    let size = dtype.size().context("BYTES inputs are not supported by kiln-load")?;
+    let size = dtype
+        .size()
+        .context("BYTES inputs are not supported by kiln-load")?;
     // Small deterministic values valid for every numeric type.
     let data: Vec<u8> = (0..elements)
         .flat_map(|i| {
@@ -129,7 +137,10 @@ impl Caller {
                 host,
                 body,
             } => {
-                sender.ready().await.map_err(|e| format!("connection: {e}"))?;
+                sender
+                    .ready()
+                    .await
+                    .map_err(|e| format!("connection: {e}"))?;
                 let request = hyper::Request::post(&**path)
                     .header(hyper::header::HOST, &**host)
                     .header(hyper::header::CONTENT_TYPE, "application/json")
@@ -140,7 +151,11 @@ impl Caller {
                     .await
                     .map_err(|e| format!("send: {e}"))?;
                 let status = response.status();
-                let _ = response.into_body().collect().await.map_err(|e| format!("body: {e}"))?;
+                let _ = response
+                    .into_body()
+                    .collect()
+                    .await
+                    .map_err(|e| format!("body: {e}"))?;
                 if status.is_success() {
                     Ok(())
                 } else {

@@ -83,9 +83,8 @@ fn decode_tensor(input: InputJson<'_>) -> Result<InputTensor> {
                 input.name, input.shape
             ))
         })?;
-    let data = decode_data(dtype, elements, raw).map_err(|e| {
-        ServerError::invalid(format!("input `{}` ({dtype}): {e}", input.name))
-    })?;
+    let data = decode_data(dtype, elements, raw)
+        .map_err(|e| ServerError::invalid(format!("input `{}` ({dtype}): {e}", input.name)))?;
     Ok(InputTensor {
         name: input.name,
         dtype,
@@ -120,7 +119,11 @@ pub fn params_from_json(map: Map<String, Value>) -> Result<Vec<Param>> {
 }
 
 fn decode_data(dtype: DataType, elements: usize, raw: &RawValue) -> Result<Bytes, String> {
-    let capacity = dtype.size().unwrap_or(8).saturating_mul(elements).min(1 << 26);
+    let capacity = dtype
+        .size()
+        .unwrap_or(8)
+        .saturating_mul(elements)
+        .min(1 << 26);
     let mut out = Vec::with_capacity(capacity);
     let mut count = 0usize;
     let mut de = serde_json::Deserializer::from_str(raw.get());
@@ -201,7 +204,11 @@ impl Flat<'_> {
             DataType::Bf16 => out.extend(bf16::from_f64(v).to_le_bytes()),
             DataType::Fp32 => out.extend((v as f32).to_le_bytes()),
             DataType::Fp64 => out.extend(v.to_le_bytes()),
-            other => return Err(E::custom(format!("expected an integer for {other}, got {v}"))),
+            other => {
+                return Err(E::custom(format!(
+                    "expected an integer for {other}, got {v}"
+                )))
+            }
         }
         Ok(())
     }
@@ -242,7 +249,10 @@ impl<'de> Visitor<'de> for Flat<'_> {
 
     fn visit_bool<E: de::Error>(mut self, v: bool) -> Result<(), E> {
         if self.dtype != DataType::Bool {
-            return Err(E::custom(format!("expected {} values, got a boolean", self.dtype)));
+            return Err(E::custom(format!(
+                "expected {} values, got a boolean",
+                self.dtype
+            )));
         }
         self.element()?;
         self.out.push(u8::from(v));
@@ -251,7 +261,10 @@ impl<'de> Visitor<'de> for Flat<'_> {
 
     fn visit_str<E: de::Error>(mut self, v: &str) -> Result<(), E> {
         if self.dtype != DataType::Bytes {
-            return Err(E::custom(format!("expected {} values, got a string", self.dtype)));
+            return Err(E::custom(format!(
+                "expected {} values, got a string",
+                self.dtype
+            )));
         }
         self.element()?;
         let len = u32::try_from(v.len()).map_err(|_| E::custom("string longer than 4 GiB"))?;
@@ -354,10 +367,12 @@ pub fn encode_request(request: &InferRequest) -> Vec<u8> {
                 },
             })
             .collect(),
-        outputs: request
-            .outputs
-            .as_ref()
-            .map(|names| names.iter().map(|n| serde_json::json!({ "name": n })).collect()),
+        outputs: request.outputs.as_ref().map(|names| {
+            names
+                .iter()
+                .map(|n| serde_json::json!({ "name": n }))
+                .collect()
+        }),
         parameters: request
             .parameters
             .iter()
@@ -450,16 +465,56 @@ mod tests {
             ("UINT8", "[1,255]", vec![1, 255]),
             ("UINT16", "[1,2]", vec![1, 0, 2, 0]),
             ("UINT32", "[[1],[2]]", vec![1, 0, 0, 0, 2, 0, 0, 0]),
-            ("UINT64", "[1,2]", [1u64.to_le_bytes(), 2u64.to_le_bytes()].concat()),
+            (
+                "UINT64",
+                "[1,2]",
+                [1u64.to_le_bytes(), 2u64.to_le_bytes()].concat(),
+            ),
             ("INT8", "[-1,2]", vec![255, 2]),
             ("INT16", "[-1,2]", vec![255, 255, 2, 0]),
-            ("INT32", "[-1,2]", [(-1i32).to_le_bytes(), 2i32.to_le_bytes()].concat()),
-            ("INT64", "[-1,2]", [(-1i64).to_le_bytes(), 2i64.to_le_bytes()].concat()),
-            ("FP16", "[1.0,2]", [f16::from_f32(1.0).to_le_bytes(), f16::from_f32(2.0).to_le_bytes()].concat()),
-            ("BF16", "[1.0,2]", [bf16::from_f32(1.0).to_le_bytes(), bf16::from_f32(2.0).to_le_bytes()].concat()),
-            ("FP32", "[1.5,2]", [1.5f32.to_le_bytes(), 2f32.to_le_bytes()].concat()),
-            ("FP64", "[1.5,2]", [1.5f64.to_le_bytes(), 2f64.to_le_bytes()].concat()),
-            ("BYTES", r#"["ab",""]"#, vec![2, 0, 0, 0, b'a', b'b', 0, 0, 0, 0]),
+            (
+                "INT32",
+                "[-1,2]",
+                [(-1i32).to_le_bytes(), 2i32.to_le_bytes()].concat(),
+            ),
+            (
+                "INT64",
+                "[-1,2]",
+                [(-1i64).to_le_bytes(), 2i64.to_le_bytes()].concat(),
+            ),
+            (
+                "FP16",
+                "[1.0,2]",
+                [
+                    f16::from_f32(1.0).to_le_bytes(),
+                    f16::from_f32(2.0).to_le_bytes(),
+                ]
+                .concat(),
+            ),
+            (
+                "BF16",
+                "[1.0,2]",
+                [
+                    bf16::from_f32(1.0).to_le_bytes(),
+                    bf16::from_f32(2.0).to_le_bytes(),
+                ]
+                .concat(),
+            ),
+            (
+                "FP32",
+                "[1.5,2]",
+                [1.5f32.to_le_bytes(), 2f32.to_le_bytes()].concat(),
+            ),
+            (
+                "FP64",
+                "[1.5,2]",
+                [1.5f64.to_le_bytes(), 2f64.to_le_bytes()].concat(),
+            ),
+            (
+                "BYTES",
+                r#"["ab",""]"#,
+                vec![2, 0, 0, 0, b'a', b'b', 0, 0, 0, 0],
+            ),
         ];
         for (dtype, data, want) in cases {
             let req = one_input(dtype, "[2]", data).unwrap_or_else(|e| panic!("{dtype}: {e}"));
@@ -486,10 +541,13 @@ mod tests {
             assert!(err.contains(want), "{dtype} {data}: {err}");
         }
         assert!(decode_request("m", b"{").is_err());
-        assert!(decode_request("m", b"{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"FP32\"}]}")
-            .unwrap_err()
-            .to_string()
-            .contains("no data"));
+        assert!(decode_request(
+            "m",
+            b"{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"FP32\"}]}"
+        )
+        .unwrap_err()
+        .to_string()
+        .contains("no data"));
     }
 
     #[test]
@@ -503,7 +561,13 @@ mod tests {
                     name: "y".into(),
                     dtype: DataType::Fp16,
                     shape: vec![1, 2],
-                    data: Bytes::from([f16::from_f32(0.5).to_le_bytes(), f16::from_f32(-2.0).to_le_bytes()].concat()),
+                    data: Bytes::from(
+                        [
+                            f16::from_f32(0.5).to_le_bytes(),
+                            f16::from_f32(-2.0).to_le_bytes(),
+                        ]
+                        .concat(),
+                    ),
                 },
                 OutputTensor {
                     name: "s".into(),
@@ -518,7 +582,10 @@ mod tests {
         assert_eq!(v["outputs"][0]["data"], serde_json::json!([0.5, -2.0]));
         assert_eq!(v["outputs"][0]["datatype"], "FP16");
         assert_eq!(v["outputs"][1]["data"], serde_json::json!(["z", ""]));
-        assert_eq!(decode_response(&encode_response(&response)).unwrap(), response);
+        assert_eq!(
+            decode_response(&encode_response(&response)).unwrap(),
+            response
+        );
     }
 
     #[test]
@@ -526,10 +593,21 @@ mod tests {
         let request = InferRequest {
             model: "m".into(),
             id: Some("x".into()),
-            inputs: vec![InputTensor::from_slice("a", DataType::Int16, &[1, 2], &[-3i16, 4])],
+            inputs: vec![InputTensor::from_slice(
+                "a",
+                DataType::Int16,
+                &[1, 2],
+                &[-3i16, 4],
+            )],
             outputs: Some(vec!["y".into()]),
-            parameters: vec![Param { key: "k".into(), value: ParamValue::Int(3) }],
+            parameters: vec![Param {
+                key: "k".into(),
+                value: ParamValue::Int(3),
+            }],
         };
-        assert_eq!(decode_request("m", &encode_request(&request)).unwrap(), request);
+        assert_eq!(
+            decode_request("m", &encode_request(&request)).unwrap(),
+            request
+        );
     }
 }

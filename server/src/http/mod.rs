@@ -13,7 +13,9 @@ use actix_web::{web, App, HttpResponse, HttpServer, ResponseError};
 use crate::error::ServerError;
 use crate::server::Server;
 
-pub use json::{decode_request, decode_response, encode_request, encode_response, params_from_json};
+pub use json::{
+    decode_request, decode_response, encode_request, encode_response, params_from_json,
+};
 
 /// How to serve HTTP.
 #[derive(Debug, Clone)]
@@ -26,7 +28,10 @@ pub struct HttpConfig {
 }
 
 /// Binds and returns the running HTTP server (await it) and the bound addresses.
-pub fn serve(server: Server, config: HttpConfig) -> std::io::Result<(actix_web::dev::Server, Vec<SocketAddr>)> {
+pub fn serve(
+    server: Server,
+    config: HttpConfig,
+) -> std::io::Result<(actix_web::dev::Server, Vec<SocketAddr>)> {
     let state = web::Data::new(routes::State {
         server,
         max_body_bytes: config.max_body_bytes,

@@ -30,7 +30,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(get("/v2/models/{model}", model_metadata))
         .service(get("/v2/models/{model}/versions/{version}", model_metadata))
         .service(get("/v2/models/{model}/ready", model_ready))
-        .service(get("/v2/models/{model}/versions/{version}/ready", model_ready))
+        .service(get(
+            "/v2/models/{model}/versions/{version}/ready",
+            model_ready,
+        ))
         .service(get("/metrics", metrics))
         .service(post("/v2/models/{model}/infer", infer))
         .service(post("/v2/models/{model}/versions/{version}/infer", infer))
@@ -147,14 +150,17 @@ async fn model_ready(state: web::Data<State>, req: HttpRequest) -> Reply {
     Ok(if group.is_ready() {
         HttpResponse::Ok().finish()
     } else {
-        HttpResponse::ServiceUnavailable().json(json!({"error": format!("model `{}` is not ready", group.endpoint)}))
+        HttpResponse::ServiceUnavailable()
+            .json(json!({"error": format!("model `{}` is not ready", group.endpoint)}))
     })
 }
 
 async fn read_body(payload: web::Payload, limit: usize) -> Result<Bytes, HttpError> {
     match payload.to_bytes_limited(limit).await {
         Ok(Ok(body)) => Ok(body),
-        Ok(Err(e)) => Err(HttpError(ServerError::invalid(format!("cannot read the request body: {e}")))),
+        Ok(Err(e)) => Err(HttpError(ServerError::invalid(format!(
+            "cannot read the request body: {e}"
+        )))),
         Err(_) => Err(HttpError(ServerError::TooLarge(format!(
             "request body exceeds the limit of {limit} bytes"
         )))),
@@ -166,9 +172,11 @@ async fn infer(state: web::Data<State>, req: HttpRequest, payload: web::Payload)
     let body = read_body(payload, state.max_body_bytes).await?;
     let request = decode_request(&group.endpoint, &body).inspect_err(|_| group.record_invalid())?;
     let reply = group.submit(request)?;
-    let response = reply
-        .await
-        .map_err(|_| HttpError(ServerError::Internal("the worker dropped the request".into())))??;
+    let response = reply.await.map_err(|_| {
+        HttpError(ServerError::Internal(
+            "the worker dropped the request".into(),
+        ))
+    })??;
     Ok(HttpResponse::Ok()
         .content_type(ContentType::json())
         .body(encode_response(&response)))
@@ -186,7 +194,10 @@ async fn load(state: web::Data<State>, path: web::Path<String>, payload: web::Pa
         })?;
         params_from_json(map)?
     };
-    let endpoint = state.server.load(&path.into_inner().to_ascii_lowercase(), params).await?;
+    let endpoint = state
+        .server
+        .load(&path.into_inner().to_ascii_lowercase(), params)
+        .await?;
     Ok(HttpResponse::Ok().json(json!({ "endpoint": endpoint })))
 }
 

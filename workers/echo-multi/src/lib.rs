@@ -104,7 +104,8 @@ mod tests {
     fn every_output_per_request() {
         let mut h = Harness::start::<EchoMulti>(&[]).unwrap();
         let request = |a: &[u32], b: [f32; 2], c: &[&str]| {
-            let mut bytes = TestTensor::new::<u8>("INPUT2", DataType::Bytes, &[1, c.len() as i64], &[]);
+            let mut bytes =
+                TestTensor::new::<u8>("INPUT2", DataType::Bytes, &[1, c.len() as i64], &[]);
             bytes.data = strings(c);
             vec![
                 TestTensor::new("INPUT0", DataType::Uint32, &[1, a.len() as i64], a),
@@ -113,7 +114,10 @@ mod tests {
             ]
         };
         let out = h
-            .run(&[request(&[1, 2], [1.5, -2.0], &["abc", ""]), request(&[7], [0.0, 3.0], &["xy"])])
+            .run(&[
+                request(&[1, 2], [1.5, -2.0], &["abc", ""]),
+                request(&[7], [0.0, 3.0], &["xy"]),
+            ])
             .unwrap();
         assert_eq!(out[0][0].values::<u32>(), vec![2, 3]);
         assert_eq!(out[0][1].values::<f64>(), vec![3.0, -4.0]);

@@ -57,8 +57,18 @@ mod tests {
     #[test]
     fn adds_one_per_request() {
         let mut h = Harness::start::<Echo>(&[]).unwrap();
-        let a = vec![TestTensor::new("INPUT0", DataType::Uint32, &[1, 3], &[1u32, 2, 3])];
-        let b = vec![TestTensor::new("INPUT0", DataType::Uint32, &[2, 1], &[10u32, u32::MAX])];
+        let a = vec![TestTensor::new(
+            "INPUT0",
+            DataType::Uint32,
+            &[1, 3],
+            &[1u32, 2, 3],
+        )];
+        let b = vec![TestTensor::new(
+            "INPUT0",
+            DataType::Uint32,
+            &[2, 1],
+            &[10u32, u32::MAX],
+        )];
         let out = h.run(&[a, b]).unwrap();
         assert_eq!(out[0][0].values::<u32>(), vec![2, 3, 4]);
         assert_eq!(out[0][0].shape.dims(), &[1, 3]);

@@ -59,18 +59,33 @@ mod tests {
     #[test]
     fn panic_becomes_error_and_instance_recovers() {
         let mut h = Harness::start::<Faulty>(&[]).unwrap();
-        let bad = vec![TestTensor::new("INPUT0", DataType::Int32, &[1, 2], &[5i32, -1])];
+        let bad = vec![TestTensor::new(
+            "INPUT0",
+            DataType::Int32,
+            &[1, 2],
+            &[5i32, -1],
+        )];
         let err = h.run(&[bad]).unwrap_err();
         assert!(err.0.contains("panicked"), "{err}");
         h.restart().unwrap();
-        let good = vec![TestTensor::new("INPUT0", DataType::Int32, &[1, 2], &[5i32, 6])];
+        let good = vec![TestTensor::new(
+            "INPUT0",
+            DataType::Int32,
+            &[1, 2],
+            &[5i32, 6],
+        )];
         assert_eq!(h.run(&[good]).unwrap()[0][0].values::<i32>(), vec![5, 6]);
     }
 
     #[test]
     fn error_and_failed_init() {
         let mut h = Harness::start::<Faulty>(&[]).unwrap();
-        let bad = vec![TestTensor::new("INPUT0", DataType::Int32, &[1, 1], &[-2i32])];
+        let bad = vec![TestTensor::new(
+            "INPUT0",
+            DataType::Int32,
+            &[1, 1],
+            &[-2i32],
+        )];
         assert_eq!(h.run(&[bad]).unwrap_err().0, "faulty worker saw -2");
         assert!(Harness::start::<Faulty>(&[("fail_init", "true")]).is_err());
     }

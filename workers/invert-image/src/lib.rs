@@ -46,7 +46,12 @@ mod tests {
     fn inverts_every_pixel() {
         let mut h = Harness::start::<InvertImage>(&[]).unwrap();
         let pixels: Vec<u8> = (0..12).map(|v| v * 20).collect();
-        let img = vec![TestTensor::new("image", DataType::Uint8, &[2, 2, 3], &pixels)];
+        let img = vec![TestTensor::new(
+            "image",
+            DataType::Uint8,
+            &[2, 2, 3],
+            &pixels,
+        )];
         let out = h.run(&[img]).unwrap();
         let want: Vec<u8> = pixels.iter().map(|v| 255 - v).collect();
         assert_eq!(out[0][0].data, want);

@@ -1,0 +1,47 @@
+//! The load generator drives the real server (HTTP) and an embedded one, and
+//! reports what it measured.
+
+use std::process::Command;
+
+use kiln_tests::{build_dir, Kiln};
+use serde_json::Value;
+
+fn run_load(args: &[&str]) -> Vec<Value> {
+    let output = Command::new(build_dir().join("kiln-load"))
+        .args(["--model", "echo", "--input", "INPUT0:UINT32:1x16", "--duration", "1", "--warmup", "0.2", "--json"])
+        .args(args)
+        .output()
+        .expect("run kiln-load (cargo build --workspace first)");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per run"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_generator_closed_and_open_loop() {
+    let kiln = Kiln::start(&["--load", "echo"]);
+    let runs = run_load(&["--url", &kiln.url, "--concurrency", "1,4"]);
+    assert_eq!(runs.len(), 2);
+    for run in &runs {
+        assert!(run["requests"].as_u64().unwrap() > 0, "{run}");
+        assert_eq!(run["errors"], serde_json::json!({}), "{run}");
+        assert!(run["p99_ms"].as_f64().unwrap() >= run["p50_ms"].as_f64().unwrap());
+    }
+    assert_eq!(runs[1]["concurrency"], 4);
+    // Open loop at 200/s for 1 s: about 200 requests, each on schedule.
+    let open = run_load(&["--url", &kiln.url, "--concurrency", "4", "--rate", "200"]);
+    let n = open[0]["requests"].as_u64().unwrap();
+    assert!((150..=210).contains(&n), "open loop sent {n}");
+    let text = kiln.client.metrics().await.unwrap();
+    assert!(text.contains("kiln_requests_total{model=\"echo\",outcome=\"success\"}") || text.contains("outcome=\"success\",model=\"echo\""));
+}
+
+#[test]
+fn load_generator_in_process() {
+    let runs = run_load(&["--in-process", "--load", "echo:batch_size=8", "--concurrency", "8"]);
+    assert_eq!(runs[0]["mode"], "in-process");
+    assert!(runs[0]["requests"].as_u64().unwrap() > 0);
+    assert_eq!(runs[0]["errors"], serde_json::json!({}));
+}
