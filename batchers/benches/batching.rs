@@ -36,7 +36,9 @@ fn batcher(c: &mut Criterion) {
     let mut group = c.benchmark_group("batcher");
     group.throughput(Throughput::Elements(REQUESTS as u64));
     for batch_size in [1usize, 8, 64] {
-        let pool = Pool::new(REQUESTS, || BufferSet::with_capacities(&[64 * 64], &[64 * 64]));
+        let pool = Pool::new(REQUESTS, || {
+            BufferSet::with_capacities(&[64 * 64], &[64 * 64])
+        });
         group.bench_function(format!("soft_batch_{batch_size}"), |b| {
             b.iter_batched(
                 requests,

@@ -63,11 +63,10 @@ impl WorkerGroup {
         worker: String,
         identity: String,
         info: WorkerInfo,
-        params: &GroupParams,
+        settings: GroupSettings,
         instances: Vec<WorkerBox>,
         metrics: ModelMetrics,
     ) -> Result<Arc<WorkerGroup>> {
-        let settings = resolve(&info, params, instances.len())?;
         let info = Arc::new(info);
         let (queue_tx, queue_rx) = bounded::<Request<Reply>>(settings.queue_size);
         let (batch_tx, batch_rx) = unbounded::<Batch<Reply>>();
@@ -146,6 +145,13 @@ impl WorkerGroup {
         let Some(tx) = queue.as_ref() else {
             return Err(self.gone());
         };
+        if self.context.healthy.load(Ordering::SeqCst) == 0 {
+            metrics.unavailable.inc();
+            return Err(ServerError::Unavailable(format!(
+                "model `{}` has no worker instance able to run",
+                self.endpoint
+            )));
+        }
         let (reply_tx, reply_rx) = oneshot::channel();
         let request = Request {
             inputs: valid.inputs,
@@ -230,7 +236,7 @@ fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<(
 }
 
 /// Resolves the group's settings against what the worker accepts.
-fn resolve(info: &WorkerInfo, params: &GroupParams, instances: usize) -> Result<GroupSettings> {
+pub fn resolve(info: &WorkerInfo, params: &GroupParams, instances: usize) -> Result<GroupSettings> {
     if info.outputs.len() > MAX_OUTPUTS {
         return Err(ServerError::invalid(format!(
             "worker declares {} outputs; at most {MAX_OUTPUTS} are supported",

@@ -95,9 +95,9 @@ pub fn run_instance(
     worker.destroy();
 }
 
-/// One output of a run: the whole output's bytes and each request's shape.
+/// One output of a run: each request's slice (sharing one allocation) and shape.
 struct RunOutput {
-    data: Bytes,
+    parts: Vec<Bytes>,
     shapes: Vec<Shape>,
 }
 
@@ -179,39 +179,29 @@ fn run_batch(
                     buf.len()
                 )
             })?;
-            Ok(RunOutput {
-                data: Bytes::copy_from_slice(bytes),
-                shapes,
-            })
+            let data = Bytes::copy_from_slice(bytes);
+            let mut parts = Vec::with_capacity(shapes.len());
+            let mut offset = 0;
+            for shape in &shapes {
+                let rest = &data[offset..];
+                let n = tensor_byte_len(spec.dtype, shape.element_count(), rest)
+                    .ok()
+                    .filter(|&n| n <= rest.len())
+                    .ok_or_else(|| {
+                        format!(
+                            "output `{}` is shorter than the shapes the worker reported",
+                            spec.name
+                        )
+                    })?;
+                parts.push(data.slice(offset..offset + n));
+                offset += n;
+            }
+            Ok(RunOutput { parts, shapes })
         })
         .collect()
 }
 
 fn answer(ctx: &InstanceContext, batch: Batch<Reply>, outputs: &[RunOutput]) {
-    let members = batch.members.len();
-    // Split each output into per-request slices sharing one allocation.
-    let mut split: Vec<Vec<Bytes>> = Vec::with_capacity(outputs.len());
-    for (spec, out) in ctx.info.outputs.iter().zip(outputs) {
-        let mut parts = Vec::with_capacity(members);
-        let mut offset = 0;
-        for shape in &out.shapes {
-            let rest = &out.data[offset..];
-            match tensor_byte_len(spec.dtype, shape.element_count(), rest) {
-                Ok(n) if n <= rest.len() => {
-                    parts.push(out.data.slice(offset..offset + n));
-                    offset += n;
-                }
-                _ => {
-                    let e = ServerError::WorkerFailed(format!(
-                        "output `{}` is shorter than the shapes the worker reported",
-                        spec.name
-                    ));
-                    return fail_all(ctx, batch, &e);
-                }
-            }
-        }
-        split.push(parts);
-    }
     let m = &ctx.metrics;
     for (j, member) in batch.members.into_iter().enumerate() {
         let reply = member.reply;
@@ -225,7 +215,7 @@ fn answer(ctx: &InstanceContext, batch: Batch<Reply>, outputs: &[RunOutput]) {
                 name: spec.name.to_string(),
                 dtype: spec.dtype,
                 shape: outputs[k].shapes[j].dims().to_vec(),
-                data: split[k][j].clone(),
+                data: outputs[k].parts[j].clone(),
             })
             .collect();
         let response = InferResponse {

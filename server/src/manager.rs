@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use crate::error::{Result, ServerError};
-use crate::group::WorkerGroup;
+use crate::group::{resolve, WorkerGroup};
 use crate::metrics::Metrics;
 use crate::params::{identity, GroupParams};
 use crate::plugin::{check_name, Plugins};
@@ -161,16 +161,15 @@ impl State {
         if let Some(group) = existing {
             if !group_params.share {
                 let module = self.plugins.load(worker)?;
-                let (mut instances, info) =
-                    create_instances(module, worker, &params, 1, group.settings.batch_size)?;
+                let (instances, info) = init_instances(module, worker, &params, 1)?;
                 if info != *group.info {
-                    destroy_all(instances);
+                    teardown(instances, Stage::Initialized);
                     return Err(load_failed(
                         worker,
                         "the new instance describes itself differently",
                     ));
                 }
-                if let Some(instance) = instances.pop() {
+                for instance in start_instances(worker, instances, group.settings.batch_size)? {
                     group.add_instance(instance)?;
                 }
                 spdlog::info!("added an instance to `{}`", group.endpoint);
@@ -178,9 +177,15 @@ impl State {
             return Ok(group.endpoint.clone());
         }
         let module = self.plugins.load(worker)?;
-        let batch_hint = group_params.batch_size.unwrap_or(1);
-        let (instances, info) =
-            create_instances(module, worker, &params, group_params.instances, batch_hint)?;
+        let (instances, info) = init_instances(module, worker, &params, group_params.instances)?;
+        let settings = match resolve(&info, &group_params, instances.len()) {
+            Ok(settings) => settings,
+            Err(e) => {
+                teardown(instances, Stage::Initialized);
+                return Err(e);
+            }
+        };
+        let instances = start_instances(worker, instances, settings.batch_size)?;
         let endpoint = self.free_name(worker);
         let metrics = self.metrics.model(&endpoint);
         let group = WorkerGroup::start(
@@ -188,7 +193,7 @@ impl State {
             worker.to_owned(),
             id,
             info,
-            &group_params,
+            settings,
             instances,
             metrics,
         )
@@ -237,69 +242,89 @@ fn load_failed(worker: &str, reason: impl Into<String>) -> ServerError {
     }
 }
 
-/// Creates `count` instances through init → allocate → acquire. On any failure every
-/// instance created so far is taken back down, and the error is returned.
-fn create_instances(
+/// How far an instance's lifecycle got, to take it back down from there.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Stage {
+    Initialized,
+    Allocated,
+    Acquired,
+}
+
+/// Ends the lifecycle of instances that reached `stage`.
+fn teardown(instances: Vec<WorkerBox>, stage: Stage) {
+    for mut instance in instances {
+        if stage >= Stage::Acquired {
+            let _ = instance.release();
+        }
+        if stage >= Stage::Allocated {
+            let _ = instance.deallocate();
+        }
+        instance.destroy();
+    }
+}
+
+/// Creates `count` instances and runs `init` on each; all must describe themselves
+/// alike. On failure every instance made so far is destroyed.
+fn init_instances(
     module: WorkerModRef,
     worker: &str,
     params: &[Param],
     count: usize,
-    batch_hint: usize,
 ) -> Result<(Vec<WorkerBox>, WorkerInfo)> {
-    let mut ready: Vec<WorkerBox> = Vec::with_capacity(count);
+    let mut made: Vec<WorkerBox> = Vec::with_capacity(count);
     let mut info: Option<WorkerInfo> = None;
     for _ in 0..count {
         let mut instance = (module.new_worker())();
-        let step = (|| {
-            let described = instance
-                .init(params.into())
-                .into_result()
-                .map_err(|e| format!("init: {e}"))?;
-            let batch = if described.max_batch_size == 0 {
-                1
-            } else {
-                batch_hint.max(1)
-            };
-            instance
-                .allocate(batch)
-                .into_result()
-                .map_err(|e| format!("allocate: {e}"))?;
-            if let Err(e) = instance.acquire().into_result() {
-                let _ = instance.deallocate();
-                return Err(format!("acquire: {e}"));
+        let described = match instance.init(params.into()).into_result() {
+            Ok(described) => described,
+            Err(e) => {
+                made.push(instance);
+                teardown(made, Stage::Initialized);
+                return Err(load_failed(worker, format!("init: {e}")));
             }
-            Ok(described)
-        })();
-        match step {
-            Ok(described) => {
-                if info.as_ref().is_some_and(|i| *i != described) {
-                    instance.destroy();
-                    destroy_all(ready);
-                    return Err(load_failed(
-                        worker,
-                        "instances describe themselves differently",
-                    ));
-                }
-                info = Some(described);
-                ready.push(instance);
-            }
-            Err(reason) => {
-                instance.destroy();
-                destroy_all(ready);
-                return Err(load_failed(worker, reason));
-            }
+        };
+        made.push(instance);
+        if info.as_ref().is_some_and(|i| *i != described) {
+            teardown(made, Stage::Initialized);
+            return Err(load_failed(
+                worker,
+                "instances describe themselves differently",
+            ));
         }
+        info = Some(described);
     }
     match info {
-        Some(info) => Ok((ready, info)),
+        Some(info) => Ok((made, info)),
         None => Err(load_failed(worker, "no instance requested")),
     }
 }
 
-fn destroy_all(instances: Vec<WorkerBox>) {
-    for mut instance in instances {
-        let _ = instance.release();
-        let _ = instance.deallocate();
-        instance.destroy();
+/// Runs `allocate(batch_size)` and `acquire` on each initialized instance. On failure
+/// every instance is taken back down from the stage it reached.
+fn start_instances(
+    worker: &str,
+    instances: Vec<WorkerBox>,
+    batch_size: usize,
+) -> Result<Vec<WorkerBox>> {
+    let mut started = Vec::with_capacity(instances.len());
+    let mut pending = instances.into_iter();
+    while let Some(mut instance) = pending.next() {
+        let failure = match instance.allocate(batch_size).into_result() {
+            Err(e) => Some((Stage::Initialized, format!("allocate: {e}"))),
+            Ok(()) => match instance.acquire().into_result() {
+                Err(e) => Some((Stage::Allocated, format!("acquire: {e}"))),
+                Ok(()) => None,
+            },
+        };
+        match failure {
+            None => started.push(instance),
+            Some((stage, reason)) => {
+                teardown(vec![instance], stage);
+                teardown(started, Stage::Acquired);
+                teardown(pending.collect(), Stage::Initialized);
+                return Err(load_failed(worker, reason));
+            }
+        }
     }
+    Ok(started)
 }

@@ -102,8 +102,10 @@ pub fn identity(params: &[Param]) -> String {
         .filter(|p| !p.key.as_str().eq_ignore_ascii_case("share"))
         .map(|p| (p.key.as_str().to_ascii_lowercase(), value_text(&p.value)))
         .collect();
-    pairs.sort();
-    pairs.dedup_by(|a, b| a.0 == b.0);
+    // Stable sort by key, then keep the first of repeated keys: the value
+    // `Params::get` would read.
+    pairs.sort_by(|a, b| a.0.cmp(&b.0));
+    pairs.dedup_by(|later, first| later.0 == first.0);
     pairs
         .iter()
         .map(|(k, v)| format!("{k}={v}"))
@@ -111,14 +113,39 @@ pub fn identity(params: &[Param]) -> String {
         .join(",")
 }
 
+/// A value's canonical text: `2`, `2.0` and `"2"` are one value, as are `true`
+/// and `"TRUE"`, so a CLI (text) and a JSON (typed) load agree.
 fn value_text(value: &ParamValue) -> String {
-    value.to_string()
+    match value {
+        ParamValue::Str(s) => {
+            let t = s.trim();
+            if let Ok(i) = t.parse::<i64>() {
+                i.to_string()
+            } else if let Ok(f) = t.parse::<f64>() {
+                canonical_float(f)
+            } else if t.eq_ignore_ascii_case("true") || t.eq_ignore_ascii_case("false") {
+                t.to_ascii_lowercase()
+            } else {
+                s.to_string()
+            }
+        }
+        ParamValue::Float(f) => canonical_float(*f),
+        other => other.to_string(),
+    }
+}
+
+fn canonical_float(f: f64) -> String {
+    if f.fract() == 0.0 && f.abs() < 9e15 {
+        (f as i64).to_string()
+    } else {
+        f.to_string()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kiln_worker_sdk::params_from_pairs;
+    use kiln_worker_sdk::{params_from_pairs, Param};
 
     #[test]
     fn defaults_and_ranges() {
@@ -158,5 +185,21 @@ mod tests {
         assert_eq!(identity(&a), identity(&b));
         let c = params_from_pairs(&[("batch_size", "4")]);
         assert_ne!(identity(&a), identity(&c));
+        // Text and typed values that mean the same are the same.
+        let typed = vec![
+            Param {
+                key: "scale".into(),
+                value: ParamValue::Float(2.0),
+            },
+            Param {
+                key: "on".into(),
+                value: ParamValue::Bool(true),
+            },
+        ];
+        let text = params_from_pairs(&[("scale", "2.0"), ("on", "TRUE")]);
+        assert_eq!(identity(&typed), identity(&text));
+        // A repeated key counts with its first value, as `Params::get` reads it.
+        let repeated = params_from_pairs(&[("x", "9"), ("x", "1")]);
+        assert_eq!(identity(&repeated), "x=9");
     }
 }

@@ -1,6 +1,9 @@
 //! The load generator drives the real server (HTTP) and an embedded one, and
 //! reports what it measured.
 
+// `run_load` is test support: a failed run should fail the test loudly.
+#![allow(clippy::expect_used)]
+
 use std::process::Command;
 
 use kiln_tests::{build_dir, Kiln};
@@ -8,11 +11,25 @@ use serde_json::Value;
 
 fn run_load(args: &[&str]) -> Vec<Value> {
     let output = Command::new(build_dir().join("kiln-load"))
-        .args(["--model", "echo", "--input", "INPUT0:UINT32:1x16", "--duration", "1", "--warmup", "0.2", "--json"])
+        .args([
+            "--model",
+            "echo",
+            "--input",
+            "INPUT0:UINT32:1x16",
+            "--duration",
+            "1",
+            "--warmup",
+            "0.2",
+            "--json",
+        ])
         .args(args)
         .output()
         .expect("run kiln-load (cargo build --workspace first)");
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     String::from_utf8_lossy(&output.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).expect("one JSON object per run"))
@@ -35,12 +52,21 @@ async fn load_generator_closed_and_open_loop() {
     let n = open[0]["requests"].as_u64().unwrap();
     assert!((150..=210).contains(&n), "open loop sent {n}");
     let text = kiln.client.metrics().await.unwrap();
-    assert!(text.contains("kiln_requests_total{model=\"echo\",outcome=\"success\"}") || text.contains("outcome=\"success\",model=\"echo\""));
+    assert!(
+        text.contains("kiln_requests_total{model=\"echo\",outcome=\"success\"}")
+            || text.contains("outcome=\"success\",model=\"echo\"")
+    );
 }
 
 #[test]
 fn load_generator_in_process() {
-    let runs = run_load(&["--in-process", "--load", "echo:batch_size=8", "--concurrency", "8"]);
+    let runs = run_load(&[
+        "--in-process",
+        "--load",
+        "echo:batch_size=8",
+        "--concurrency",
+        "8",
+    ]);
     assert_eq!(runs[0]["mode"], "in-process");
     assert!(runs[0]["requests"].as_u64().unwrap() > 0);
     assert_eq!(runs[0]["errors"], serde_json::json!({}));

@@ -47,3 +47,64 @@ async fn foreign_mismatched_and_escaping_libraries_are_refused() {
     assert_eq!(c.load("echo", &json!({})).await.unwrap(), "echo");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The lines of the `faulty` worker's lifecycle log, in order.
+fn lifecycle(log: &str) -> Vec<String> {
+    log.lines()
+        .filter_map(|l| {
+            l.split_once("faulty: ")
+                .map(|(_, step)| step.trim().to_owned())
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_loads_are_rolled_back_through_the_lifecycle() {
+    let kiln = Kiln::start(&[]);
+    let c = &kiln.client;
+    // A batch size the worker refuses: caught after init, before allocate.
+    let err = c
+        .load("faulty", &json!({"batch_size": 100}))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("exceeds the worker's max_batch_size 64"),
+        "{err}"
+    );
+    // acquire fails on the second of two instances: both are taken back down.
+    let err = c
+        .load(
+            "faulty",
+            &json!({"fail_acquire": true, "instances": 2, "batch_size": 8}),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("acquire failed as asked"), "{err}");
+    assert_eq!(
+        c.models().await.unwrap(),
+        Vec::<String>::new(),
+        "nothing of a failed load remains"
+    );
+    // A good load gets the resolved batch size (the worker's max, capped at 64).
+    assert_eq!(c.load("faulty", &json!({})).await.unwrap(), "faulty");
+    c.unload("faulty").await.unwrap();
+    let steps = lifecycle(&kiln.log());
+    let want: Vec<&str> = vec![
+        "init",
+        "destroy", // batch_size 100 refused
+        "init",
+        "init",
+        "allocate 8",
+        "deallocate",
+        "destroy",
+        "destroy", // acquire failed on the first
+        "init",
+        "allocate 64",
+        "acquire",
+        "release",
+        "deallocate",
+        "destroy", // loaded, then unloaded
+    ];
+    assert_eq!(steps, want, "log:\n{}", kiln.log());
+}

@@ -342,6 +342,8 @@ async fn target(args: &Args, inputs: Vec<InputTensor>) -> anyhow::Result<Target>
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // Keep stdout for results: the embedded server logs warnings to stderr.
+    kiln_server::logging::init("warn", None).map_err(anyhow::Error::msg)?;
     let inputs = args
         .inputs
         .iter()

@@ -1,7 +1,9 @@
 //! `faulty`: a worker for testing failure handling. INT32 `INPUT0` [-1] is copied to
 //! `OUTPUT0`, except that a batch holding the value -1 panics and one holding -2
 //! returns an error; one holding -3 takes 1 s (a slow worker, to test overload).
-//! `fail_init=true` makes `init` fail (to test load rollback).
+//! `fail_init=true` makes `init` fail and `fail_acquire=true` makes `acquire` fail (to
+//! test load rollback). Every lifecycle step is logged, so tests can read the order
+//! in the server's log.
 
 use kiln_worker_sdk::{
     export_worker, Batch, BatcherKind, DataType, Params, TensorSpec, Worker, WorkerError,
@@ -9,14 +11,42 @@ use kiln_worker_sdk::{
 };
 
 /// The faulty worker.
-pub struct Faulty;
+pub struct Faulty {
+    fail_acquire: bool,
+}
 
 impl Worker for Faulty {
     fn init(params: Params<'_>) -> Result<Self, WorkerError> {
         if params.bool("fail_init")?.unwrap_or(false) {
             return Err("init failed as asked (fail_init=true)".into());
         }
-        Ok(Faulty)
+        log::info!("faulty: init");
+        Ok(Faulty {
+            fail_acquire: params.bool("fail_acquire")?.unwrap_or(false),
+        })
+    }
+
+    fn allocate(&mut self, batch_size: usize) -> Result<(), WorkerError> {
+        log::info!("faulty: allocate {batch_size}");
+        Ok(())
+    }
+
+    fn acquire(&mut self) -> Result<(), WorkerError> {
+        if self.fail_acquire {
+            return Err("acquire failed as asked (fail_acquire=true)".into());
+        }
+        log::info!("faulty: acquire");
+        Ok(())
+    }
+
+    fn release(&mut self) -> Result<(), WorkerError> {
+        log::info!("faulty: release");
+        Ok(())
+    }
+
+    fn deallocate(&mut self) -> Result<(), WorkerError> {
+        log::info!("faulty: deallocate");
+        Ok(())
     }
 
     fn info(&self) -> WorkerInfo {
@@ -46,6 +76,12 @@ impl Worker for Faulty {
             .allocate_as::<i32>(input.shapes())?
             .copy_from_slice(values);
         Ok(())
+    }
+}
+
+impl Drop for Faulty {
+    fn drop(&mut self) {
+        log::info!("faulty: destroy");
     }
 }
 
@@ -88,5 +124,6 @@ mod tests {
         )];
         assert_eq!(h.run(&[bad]).unwrap_err().0, "faulty worker saw -2");
         assert!(Harness::start::<Faulty>(&[("fail_init", "true")]).is_err());
+        assert!(Harness::start::<Faulty>(&[("fail_acquire", "true")]).is_err());
     }
 }
