@@ -22,7 +22,16 @@ fn echo_request(model: &str, id: usize, values: &[u32]) -> InferRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_metadata_and_startup_load() {
-    let kiln = Kiln::start(&["--load", "echo:batch_size=8", "--load", "invert-image"]);
+    let log_file = std::env::temp_dir().join(format!("kiln-log-{}.log", std::process::id()));
+    let log_arg = log_file.to_str().unwrap().to_owned();
+    let kiln = Kiln::start(&[
+        "--load",
+        "echo:batch_size=8",
+        "--load",
+        "invert-image",
+        "--log-file",
+        &log_arg,
+    ]);
     let c = &kiln.client;
     assert!(c.is_live().await.unwrap());
     assert!(c.is_ready().await.unwrap());
@@ -71,6 +80,36 @@ async fn health_metadata_and_startup_load() {
         response.outputs[0].values::<u8>(),
         pixels.iter().map(|v| 255 - v).collect::<Vec<_>>()
     );
+    // With a log file, the file gets info and the console only warnings and worse.
+    let written = std::fs::read_to_string(&log_file).unwrap();
+    assert!(written.contains("loaded plugin `echo`"), "{written}");
+    assert!(!kiln.log().contains("[info]"), "console: {}", kiln.log());
+    let _ = std::fs::remove_file(&log_file);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_parameters_reach_the_worker_per_request() {
+    let kiln = Kiln::start(&["--load", "echo:batch_size=64,timeout=20"]);
+    let tasks: Vec<_> = (0..64u32)
+        .map(|i| {
+            let c = kiln.client.clone();
+            tokio::spawn(async move {
+                let mut request = echo_request("echo", i as usize, &[100, 200]);
+                request.parameters = vec![kiln_server::Param {
+                    key: "increment".into(),
+                    value: kiln_server::ParamValue::Int(i64::from(i)),
+                }];
+                let r = c.infer(&request).await.unwrap();
+                assert_eq!(r.outputs[0].values::<u32>(), vec![100 + i, 200 + i]);
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let text = kiln.client.metrics().await.unwrap();
+    let batches = metric(&text, "kiln_batch_size_count", &[("model", "echo")]).unwrap();
+    assert!(batches < 64.0, "the requests should have shared batches");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,5 +1,7 @@
 //! `echo`: UINT32 `INPUT0` of shape [-1] → `OUTPUT0` = input + 1 (AMD Inference Server
-//! parity). Elementwise, so requests of any length share a batch.
+//! parity). Elementwise, so requests of any length share a batch. A request may carry
+//! the parameter `increment` (0..=4294967295) to add something other than 1; each
+//! request of a batch gets its own.
 
 use kiln_worker_sdk::{
     export_worker, Batch, BatcherKind, DataType, Params, TensorSpec, Worker, WorkerError,
@@ -38,10 +40,23 @@ impl Worker for Echo {
     fn run(&mut self, batch: &mut Batch<'_, '_>) -> Result<(), WorkerError> {
         let input = batch.input(0)?;
         let values = input.as_slice::<u32>()?;
+        let mut increments = Vec::with_capacity(batch.request_count());
+        for request in 0..batch.request_count() {
+            let increment = batch.params(request).int("increment")?.unwrap_or(1);
+            increments.push(
+                u32::try_from(increment)
+                    .map_err(|_| format!("increment {increment} is outside 0..=4294967295"))?,
+            );
+        }
         let mut output = batch.output(0)?;
         let out = output.allocate_as::<u32>(input.shapes())?;
-        for (o, v) in out.iter_mut().zip(values) {
-            *o = v.wrapping_add(1);
+        let mut start = 0;
+        for (shape, increment) in input.shapes().iter().zip(increments) {
+            let end = start + shape.element_count();
+            for (o, v) in out[start..end].iter_mut().zip(&values[start..end]) {
+                *o = v.wrapping_add(increment);
+            }
+            start = end;
         }
         Ok(())
     }
@@ -78,6 +93,7 @@ mod tests {
 
     #[test]
     fn rejects_bad_max_batch_size() {
+        assert!(Harness::start::<Echo>(&[("max_batch_size", "4096")]).is_ok());
         assert!(Harness::start::<Echo>(&[("max_batch_size", "0")]).is_err());
         assert!(Harness::start::<Echo>(&[("max_batch_size", "x")]).is_err());
     }
