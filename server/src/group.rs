@@ -40,6 +40,16 @@ pub struct GroupSettings {
     pub queue_size: usize,
 }
 
+/// What names a group: its endpoint, the worker behind it, the identity of its
+/// load-time parameters and the model version it serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupName {
+    pub endpoint: String,
+    pub worker: String,
+    pub identity: String,
+    pub version: String,
+}
+
 /// A loaded endpoint.
 pub struct WorkerGroup {
     pub endpoint: String,
@@ -48,6 +58,8 @@ pub struct WorkerGroup {
     pub settings: GroupSettings,
     /// The load-time parameters' identity (see [`crate::params::identity`]).
     pub identity: String,
+    /// The model version served ("1" for workers loaded directly).
+    pub version: String,
     queue: ArcSwapOption<Sender<Request<Reply>>>,
     batches: Receiver<Batch<Reply>>,
     pool: Arc<Pool<BufferSet>>,
@@ -59,14 +71,18 @@ impl WorkerGroup {
     /// Starts a group around initialized worker instances (all of one plugin, all
     /// with the same `info`).
     pub fn start(
-        endpoint: String,
-        worker: String,
-        identity: String,
+        name: GroupName,
         info: WorkerInfo,
         settings: GroupSettings,
         instances: Vec<WorkerBox>,
         metrics: ModelMetrics,
     ) -> Result<Arc<WorkerGroup>> {
+        let GroupName {
+            endpoint,
+            worker,
+            identity,
+            version,
+        } = name;
         let info = Arc::new(info);
         let (queue_tx, queue_rx) = bounded::<Request<Reply>>(settings.queue_size);
         let (batch_tx, batch_rx) = unbounded::<Batch<Reply>>();
@@ -77,6 +93,7 @@ impl WorkerGroup {
         metrics.pool_size.set(settings.max_buffers as i64);
         let context = Arc::new(InstanceContext {
             endpoint: endpoint.clone(),
+            version: version.clone(),
             info: Arc::clone(&info),
             metrics,
             healthy: AtomicUsize::new(0),
@@ -101,6 +118,7 @@ impl WorkerGroup {
             info,
             settings,
             identity,
+            version,
             queue: ArcSwapOption::from_pointee(queue_tx),
             batches: batch_rx,
             pool,

@@ -23,14 +23,12 @@ use crate::metrics::ModelMetrics;
 /// What every instance of a group shares.
 pub struct InstanceContext {
     pub endpoint: String,
+    pub version: String,
     pub info: Arc<WorkerInfo>,
     pub metrics: ModelMetrics,
     /// Instances able to run batches now.
     pub healthy: AtomicUsize,
 }
-
-/// The version every worker endpoint reports.
-pub const MODEL_VERSION: &str = "1";
 
 /// Runs batches until the batch queue closes, then ends the instance's lifecycle.
 pub fn run_instance(
@@ -220,7 +218,7 @@ fn answer(ctx: &InstanceContext, batch: Batch<Reply>, outputs: &[RunOutput]) {
             .collect();
         let response = InferResponse {
             model_name: ctx.endpoint.clone(),
-            model_version: MODEL_VERSION.to_owned(),
+            model_version: ctx.version.clone(),
             id: reply.id,
             outputs: tensors,
         };

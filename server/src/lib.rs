@@ -13,6 +13,7 @@ pub mod manager;
 pub mod metrics;
 pub mod params;
 pub mod plugin;
+pub mod repository;
 pub mod server;
 
 pub use error::ServerError;

@@ -37,6 +37,13 @@ struct ServeArgs {
     /// Load a worker at start: WORKER[:key=value,...] (repeatable; env: `;`-separated).
     #[arg(long = "load", env = "KILN_LOAD", value_delimiter = ';')]
     load: Vec<String>,
+    /// Model repository: one folder per model with a config.toml and version folders.
+    #[arg(long, env = "KILN_MODEL_REPOSITORY")]
+    model_repository: Option<PathBuf>,
+    /// Load a repository model at start (repeatable; `*` loads every model; env:
+    /// `;`-separated).
+    #[arg(long = "load-model", env = "KILN_LOAD_MODEL", value_delimiter = ';')]
+    load_model: Vec<String>,
     /// Log level: error, warn, info, debug or trace.
     #[arg(long, env = "KILN_LOG_LEVEL", default_value = "info")]
     log_level: String,
@@ -83,7 +90,23 @@ async fn main() -> anyhow::Result<()> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     let server = Server::start(ServerConfig {
         plugin_dirs: args.plugin_dirs.clone(),
+        model_repository: args.model_repository.clone(),
     })?;
+    let mut models: Vec<String> = Vec::new();
+    for name in &args.load_model {
+        if name == "*" {
+            models.extend(server.repository_index()?.into_iter().map(|e| e.name));
+        } else {
+            models.push(name.clone());
+        }
+    }
+    for name in models {
+        let endpoint = server
+            .load_model(&name, None, Vec::new())
+            .await
+            .with_context(|| format!("loading model `{name}` at start"))?;
+        spdlog::info!("serving model `{endpoint}`");
+    }
     for (worker, params) in loads {
         let endpoint = server
             .load(&worker, params)

@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use crate::error::{Result, ServerError};
-use crate::group::{resolve, WorkerGroup};
+use crate::group::{resolve, GroupName, WorkerGroup};
 use crate::metrics::Metrics;
 use crate::params::{identity, GroupParams};
 use crate::plugin::{check_name, Plugins};
@@ -23,6 +23,13 @@ pub type Models = HashMap<String, Arc<WorkerGroup>>;
 
 enum Command {
     Load {
+        worker: String,
+        params: Vec<Param>,
+        reply: oneshot::Sender<Result<String>>,
+    },
+    LoadModel {
+        name: String,
+        version: u64,
         worker: String,
         params: Vec<Param>,
         reply: oneshot::Sender<Result<String>>,
@@ -70,6 +77,27 @@ impl Manager {
     pub async fn load(&self, worker: &str, params: Vec<Param>) -> Result<String> {
         let (reply, rx) = oneshot::channel();
         self.send(Command::Load {
+            worker: worker.to_ascii_lowercase(),
+            params,
+            reply,
+        })?;
+        rx.await.map_err(|_| stopped())?
+    }
+
+    /// Loads a repository model as endpoint `name` (version `version`). Loading a
+    /// model that is loaded with other parameters replaces it: the new group starts,
+    /// takes the name, then the old one drains.
+    pub async fn load_model(
+        &self,
+        name: &str,
+        version: u64,
+        worker: &str,
+        params: Vec<Param>,
+    ) -> Result<String> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::LoadModel {
+            name: name.to_ascii_lowercase(),
+            version,
             worker: worker.to_ascii_lowercase(),
             params,
             reply,
@@ -130,6 +158,19 @@ impl State {
                     }
                     let _ = reply.send(result);
                 }
+                Command::LoadModel {
+                    name,
+                    version,
+                    worker,
+                    params,
+                    reply,
+                } => {
+                    let result = self.load_model(name, version, &worker, params);
+                    if let Err(e) = &result {
+                        spdlog::warn!("load of model `{worker}` failed: {e}");
+                    }
+                    let _ = reply.send(result);
+                }
                 Command::Unload { endpoint, reply } => {
                     let _ = reply.send(self.unload(&endpoint));
                 }
@@ -176,9 +217,55 @@ impl State {
             }
             return Ok(group.endpoint.clone());
         }
+        let endpoint = self.free_name(worker);
+        let group = self.build_group(endpoint.clone(), worker, id, &params, &group_params, "1")?;
+        self.groups.insert(endpoint.clone(), group);
+        self.publish();
+        Ok(endpoint)
+    }
+
+    fn load_model(
+        &mut self,
+        name: String,
+        version: u64,
+        worker: &str,
+        params: Vec<Param>,
+    ) -> Result<String> {
+        check_name(&name)?;
+        check_name(worker)?;
+        let group_params = GroupParams::parse(&params)?;
+        let id = identity(&params);
+        let version = version.to_string();
+        if let Some(group) = self.groups.get(&name) {
+            if group.worker == worker && group.identity == id && group.version == version {
+                return Ok(name);
+            }
+        }
+        let group = self.build_group(name.clone(), worker, id, &params, &group_params, &version)?;
+        let replaced = self.groups.insert(name.clone(), group);
+        self.publish();
+        if let Some(old) = replaced {
+            // The name already serves the new group; the old one answers what it took.
+            old.drain();
+            spdlog::info!("replaced `{name}` (now version {version})");
+        }
+        Ok(name)
+    }
+
+    /// Creates, starts and returns a group (not yet published). On failure every
+    /// instance is taken back down and nothing remains.
+    fn build_group(
+        &mut self,
+        endpoint: String,
+        worker: &str,
+        id: String,
+        params: &[Param],
+        group_params: &GroupParams,
+        version: &str,
+    ) -> Result<Arc<WorkerGroup>> {
         let module = self.plugins.load(worker)?;
-        let (instances, info) = init_instances(module, worker, &params, group_params.instances)?;
-        let settings = match resolve(&info, &group_params, instances.len()) {
+        let (instances, info) = init_instances(module, worker, params, group_params.instances)?;
+        let settings = match resolve(&info, group_params, instances.len()) {
             Ok(settings) => settings,
             Err(e) => {
                 teardown(instances, Stage::Initialized);
@@ -186,28 +273,28 @@ impl State {
             }
         };
         let instances = start_instances(worker, instances, settings.batch_size)?;
-        let endpoint = self.free_name(worker);
         let metrics = self.metrics.model(&endpoint);
-        let group = WorkerGroup::start(
-            endpoint.clone(),
-            worker.to_owned(),
-            id,
-            info,
-            settings,
-            instances,
-            metrics,
-        )
-        .inspect_err(|_| self.metrics.remove(&endpoint))?;
+        let fresh = !self.groups.contains_key(&endpoint);
+        let name = GroupName {
+            endpoint: endpoint.clone(),
+            worker: worker.to_owned(),
+            identity: id,
+            version: version.to_owned(),
+        };
+        let group =
+            WorkerGroup::start(name, info, settings, instances, metrics).inspect_err(|_| {
+                if fresh {
+                    self.metrics.remove(&endpoint)
+                }
+            })?;
         spdlog::info!(
-            "loaded `{endpoint}` (worker `{worker}`, batch_size {}, {} batcher, {} instance(s), {} buffer sets)",
+            "loaded `{endpoint}` (worker `{worker}`, version {version}, batch_size {}, {} batcher, {} instance(s), {} buffer sets)",
             group.settings.batch_size,
             group.settings.batcher.as_str(),
             group.instance_count(),
             group.settings.max_buffers
         );
-        self.groups.insert(endpoint.clone(), group);
-        self.publish();
-        Ok(endpoint)
+        Ok(group)
     }
 
     /// `worker`, else `worker-0`, `worker-1`, … whichever is free first.

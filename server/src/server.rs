@@ -13,12 +13,15 @@ use crate::infer::{InferRequest, InferResponse};
 use crate::manager::{Manager, Models};
 use crate::metrics::Metrics;
 use crate::plugin::Plugins;
+use crate::repository::{Entry, Repository};
 
 /// How to start a [`Server`].
 #[derive(Debug, Clone, Default)]
 pub struct ServerConfig {
     /// Where plugins are found; [`Plugins::default_dirs`] when empty.
     pub plugin_dirs: Vec<PathBuf>,
+    /// The model repository, if any.
+    pub model_repository: Option<PathBuf>,
 }
 
 /// A running kiln server; cheap to clone.
@@ -32,6 +35,7 @@ struct Inner {
     models: Arc<ArcSwap<Models>>,
     metrics: Arc<Metrics>,
     ready: AtomicBool,
+    repository: Option<Repository>,
 }
 
 impl Server {
@@ -41,7 +45,7 @@ impl Server {
         let dirs = if config.plugin_dirs.is_empty() {
             Plugins::default_dirs()
         } else {
-            config.plugin_dirs
+            config.plugin_dirs.clone()
         };
         let models = Arc::new(ArcSwap::from_pointee(Models::new()));
         let metrics = Arc::new(Metrics::new());
@@ -56,6 +60,7 @@ impl Server {
                 models,
                 metrics,
                 ready: AtomicBool::new(false),
+                repository: config.model_repository.map(Repository::new),
             }),
         })
     }
@@ -63,6 +68,34 @@ impl Server {
     /// Loads `worker` with load-time `params`; returns the endpoint name.
     pub async fn load(&self, worker: &str, params: Vec<Param>) -> Result<String> {
         self.inner.manager.load(worker, params).await
+    }
+
+    fn repository(&self) -> Result<&Repository> {
+        self.inner
+            .repository
+            .as_ref()
+            .ok_or_else(|| ServerError::Unavailable("no model repository is configured".into()))
+    }
+
+    /// The models of the model repository.
+    pub fn repository_index(&self) -> Result<Vec<Entry>> {
+        self.repository()?.index()
+    }
+
+    /// Loads model `name` of the repository (the latest version unless `version`),
+    /// with `overrides` replacing its configured parameters; returns the endpoint.
+    pub async fn load_model(
+        &self,
+        name: &str,
+        version: Option<u64>,
+        overrides: Vec<Param>,
+    ) -> Result<String> {
+        let name = name.to_ascii_lowercase();
+        let resolved = self.repository()?.resolve(&name, version, overrides)?;
+        self.inner
+            .manager
+            .load_model(&name, resolved.version, &resolved.worker, resolved.params)
+            .await
     }
 
     /// Unloads an endpoint, answering its accepted requests first.

@@ -47,6 +47,12 @@ struct Args {
     /// In-process: plugin directory (default: beside this executable).
     #[arg(long)]
     plugin_dir: Vec<std::path::PathBuf>,
+    /// In-process: model repository.
+    #[arg(long)]
+    model_repository: Option<std::path::PathBuf>,
+    /// In-process: repository model to load first.
+    #[arg(long)]
+    load_model: Option<String>,
     /// Model (endpoint) to call.
     #[arg(long, default_value = "echo")]
     model: String,
@@ -319,7 +325,12 @@ async fn target(args: &Args, inputs: Vec<InputTensor>) -> anyhow::Result<Target>
     if args.in_process {
         let client = NativeClient::start(ServerConfig {
             plugin_dirs: args.plugin_dir.clone(),
+            model_repository: args.model_repository.clone(),
         })?;
+        if let Some(name) = &args.load_model {
+            let endpoint = client.server().load_model(name, None, Vec::new()).await?;
+            eprintln!("kiln-load: loaded model `{endpoint}` in-process");
+        }
         if let Some(spec) = &args.load {
             let (worker, params) = parse_load(spec);
             let endpoint = client.load(&worker, params).await?;

@@ -10,7 +10,6 @@ use super::HttpError;
 use crate::error::ServerError;
 use crate::group::WorkerGroup;
 use crate::infer::expected_shape;
-use crate::instance::MODEL_VERSION;
 use crate::server::Server;
 
 /// Shared by every handler.
@@ -38,7 +37,13 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(post("/v2/models/{model}/infer", infer))
         .service(post("/v2/models/{model}/versions/{version}/infer", infer))
         .service(post("/v2/workers/{worker}/load", load))
-        .service(post("/v2/workers/{endpoint}/unload", unload));
+        .service(post("/v2/workers/{endpoint}/unload", unload))
+        .service(post("/v2/repository/index", repository_index))
+        .service(post("/v2/repository/models/{model}/load", repository_load))
+        .service(post(
+            "/v2/repository/models/{model}/unload",
+            repository_unload,
+        ));
 }
 
 fn get<F, Args>(path: &str, handler: F) -> actix_web::Resource
@@ -102,7 +107,7 @@ async fn list_models(state: web::Data<State>) -> HttpResponse {
         .server
         .models()
         .iter()
-        .map(|g| json!({"name": g.endpoint, "version": MODEL_VERSION, "worker": g.worker, "state": if g.is_ready() {"READY"} else {"UNAVAILABLE"}}))
+        .map(|g| json!({"name": g.endpoint, "version": g.version, "worker": g.worker, "state": if g.is_ready() {"READY"} else {"UNAVAILABLE"}}))
         .collect();
     HttpResponse::Ok().json(json!({ "models": models }))
 }
@@ -112,9 +117,10 @@ fn lookup(state: &State, req: &HttpRequest) -> Result<std::sync::Arc<WorkerGroup
     let model = req.match_info().get("model").unwrap_or_default();
     let group = state.server.model(model)?;
     if let Some(version) = req.match_info().get("version") {
-        if version != MODEL_VERSION {
+        if version != group.version {
             return Err(HttpError(ServerError::NotFound(format!(
-                "model `{model}` has no version `{version}` (versions: {MODEL_VERSION})"
+                "model `{model}` has no version `{version}` loaded (loaded: {})",
+                group.version
             ))));
         }
     }
@@ -132,7 +138,7 @@ async fn model_metadata(state: web::Data<State>, req: HttpRequest) -> Reply {
     };
     Ok(HttpResponse::Ok().json(json!({
         "name": group.endpoint,
-        "versions": [MODEL_VERSION],
+        "versions": [group.version],
         "platform": format!("kiln_{}", group.worker),
         "inputs": tensors(&group.info.inputs),
         "outputs": tensors(&group.info.outputs),
@@ -202,6 +208,100 @@ async fn load(state: web::Data<State>, path: web::Path<String>, payload: web::Pa
 }
 
 async fn unload(state: web::Data<State>, path: web::Path<String>) -> Reply {
+    state.server.unload(&path.into_inner()).await?;
+    Ok(HttpResponse::Ok().json(json!({})))
+}
+
+/// Reads an optional JSON object body.
+async fn json_object(payload: web::Payload, limit: usize) -> Result<Map<String, Value>, HttpError> {
+    let body = read_body(payload, limit).await?;
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Map::new());
+    }
+    serde_json::from_slice(&body).map_err(|e| {
+        HttpError(ServerError::invalid(format!(
+            "the request body must be a JSON object: {e}"
+        )))
+    })
+}
+
+/// Triton's repository index: every model in the repository with its state.
+async fn repository_index(state: web::Data<State>, payload: web::Payload) -> Reply {
+    let body = json_object(payload, state.max_body_bytes).await?;
+    let only_ready = body.get("ready").and_then(Value::as_bool).unwrap_or(false);
+    let loaded = state.server.models();
+    let mut index = Vec::new();
+    for entry in state.server.repository_index()? {
+        let group = loaded.iter().find(|g| g.endpoint == entry.name);
+        let (version, model_state, reason) = match group {
+            Some(g) if g.is_ready() => (g.version.clone(), "READY", ""),
+            Some(g) => (
+                g.version.clone(),
+                "UNAVAILABLE",
+                "no worker instance can run",
+            ),
+            None => (
+                entry
+                    .versions
+                    .last()
+                    .map(u64::to_string)
+                    .unwrap_or_default(),
+                "UNAVAILABLE",
+                "unloaded",
+            ),
+        };
+        if only_ready && model_state != "READY" {
+            continue;
+        }
+        index.push(
+            json!({"name": entry.name, "version": version, "state": model_state, "reason": reason}),
+        );
+    }
+    Ok(HttpResponse::Ok().json(index))
+}
+
+/// Triton's repository load; `parameters` may override the model's config, and
+/// `parameters.version` picks a version.
+async fn repository_load(
+    state: web::Data<State>,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Reply {
+    let mut body = json_object(payload, state.max_body_bytes).await?;
+    let overrides = match body.remove("parameters") {
+        None => Map::new(),
+        Some(Value::Object(map)) => map,
+        Some(other) => {
+            return Err(HttpError(ServerError::invalid(format!(
+                "`parameters` must be an object, got {other}"
+            ))))
+        }
+    };
+    let mut params = params_from_json(overrides)?;
+    let mut version = None;
+    if let Some(i) = params.iter().position(|p| p.key.as_str() == "version") {
+        let p = params.remove(i);
+        version = Some(
+            kiln_worker_sdk::Params(std::slice::from_ref(&p))
+                .int("version")
+                .ok()
+                .flatten()
+                .and_then(|v| u64::try_from(v).ok())
+                .ok_or_else(|| {
+                    HttpError(ServerError::invalid(
+                        "`version` must be a non-negative integer",
+                    ))
+                })?,
+        );
+    }
+    state
+        .server
+        .load_model(&path.into_inner(), version, params)
+        .await?;
+    Ok(HttpResponse::Ok().json(json!({})))
+}
+
+async fn repository_unload(state: web::Data<State>, path: web::Path<String>) -> Reply {
     state.server.unload(&path.into_inner()).await?;
     Ok(HttpResponse::Ok().json(json!({})))
 }

@@ -1,0 +1,267 @@
+//! The model repository: a directory with one folder per model, each holding a
+//! `config.toml` and numbered version folders with the model files.
+//!
+//! ```text
+//! models/
+//!   ocr-cls/
+//!     config.toml      worker = "onnx"
+//!                      [parameters]
+//!                      batch_size = 32
+//!     1/model.onnx
+//! ```
+//!
+//! Loading a model passes its `[parameters]` (plus any overrides) to the worker, and
+//! `model_dir`: the chosen version's folder. The latest version is the default.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use kiln_worker_sdk::{Param, ParamValue};
+use serde::Deserialize;
+
+use crate::error::{Result, ServerError};
+use crate::plugin::check_name;
+
+/// A model's `config.toml`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The worker plugin serving the model.
+    pub worker: String,
+    /// Load-time parameters for the worker and its group.
+    #[serde(default)]
+    pub parameters: BTreeMap<String, toml::Value>,
+}
+
+/// A model as found in the repository.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub name: String,
+    pub versions: Vec<u64>,
+}
+
+/// What loading a model needs.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub worker: String,
+    pub version: u64,
+    pub params: Vec<Param>,
+}
+
+/// A model repository on disk.
+#[derive(Debug, Clone)]
+pub struct Repository {
+    root: PathBuf,
+}
+
+impl Repository {
+    /// The repository at `root`.
+    pub fn new(root: PathBuf) -> Repository {
+        Repository { root }
+    }
+
+    /// The repository's directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Every model folder with a `config.toml`, sorted by name.
+    pub fn index(&self) -> Result<Vec<Entry>> {
+        let dir = std::fs::read_dir(&self.root).map_err(|e| {
+            ServerError::Unavailable(format!("model repository {}: {e}", self.root.display()))
+        })?;
+        let mut entries: Vec<Entry> = dir
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path().join("config.toml").is_file())
+            .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+            .filter(|name| check_name(name).is_ok())
+            .map(|name| {
+                let versions = versions(&self.root.join(&name));
+                Entry { name, versions }
+            })
+            .collect();
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(entries)
+    }
+
+    /// Reads model `name`'s config and picks `version` (the latest when `None`);
+    /// `overrides` replace parameters of the same name.
+    pub fn resolve(
+        &self,
+        name: &str,
+        version: Option<u64>,
+        overrides: Vec<Param>,
+    ) -> Result<Resolved> {
+        check_name(name)?;
+        let folder = self.root.join(name);
+        let file = folder.join("config.toml");
+        let text = std::fs::read_to_string(&file).map_err(|_| {
+            ServerError::NotFound(format!(
+                "no model `{name}` in the model repository {}",
+                self.root.display()
+            ))
+        })?;
+        let config: ModelConfig = toml::from_str(&text)
+            .map_err(|e| ServerError::invalid(format!("{}: {e}", file.display())))?;
+        let mut params = Vec::with_capacity(config.parameters.len() + 1);
+        for (key, value) in &config.parameters {
+            params.push(Param {
+                key: key.as_str().into(),
+                value: param_value(value).ok_or_else(|| {
+                    ServerError::invalid(format!(
+                        "{}: parameters.{key} must be a boolean, integer, float or string",
+                        file.display()
+                    ))
+                })?,
+            });
+        }
+        let available = versions(&folder);
+        let version = match version {
+            Some(v) if available.contains(&v) => v,
+            Some(v) => {
+                return Err(ServerError::NotFound(format!(
+                    "model `{name}` has no version {v} (versions: {available:?})"
+                )))
+            }
+            None => *available.last().ok_or_else(|| {
+                ServerError::invalid(format!(
+                    "model `{name}` has no numbered version folder in {}",
+                    folder.display()
+                ))
+            })?,
+        };
+        for o in overrides {
+            params.retain(|p| !p.key.as_str().eq_ignore_ascii_case(o.key.as_str()));
+            params.push(o);
+        }
+        params.retain(|p| !p.key.as_str().eq_ignore_ascii_case("model_dir"));
+        params.push(Param {
+            key: "model_dir".into(),
+            value: ParamValue::Str(
+                folder
+                    .join(version.to_string())
+                    .to_string_lossy()
+                    .as_ref()
+                    .into(),
+            ),
+        });
+        Ok(Resolved {
+            worker: config.worker.to_ascii_lowercase(),
+            version,
+            params,
+        })
+    }
+}
+
+fn param_value(value: &toml::Value) -> Option<ParamValue> {
+    Some(match value {
+        toml::Value::Boolean(b) => ParamValue::Bool(*b),
+        toml::Value::Integer(i) => ParamValue::Int(*i),
+        toml::Value::Float(f) => ParamValue::Float(*f),
+        toml::Value::String(s) => ParamValue::Str(s.as_str().into()),
+        _ => return None,
+    })
+}
+
+/// Numbered subfolders, ascending.
+fn versions(folder: &Path) -> Vec<u64> {
+    let mut versions: Vec<u64> = std::fs::read_dir(folder)
+        .map(|dir| {
+            dir.filter_map(|e| e.ok())
+                .filter(|e| e.path().is_dir())
+                .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+                .collect()
+        })
+        .unwrap_or_default();
+    versions.sort_unstable();
+    versions
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn repo(files: &[(&str, &str)]) -> (Repository, PathBuf) {
+        let root = std::env::temp_dir().join(format!(
+            "kiln-repo-{}-{}",
+            std::process::id(),
+            files.len() + files.first().map_or(0, |f| f.1.len())
+        ));
+        let _ = std::fs::remove_dir_all(&root);
+        for (path, text) in files {
+            let p = root.join(path);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        }
+        (Repository::new(root.clone()), root)
+    }
+
+    #[test]
+    fn resolves_latest_version_and_overrides() {
+        let (r, root) = repo(&[
+            (
+                "m/config.toml",
+                "worker = \"echo\"\n[parameters]\nbatch_size = 4\nscale = 1.5\n",
+            ),
+            ("m/1/model.onnx", ""),
+            ("m/3/model.onnx", ""),
+            ("other/readme", ""),
+        ]);
+        assert_eq!(
+            r.index().unwrap(),
+            vec![Entry {
+                name: "m".into(),
+                versions: vec![1, 3]
+            }]
+        );
+        let m = r
+            .resolve(
+                "m",
+                None,
+                vec![Param {
+                    key: "batch_size".into(),
+                    value: ParamValue::Int(8),
+                }],
+            )
+            .unwrap();
+        assert_eq!((m.worker.as_str(), m.version), ("echo", 3));
+        let p = kiln_worker_sdk::Params(&m.params);
+        assert_eq!(p.int("batch_size").unwrap(), Some(8));
+        assert_eq!(p.float("scale").unwrap(), Some(1.5));
+        assert!(p.string("model_dir").unwrap().ends_with("m/3"));
+        assert_eq!(r.resolve("m", Some(1), vec![]).unwrap().version, 1);
+        assert!(matches!(
+            r.resolve("m", Some(2), vec![]),
+            Err(ServerError::NotFound(_))
+        ));
+        assert!(matches!(
+            r.resolve("nope", None, vec![]),
+            Err(ServerError::NotFound(_))
+        ));
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn invalid_config_names_file_and_field() {
+        let (r, root) = repo(&[
+            ("bad/config.toml", "worker = \"echo\"\nbatchsize = 4\n"),
+            ("bad/1/x", ""),
+            (
+                "arr/config.toml",
+                "worker = \"echo\"\n[parameters]\nsizes = [1, 2]\n",
+            ),
+            ("arr/1/x", ""),
+        ]);
+        let e = r.resolve("bad", None, vec![]).unwrap_err().to_string();
+        assert!(
+            e.contains("bad/config.toml") && e.contains("batchsize"),
+            "{e}"
+        );
+        let e = r.resolve("arr", None, vec![]).unwrap_err().to_string();
+        assert!(
+            e.contains("arr/config.toml") && e.contains("parameters.sizes"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(root);
+    }
+}
