@@ -145,6 +145,32 @@ impl HttpClient {
         .map(drop)
     }
 
+    /// The model repository's index (`POST /v2/repository/index`).
+    pub async fn repository_index(&self) -> Result<Vec<Value>, ClientError> {
+        let body = self
+            .send(self.http.post(format!("{}/v2/repository/index", self.base)).body("{}"))
+            .await?;
+        serde_json::from_slice(&body).map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
+    /// Loads (or reloads) repository model `name`; `parameters` override its config.
+    pub async fn load_model(&self, name: &str, parameters: &Value) -> Result<(), ClientError> {
+        self.send(
+            self.http
+                .post(format!("{}/v2/repository/models/{name}/load", self.base))
+                .json(&serde_json::json!({ "parameters": parameters })),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// Unloads repository model `name`.
+    pub async fn unload_model(&self, name: &str) -> Result<(), ClientError> {
+        self.send(self.http.post(format!("{}/v2/repository/models/{name}/unload", self.base)))
+            .await
+            .map(drop)
+    }
+
     /// The Prometheus text of `GET /metrics`.
     pub async fn metrics(&self) -> Result<String, ClientError> {
         let body = self

@@ -4,6 +4,8 @@
 // Test support: a failed setup step should fail the test loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod golden;
+
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -21,6 +23,37 @@ pub fn build_dir() -> PathBuf {
         dir.pop();
     }
     dir
+}
+
+/// The repository's root directory.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("repository root")
+        .to_path_buf()
+}
+
+/// The project's cache (`$KILN_CACHE`, else `.cache` in the repository): the ONNX
+/// Runtime library, the models and the reference virtualenv, as
+/// `scripts/fetch-models` and `scripts/setup-python` leave them.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("KILN_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".cache"))
+}
+
+/// The example model repository, checked to hold the fetched models.
+pub fn model_repository() -> PathBuf {
+    let repo = repo_root().join("examples/models");
+    for model in ["ocr-det", "ocr-cls", "ocr-rec", "silero-vad"] {
+        let file = repo.join(model).join("1/model.onnx");
+        assert!(
+            file.is_file(),
+            "{} is missing: run scripts/fetch-models",
+            file.display()
+        );
+    }
+    repo
 }
 
 /// A running `kiln serve`, stopped on drop.
@@ -43,6 +76,8 @@ impl Kiln {
             binary.display()
         );
         let mut child = Command::new(&binary)
+            .current_dir(repo_root())
+            .env("KILN_CACHE", cache_dir())
             .args([
                 "serve",
                 "--http-port",

@@ -1,7 +1,7 @@
 //! Finding and loading the ONNX Runtime library, once per process.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::Mutex;
 
 use kiln_worker_sdk::WorkerError;
 use ort::environment::Environment;
@@ -9,7 +9,9 @@ use ort::environment::Environment;
 /// The runtime file the project's `scripts/fetch-models` provides.
 pub const RUNTIME_FILE: &str = "libonnxruntime.so.1.31.1";
 
-static ENVIRONMENT: OnceLock<(PathBuf, Result<Environment, String>)> = OnceLock::new();
+/// The loaded runtime and where it came from. Only a successful load is kept, so a
+/// wrong path can be corrected without restarting the server.
+static ENVIRONMENT: Mutex<Option<(PathBuf, Environment)>> = Mutex::new(None);
 
 /// Where the runtime is looked for, in order: the `runtime` load-time parameter,
 /// `$KILN_ONNXRUNTIME`, `$KILN_CACHE/onnxruntime/`, `./.cache/onnxruntime/`.
@@ -29,28 +31,32 @@ pub fn locate(param: Option<String>) -> PathBuf {
 /// The process's ONNX Runtime environment, loading the library at `path` the first
 /// time. A later call with another path is refused: one process, one runtime.
 pub fn environment(path: &Path) -> Result<Environment, WorkerError> {
-    let (loaded_from, result) = ENVIRONMENT.get_or_init(|| {
-        let result = if path.is_file() {
-            ort::init_from(path)
-                .map_err(|e| e.to_string())
-                .and_then(|builder| builder.with_name("kiln").build().map_err(|e| e.to_string()))
-        } else {
-            Err("file not found".to_owned())
-        };
-        (path.to_path_buf(), result)
-    });
-    if loaded_from != path {
-        return Err(WorkerError::new(format!(
-            "ONNX Runtime is already loaded from {}; cannot also load {}",
-            loaded_from.display(),
-            path.display()
-        )));
+    let mut loaded = ENVIRONMENT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((from, environment)) = loaded.as_ref() {
+        if from != path {
+            return Err(WorkerError::new(format!(
+                "ONNX Runtime is already loaded from {}; cannot also load {}",
+                from.display(),
+                path.display()
+            )));
+        }
+        return Ok(environment.clone());
     }
-    result.clone().map_err(|e| {
+    let fail = |e: String| {
         WorkerError::new(format!(
             "cannot load ONNX Runtime from {}: {e} (run scripts/fetch-models, or set the \
              `runtime` parameter or KILN_ONNXRUNTIME)",
             path.display()
         ))
-    })
+    };
+    if !path.is_file() {
+        return Err(fail("file not found".into()));
+    }
+    let environment = ort::init_from(path)
+        .map_err(|e| fail(e.to_string()))?
+        .with_name("kiln")
+        .build()
+        .map_err(|e| fail(e.to_string()))?;
+    *loaded = Some((path.to_path_buf(), environment.clone()));
+    Ok(environment)
 }

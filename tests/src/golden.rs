@@ -1,0 +1,139 @@
+//! Golden data for the ONNX tests: inputs and reference outputs made by
+//! `tests/golden/reference.py` with the onnxruntime Python package.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use kiln_client::{DataType, InputTensor};
+use serde_json::Value;
+
+use crate::{cache_dir, model_repository, repo_root};
+
+/// One tensor of a golden case.
+pub struct Tensor {
+    pub name: String,
+    pub dtype: DataType,
+    pub shape: Vec<i64>,
+    pub data: Vec<u8>,
+}
+
+impl Tensor {
+    /// As a request input.
+    pub fn input(&self) -> InputTensor {
+        InputTensor {
+            name: self.name.clone(),
+            dtype: self.dtype,
+            shape: self.shape.clone(),
+            data: self.data.clone().into(),
+        }
+    }
+
+    /// FP32 data as floats.
+    pub fn floats(&self) -> Vec<f32> {
+        bytemuck_f32(&self.data)
+    }
+}
+
+/// Little-endian FP32 bytes as floats.
+pub fn bytemuck_f32(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// One model call and what the reference gave.
+pub struct Case {
+    pub model: String,
+    pub tag: String,
+    pub inputs: Vec<Tensor>,
+    pub outputs: Vec<Tensor>,
+}
+
+/// Silero VAD's stream: 512-sample chunks and the per-chunk speech probabilities.
+pub struct Vad {
+    pub chunks: Tensor,
+    pub probabilities: Vec<f32>,
+    pub final_state: Tensor,
+}
+
+/// Everything `reference.py` produced.
+pub struct Golden {
+    pub cases: Vec<Case>,
+    pub vad: Vad,
+}
+
+impl Golden {
+    /// The cases for `model`.
+    pub fn cases_for<'a>(&'a self, model: &'a str) -> impl Iterator<Item = &'a Case> + 'a {
+        self.cases.iter().filter(move |c| c.model == model)
+    }
+}
+
+fn python() -> PathBuf {
+    let python = cache_dir().join("venv/bin/python");
+    assert!(python.is_file(), "{} is missing: run scripts/setup-python", python.display());
+    python
+}
+
+fn tensor(dir: &Path, v: &Value) -> Tensor {
+    Tensor {
+        name: v["name"].as_str().unwrap_or_default().to_owned(),
+        dtype: DataType::parse(v["datatype"].as_str().expect("datatype")).expect("known datatype"),
+        shape: v["shape"].as_array().expect("shape").iter().map(|d| d.as_i64().expect("dim")).collect(),
+        data: std::fs::read(dir.join(v["file"].as_str().expect("file"))).expect("golden data file"),
+    }
+}
+
+/// Runs the reference once per test process and loads what it wrote.
+pub fn golden() -> &'static Golden {
+    static GOLDEN: OnceLock<Golden> = OnceLock::new();
+    GOLDEN.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("kiln-golden-{}", std::process::id()));
+        let status = Command::new(python())
+            .arg(repo_root().join("tests/golden/reference.py"))
+            .arg(&dir)
+            .arg(model_repository())
+            .status()
+            .expect("run reference.py");
+        assert!(status.success(), "reference.py failed");
+        let manifest: Value =
+            serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).expect("manifest")).expect("manifest JSON");
+        let cases = manifest["cases"]
+            .as_array()
+            .expect("cases")
+            .iter()
+            .map(|c| Case {
+                model: c["model"].as_str().expect("model").to_owned(),
+                tag: c["tag"].as_str().expect("tag").to_owned(),
+                inputs: c["inputs"].as_array().expect("inputs").iter().map(|t| tensor(&dir, t)).collect(),
+                outputs: c["outputs"].as_array().expect("outputs").iter().map(|t| tensor(&dir, t)).collect(),
+            })
+            .collect();
+        let v = &manifest["vad"];
+        let vad = Vad {
+            chunks: tensor(&dir, &with_name(&v["chunks"], "input")),
+            probabilities: v["probabilities"]
+                .as_array()
+                .expect("probabilities")
+                .iter()
+                .map(|p| p.as_f64().expect("probability") as f32)
+                .collect(),
+            final_state: tensor(&dir, &with_name(&v["final_state"], "state")),
+        };
+        Golden { cases, vad }
+    })
+}
+
+fn with_name(v: &Value, name: &str) -> Value {
+    let mut v = v.clone();
+    v["name"] = Value::from(name);
+    v
+}
+
+/// Largest absolute difference between two float slices of equal length.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "lengths differ");
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
