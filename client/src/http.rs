@@ -148,7 +148,11 @@ impl HttpClient {
     /// The model repository's index (`POST /v2/repository/index`).
     pub async fn repository_index(&self) -> Result<Vec<Value>, ClientError> {
         let body = self
-            .send(self.http.post(format!("{}/v2/repository/index", self.base)).body("{}"))
+            .send(
+                self.http
+                    .post(format!("{}/v2/repository/index", self.base))
+                    .body("{}"),
+            )
             .await?;
         serde_json::from_slice(&body).map_err(|e| ClientError::Decode(e.to_string()))
     }
@@ -166,9 +170,12 @@ impl HttpClient {
 
     /// Unloads repository model `name`.
     pub async fn unload_model(&self, name: &str) -> Result<(), ClientError> {
-        self.send(self.http.post(format!("{}/v2/repository/models/{name}/unload", self.base)))
-            .await
-            .map(drop)
+        self.send(
+            self.http
+                .post(format!("{}/v2/repository/models/{name}/unload", self.base)),
+        )
+        .await
+        .map(drop)
     }
 
     /// The Prometheus text of `GET /metrics`.

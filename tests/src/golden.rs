@@ -73,7 +73,11 @@ impl Golden {
 
 fn python() -> PathBuf {
     let python = cache_dir().join("venv/bin/python");
-    assert!(python.is_file(), "{} is missing: run scripts/setup-python", python.display());
+    assert!(
+        python.is_file(),
+        "{} is missing: run scripts/setup-python",
+        python.display()
+    );
     python
 }
 
@@ -81,7 +85,12 @@ fn tensor(dir: &Path, v: &Value) -> Tensor {
     Tensor {
         name: v["name"].as_str().unwrap_or_default().to_owned(),
         dtype: DataType::parse(v["datatype"].as_str().expect("datatype")).expect("known datatype"),
-        shape: v["shape"].as_array().expect("shape").iter().map(|d| d.as_i64().expect("dim")).collect(),
+        shape: v["shape"]
+            .as_array()
+            .expect("shape")
+            .iter()
+            .map(|d| d.as_i64().expect("dim"))
+            .collect(),
         data: std::fs::read(dir.join(v["file"].as_str().expect("file"))).expect("golden data file"),
     }
 }
@@ -99,7 +108,8 @@ pub fn golden() -> &'static Golden {
             .expect("run reference.py");
         assert!(status.success(), "reference.py failed");
         let manifest: Value =
-            serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).expect("manifest")).expect("manifest JSON");
+            serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).expect("manifest"))
+                .expect("manifest JSON");
         let cases = manifest["cases"]
             .as_array()
             .expect("cases")
@@ -107,8 +117,18 @@ pub fn golden() -> &'static Golden {
             .map(|c| Case {
                 model: c["model"].as_str().expect("model").to_owned(),
                 tag: c["tag"].as_str().expect("tag").to_owned(),
-                inputs: c["inputs"].as_array().expect("inputs").iter().map(|t| tensor(&dir, t)).collect(),
-                outputs: c["outputs"].as_array().expect("outputs").iter().map(|t| tensor(&dir, t)).collect(),
+                inputs: c["inputs"]
+                    .as_array()
+                    .expect("inputs")
+                    .iter()
+                    .map(|t| tensor(&dir, t))
+                    .collect(),
+                outputs: c["outputs"]
+                    .as_array()
+                    .expect("outputs")
+                    .iter()
+                    .map(|t| tensor(&dir, t))
+                    .collect(),
             })
             .collect();
         let v = &manifest["vad"];
@@ -135,5 +155,8 @@ fn with_name(v: &Value, name: &str) -> Value {
 /// Largest absolute difference between two float slices of equal length.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "lengths differ");
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }

@@ -2,6 +2,9 @@
 //! VAD served by the onnx worker, compared with the onnxruntime Python package run on
 //! the same inputs (`tests/golden/reference.py`).
 
+// `start` and `check` are test support: a failure should fail the test loudly.
+#![allow(clippy::unwrap_used)]
+
 use kiln_client::{DataType, InferRequest, InputTensor};
 use kiln_tests::golden::{bytemuck_f32, golden, max_abs_diff, Case};
 use kiln_tests::{metric, model_repository, Kiln};
@@ -11,7 +14,12 @@ const TOLERANCE: f32 = 1e-4;
 
 fn start() -> Kiln {
     let repo = model_repository();
-    Kiln::start(&["--model-repository", repo.to_str().unwrap(), "--load-model", "*"])
+    Kiln::start(&[
+        "--model-repository",
+        repo.to_str().unwrap(),
+        "--load-model",
+        "*",
+    ])
 }
 
 fn request(case: &Case) -> InferRequest {
@@ -30,7 +38,12 @@ async fn check(kiln: &Kiln, case: &Case) {
         assert_eq!(got.name, want.name, "{}", case.tag);
         assert_eq!(got.shape, want.shape, "{} {}", case.tag, got.name);
         let diff = max_abs_diff(&bytemuck_f32(&got.data), &want.floats());
-        assert!(diff <= TOLERANCE, "{} {}: max |diff| {diff}", case.tag, got.name);
+        assert!(
+            diff <= TOLERANCE,
+            "{} {}: max |diff| {diff}",
+            case.tag,
+            got.name
+        );
     }
 }
 
@@ -48,8 +61,12 @@ async fn ocr_models_match_the_reference_runtime() {
     let det = golden.cases_for("ocr-det").next().unwrap();
     let map = det.outputs[0].floats();
     let row = |y: usize| &map[y * 640..(y + 1) * 640];
-    let text_peak = (60..400).flat_map(|y| row(y).iter().copied()).fold(0.0f32, f32::max);
-    let blank_peak = (450..640).flat_map(|y| row(y).iter().copied()).fold(0.0f32, f32::max);
+    let text_peak = (60..400)
+        .flat_map(|y| row(y).iter().copied())
+        .fold(0.0f32, f32::max);
+    let blank_peak = (450..640)
+        .flat_map(|y| row(y).iter().copied())
+        .fold(0.0f32, f32::max);
     assert!(text_peak > 0.5, "text peak {text_peak}");
     assert!(blank_peak < 0.1, "blank peak {blank_peak}");
 }
@@ -69,12 +86,14 @@ async fn batched_and_unbatched_serving_give_the_same_outputs() {
         .await
         .unwrap();
     let before = kiln.client.metrics().await.unwrap();
-    let count = |text: &str| metric(text, "kiln_batch_size_count", &[("model", "ocr-cls")]).unwrap_or(0.0);
+    let count =
+        |text: &str| metric(text, "kiln_batch_size_count", &[("model", "ocr-cls")]).unwrap_or(0.0);
     let batches_before = count(&before);
     let tasks: Vec<_> = cases
         .iter()
         .map(|case| {
-            let (client, request, want) = (kiln.client.clone(), request(case), case.outputs[0].floats());
+            let (client, request, want) =
+                (kiln.client.clone(), request(case), case.outputs[0].floats());
             let tag = case.tag.clone();
             tokio::spawn(async move {
                 let response = client.infer(&request).await.unwrap();
@@ -87,7 +106,11 @@ async fn batched_and_unbatched_serving_give_the_same_outputs() {
         t.await.unwrap();
     }
     let batches = count(&kiln.client.metrics().await.unwrap()) - batches_before;
-    assert!(batches < cases.len() as f64, "{} requests ran in {batches} batches: none shared", cases.len());
+    assert!(
+        batches < cases.len() as f64,
+        "{} requests ran in {batches} batches: none shared",
+        cases.len()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,8 +127,18 @@ async fn silero_vad_streams_with_its_state_through_kiln() {
             .infer(&InferRequest {
                 model: "silero-vad".into(),
                 inputs: vec![
-                    InputTensor { name: "input".into(), dtype: DataType::Fp32, shape: vec![1, 512], data: chunk.to_vec().into() },
-                    InputTensor { name: "state".into(), dtype: DataType::Fp32, shape: vec![2, 1, 128], data: state.clone().into() },
+                    InputTensor {
+                        name: "input".into(),
+                        dtype: DataType::Fp32,
+                        shape: vec![1, 512],
+                        data: chunk.to_vec().into(),
+                    },
+                    InputTensor {
+                        name: "state".into(),
+                        dtype: DataType::Fp32,
+                        shape: vec![2, 1, 128],
+                        data: state.clone().into(),
+                    },
                     InputTensor::from_slice("sr", DataType::Int64, &[], &[16000i64]),
                 ],
                 ..Default::default()
@@ -113,7 +146,10 @@ async fn silero_vad_streams_with_its_state_through_kiln() {
             .await
             .unwrap();
         let probability = bytemuck_f32(&response.outputs[0].data)[0];
-        assert!((probability - want).abs() <= TOLERANCE, "chunk {i}: {probability} vs {want}");
+        assert!(
+            (probability - want).abs() <= TOLERANCE,
+            "chunk {i}: {probability} vs {want}"
+        );
         state = response.outputs[1].data.to_vec();
     }
     let diff = max_abs_diff(&bytemuck_f32(&state), &vad.final_state.floats());
@@ -126,15 +162,34 @@ async fn wrong_inputs_are_refused_with_the_expected_shape() {
     let c = &kiln.client;
     let floats = |n: usize| vec![0.5f32; n];
     let cases = [
-        (InputTensor::from_slice("x", DataType::Fp32, &[1, 3, 48], &floats(3 * 48)), "input `x`: expected shape [-1, 3, -1, -1]"),
-        (InputTensor::from_slice("x", DataType::Fp32, &[1, 1, 48, 192], &floats(48 * 192)), "expected shape [-1, 3, -1, -1]"),
-        (InputTensor::from_slice("x", DataType::Fp64, &[1, 3, 2, 2], &[0.5f64; 12]), "input `x`: expected datatype FP32, got FP64"),
-        (InputTensor::from_slice("image", DataType::Fp32, &[1, 3, 2, 2], &floats(12)), "unknown input `image`"),
-        (InputTensor::from_slice("x", DataType::Fp32, &[65, 3, 1, 1], &floats(65 * 3)), "outside 1..=32"),
+        (
+            InputTensor::from_slice("x", DataType::Fp32, &[1, 3, 48], &floats(3 * 48)),
+            "input `x`: expected shape [-1, 3, -1, -1]",
+        ),
+        (
+            InputTensor::from_slice("x", DataType::Fp32, &[1, 1, 48, 192], &floats(48 * 192)),
+            "expected shape [-1, 3, -1, -1]",
+        ),
+        (
+            InputTensor::from_slice("x", DataType::Fp64, &[1, 3, 2, 2], &[0.5f64; 12]),
+            "input `x`: expected datatype FP32, got FP64",
+        ),
+        (
+            InputTensor::from_slice("image", DataType::Fp32, &[1, 3, 2, 2], &floats(12)),
+            "unknown input `image`",
+        ),
+        (
+            InputTensor::from_slice("x", DataType::Fp32, &[65, 3, 1, 1], &floats(65 * 3)),
+            "outside 1..=32",
+        ),
     ];
     for (input, want) in cases {
         let err = c
-            .infer(&InferRequest { model: "ocr-cls".into(), inputs: vec![input], ..Default::default() })
+            .infer(&InferRequest {
+                model: "ocr-cls".into(),
+                inputs: vec![input],
+                ..Default::default()
+            })
             .await
             .unwrap_err();
         assert_eq!(err.status(), Some(400), "{err}");
@@ -156,16 +211,34 @@ async fn repository_index_load_unload_and_config_errors() {
     assert!(index.iter().all(|m| m["state"] == "UNAVAILABLE"));
     c.load_model("silero-vad", &json!({})).await.unwrap();
     let meta = c.model_metadata("silero-vad").await.unwrap();
-    assert_eq!(meta["inputs"][2], json!({"name": "sr", "datatype": "INT64", "shape": []}));
+    assert_eq!(
+        meta["inputs"][2],
+        json!({"name": "sr", "datatype": "INT64", "shape": []})
+    );
     assert_eq!(meta["parameters"]["max_batch_size"], 0);
     let err = c.load_model("nope", &json!({})).await.unwrap_err();
     assert_eq!(err.status(), Some(404), "{err}");
-    let err = c.load_model("ocr-cls", &json!({"model": "../ocr-det/1/model.onnx"})).await.unwrap_err();
-    assert!(err.to_string().contains("inside the model's folder"), "{err}");
-    let err = c.load_model("ocr-cls", &json!({"runtime": "/nonexistent/libonnxruntime.so"})).await.unwrap_err();
+    let err = c
+        .load_model("ocr-cls", &json!({"model": "../ocr-det/1/model.onnx"}))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("inside the model's folder"),
+        "{err}"
+    );
+    let err = c
+        .load_model(
+            "ocr-cls",
+            &json!({"runtime": "/nonexistent/libonnxruntime.so"}),
+        )
+        .await
+        .unwrap_err();
     assert_eq!(err.status(), Some(400), "{err}");
     c.unload_model("silero-vad").await.unwrap();
-    assert_eq!(c.model_metadata("silero-vad").await.unwrap_err().status(), Some(404));
+    assert_eq!(
+        c.model_metadata("silero-vad").await.unwrap_err().status(),
+        Some(404)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,12 +246,21 @@ async fn a_missing_or_foreign_runtime_is_a_clear_load_error() {
     let repo = model_repository();
     let kiln = Kiln::start(&["--model-repository", repo.to_str().unwrap()]);
     let c = &kiln.client;
-    let zlib = ["/usr/lib/x86_64-linux-gnu/libz.so.1", "/lib/x86_64-linux-gnu/libz.so.1"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists())
-        .expect("zlib is present on Debian");
-    for (runtime, want) in [("/nonexistent/libonnxruntime.so", "file not found"), (zlib, "cannot load ONNX Runtime")] {
-        let err = c.load_model("ocr-cls", &json!({"runtime": runtime})).await.unwrap_err();
+    let zlib = [
+        "/usr/lib/x86_64-linux-gnu/libz.so.1",
+        "/lib/x86_64-linux-gnu/libz.so.1",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).exists())
+    .expect("zlib is present on Debian");
+    for (runtime, want) in [
+        ("/nonexistent/libonnxruntime.so", "file not found"),
+        (zlib, "cannot load ONNX Runtime"),
+    ] {
+        let err = c
+            .load_model("ocr-cls", &json!({"runtime": runtime}))
+            .await
+            .unwrap_err();
         assert_eq!(err.status(), Some(400), "{err}");
         assert!(err.to_string().contains(want), "{runtime}: {err}");
     }

@@ -31,7 +31,9 @@ pub fn locate(param: Option<String>) -> PathBuf {
 /// The process's ONNX Runtime environment, loading the library at `path` the first
 /// time. A later call with another path is refused: one process, one runtime.
 pub fn environment(path: &Path) -> Result<Environment, WorkerError> {
-    let mut loaded = ENVIRONMENT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut loaded = ENVIRONMENT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     if let Some((from, environment)) = loaded.as_ref() {
         if from != path {
             return Err(WorkerError::new(format!(
