@@ -1,5 +1,8 @@
 //! KServe v2 JSON: decoding inference requests (tensor data parsed straight into
 //! little-endian bytes by datatype, nested or flat arrays) and encoding responses.
+//! The same code reads and writes the JSON header of the binary tensor data
+//! extension ([`super::binary`]): a tensor with `binary_data_size` takes its bytes
+//! from the binary part instead of `data`.
 
 use std::fmt;
 
@@ -12,6 +15,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use super::binary::{binary_data_size, BinaryOutputs, BinaryPart, Encoded};
 use crate::error::{Result, ServerError};
 use crate::infer::{InferRequest, InferResponse, InputTensor, OutputTensor};
 
@@ -32,6 +36,8 @@ struct InputJson<'a> {
     name: String,
     shape: Vec<i64>,
     datatype: String,
+    #[serde(default)]
+    parameters: Option<Map<String, Value>>,
     #[serde(borrow, default)]
     data: Option<&'a RawValue>,
 }
@@ -39,52 +45,89 @@ struct InputJson<'a> {
 #[derive(Deserialize)]
 struct OutputRequestJson {
     name: String,
+    #[serde(default)]
+    parameters: Option<Map<String, Value>>,
 }
 
 /// Decodes a KServe v2 JSON inference request for `model`.
 pub fn decode_request(model: &str, body: &[u8]) -> Result<InferRequest> {
-    let parsed: RequestJson<'_> = serde_json::from_slice(body)
+    decode_request_parts(model, body, Bytes::new()).map(|(request, _)| request)
+}
+
+/// Decodes the JSON header `json` of a request whose binary tensors are `binary`;
+/// also returns which outputs the client wants binary.
+pub(super) fn decode_request_parts(
+    model: &str,
+    json: &[u8],
+    binary: Bytes,
+) -> Result<(InferRequest, BinaryOutputs)> {
+    let parsed: RequestJson<'_> = serde_json::from_slice(json)
         .map_err(|e| ServerError::invalid(format!("malformed inference request: {e}")))?;
+    let mut part = BinaryPart::new(binary);
     let inputs = parsed
         .inputs
         .into_iter()
-        .map(decode_tensor)
+        .map(|input| decode_tensor(input, "input", &mut part))
         .collect::<Result<Vec<_>>>()?;
-    Ok(InferRequest {
+    part.finish("inputs")?;
+    let mut parameters = parsed.parameters.unwrap_or_default();
+    let mut binary_outputs = BinaryOutputs::from_request_parameters(&mut parameters)?;
+    let outputs = match parsed.outputs {
+        None => None,
+        Some(outs) => Some(
+            outs.into_iter()
+                .map(|o| {
+                    binary_outputs.set_from_output_parameters(&o.name, o.parameters.as_ref())?;
+                    Ok(o.name)
+                })
+                .collect::<Result<Vec<_>>>()?,
+        ),
+    };
+    let request = InferRequest {
         model: model.to_owned(),
         id: parsed.id,
         inputs,
-        outputs: parsed
-            .outputs
-            .map(|outs| outs.into_iter().map(|o| o.name).collect()),
-        parameters: match parsed.parameters {
-            Some(map) => params_from_json(map)?,
-            None => Vec::new(),
-        },
-    })
+        outputs,
+        parameters: params_from_json(parameters)?,
+    };
+    Ok((request, binary_outputs))
 }
 
-fn decode_tensor(input: InputJson<'_>) -> Result<InputTensor> {
+/// One tensor (`kind` is "input" or "output"), its data from `data` or, with
+/// `binary_data_size`, from the binary part.
+fn decode_tensor(input: InputJson<'_>, kind: &str, part: &mut BinaryPart) -> Result<InputTensor> {
+    let name = &input.name;
     let dtype = DataType::parse(&input.datatype).ok_or_else(|| {
         ServerError::invalid(format!(
-            "input `{}`: unknown datatype `{}`",
-            input.name, input.datatype
+            "{kind} `{name}`: unknown datatype `{}`",
+            input.datatype
         ))
     })?;
-    let raw = input
-        .data
-        .ok_or_else(|| ServerError::invalid(format!("input `{}` has no data", input.name)))?;
     let elements = Shape::new(&input.shape)
         .filter(|_| input.shape.iter().all(|&d| d >= 0))
         .map(|s| s.element_count())
         .ok_or_else(|| {
             ServerError::invalid(format!(
-                "input `{}`: shape {:?} is invalid",
-                input.name, input.shape
+                "{kind} `{name}`: shape {:?} is invalid",
+                input.shape
             ))
         })?;
-    let data = decode_data(dtype, elements, raw)
-        .map_err(|e| ServerError::invalid(format!("input `{}` ({dtype}): {e}", input.name)))?;
+    let binary_size = binary_data_size(kind, name, input.parameters.as_ref())?;
+    let data = match (input.data, binary_size) {
+        (Some(_), Some(_)) => {
+            return Err(ServerError::invalid(format!(
+                "{kind} `{name}` has both `data` and `binary_data_size`"
+            )))
+        }
+        (None, None) => {
+            return Err(ServerError::invalid(format!(
+                "{kind} `{name}` has no data (neither `data` nor `parameters.binary_data_size`)"
+            )))
+        }
+        (Some(raw), None) => decode_data(dtype, elements, raw)
+            .map_err(|e| ServerError::invalid(format!("{kind} `{name}` ({dtype}): {e}")))?,
+        (None, Some(size)) => part.take(kind, name, dtype, &input.shape, elements, size)?,
+    };
     Ok(InputTensor {
         name: input.name,
         dtype,
@@ -288,7 +331,46 @@ struct OutputJson<'a> {
     name: &'a str,
     datatype: &'static str,
     shape: &'a [i64],
-    data: DataJson<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parameters: Option<BinarySizeJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data: Option<DataJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct BinarySizeJson {
+    binary_data_size: usize,
+}
+
+/// A tensor's JSON: its `data`, or when `binary` its `binary_data_size`, its bytes
+/// then appended to `chunks` (a cheap clone of the `Bytes`).
+fn tensor_json<'a>(
+    name: &'a str,
+    dtype: DataType,
+    shape: &'a [i64],
+    data: &'a Bytes,
+    binary: bool,
+    chunks: &mut Vec<Bytes>,
+) -> OutputJson<'a> {
+    let (parameters, data) = if binary {
+        chunks.push(data.clone());
+        let size = data.len();
+        (
+            Some(BinarySizeJson {
+                binary_data_size: size,
+            }),
+            None,
+        )
+    } else {
+        (None, Some(DataJson { dtype, bytes: data }))
+    };
+    OutputJson {
+        name,
+        datatype: dtype.as_str(),
+        shape,
+        parameters,
+        data,
+    }
 }
 
 /// Tensor bytes written as a flat JSON array of their datatype's values.
@@ -352,42 +434,49 @@ struct RequestOutJson<'a> {
 
 /// Encodes a request as KServe v2 JSON (what a client sends).
 pub fn encode_request(request: &InferRequest) -> Vec<u8> {
+    encode_request_parts(request, false).json
+}
+
+/// Encodes a request; with `binary`, every input as binary tensor data and every
+/// output asked for as binary (`binary_data_output`).
+pub(super) fn encode_request_parts(request: &InferRequest, binary: bool) -> Encoded {
+    let mut chunks = Vec::new();
+    let inputs = request
+        .inputs
+        .iter()
+        .map(|t| tensor_json(&t.name, t.dtype, &t.shape, &t.data, binary, &mut chunks))
+        .collect();
+    let mut parameters: Map<String, Value> = request
+        .parameters
+        .iter()
+        .map(|p| {
+            let value = match &p.value {
+                ParamValue::Bool(b) => Value::from(*b),
+                ParamValue::Int(i) => Value::from(*i),
+                ParamValue::Float(f) => Value::from(*f),
+                ParamValue::Str(s) => Value::from(s.as_str()),
+            };
+            (p.key.to_string(), value)
+        })
+        .collect();
+    if binary {
+        parameters.insert("binary_data_output".into(), Value::Bool(true));
+    }
     let json = RequestOutJson {
         id: request.id.as_deref(),
-        inputs: request
-            .inputs
-            .iter()
-            .map(|t| OutputJson {
-                name: &t.name,
-                datatype: t.dtype.as_str(),
-                shape: &t.shape,
-                data: DataJson {
-                    dtype: t.dtype,
-                    bytes: &t.data,
-                },
-            })
-            .collect(),
+        inputs,
         outputs: request.outputs.as_ref().map(|names| {
             names
                 .iter()
                 .map(|n| serde_json::json!({ "name": n }))
                 .collect()
         }),
-        parameters: request
-            .parameters
-            .iter()
-            .map(|p| {
-                let value = match &p.value {
-                    ParamValue::Bool(b) => Value::from(*b),
-                    ParamValue::Int(i) => Value::from(*i),
-                    ParamValue::Float(f) => Value::from(*f),
-                    ParamValue::Str(s) => Value::from(s.as_str()),
-                };
-                (p.key.to_string(), value)
-            })
-            .collect(),
+        parameters,
     };
-    serde_json::to_vec(&json).unwrap_or_default()
+    Encoded {
+        json: serde_json::to_vec(&json).unwrap_or_default(),
+        binary: chunks,
+    }
 }
 
 #[derive(Deserialize)]
@@ -403,11 +492,17 @@ struct ResponseInJson<'a> {
 
 /// Decodes a KServe v2 JSON response (what a client receives).
 pub fn decode_response(body: &[u8]) -> Result<InferResponse> {
-    let parsed: ResponseInJson<'_> = serde_json::from_slice(body)
+    decode_response_parts(body, Bytes::new())
+}
+
+/// Decodes the JSON header `json` of a response whose binary tensors are `binary`.
+pub(super) fn decode_response_parts(json: &[u8], binary: Bytes) -> Result<InferResponse> {
+    let parsed: ResponseInJson<'_> = serde_json::from_slice(json)
         .map_err(|e| ServerError::invalid(format!("malformed inference response: {e}")))?;
+    let mut part = BinaryPart::new(binary);
     let mut outputs = Vec::with_capacity(parsed.outputs.len());
     for out in parsed.outputs {
-        let tensor = decode_tensor(out)?;
+        let tensor = decode_tensor(out, "output", &mut part)?;
         outputs.push(OutputTensor {
             name: tensor.name,
             dtype: tensor.dtype,
@@ -415,6 +510,7 @@ pub fn decode_response(body: &[u8]) -> Result<InferResponse> {
             data: tensor.data,
         });
     }
+    part.finish("outputs")?;
     Ok(InferResponse {
         model_name: parsed.model_name,
         model_version: parsed.model_version,
@@ -425,26 +521,31 @@ pub fn decode_response(body: &[u8]) -> Result<InferResponse> {
 
 /// Encodes a response as KServe v2 JSON.
 pub fn encode_response(response: &InferResponse) -> Vec<u8> {
+    encode_response_parts(response, &BinaryOutputs::default()).json
+}
+
+/// Encodes a response, the outputs `binary` names as binary tensor data.
+pub(super) fn encode_response_parts(response: &InferResponse, binary: &BinaryOutputs) -> Encoded {
+    let mut chunks = Vec::new();
+    let outputs = response
+        .outputs
+        .iter()
+        .map(|o| {
+            let as_binary = binary.is_binary(&o.name);
+            tensor_json(&o.name, o.dtype, &o.shape, &o.data, as_binary, &mut chunks)
+        })
+        .collect();
     let json = ResponseJson {
         model_name: &response.model_name,
         model_version: &response.model_version,
         id: response.id.as_deref(),
-        outputs: response
-            .outputs
-            .iter()
-            .map(|o| OutputJson {
-                name: &o.name,
-                datatype: o.dtype.as_str(),
-                shape: &o.shape,
-                data: DataJson {
-                    dtype: o.dtype,
-                    bytes: &o.data,
-                },
-            })
-            .collect(),
+        outputs,
     };
-    // Serializing plain structs of numbers and strings into memory cannot fail.
-    serde_json::to_vec(&json).unwrap_or_default()
+    Encoded {
+        // Serializing plain structs of numbers and strings into memory cannot fail.
+        json: serde_json::to_vec(&json).unwrap_or_default(),
+        binary: chunks,
+    }
 }
 
 #[cfg(test)]

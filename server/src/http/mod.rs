@@ -2,6 +2,7 @@
 //! API (load/unload), and Prometheus `/metrics`. Every error is answered as
 //! `{"error": "..."}` with the status [`ServerError::http_status`] gives.
 
+mod binary;
 mod json;
 mod routes;
 
@@ -13,6 +14,10 @@ use actix_web::{web, App, HttpResponse, HttpServer, ResponseError};
 use crate::error::ServerError;
 use crate::server::Server;
 
+pub use binary::{
+    decode_request_binary, decode_response_binary, encode_request_binary, encode_response_binary,
+    BinaryOutputs, Encoded, INFERENCE_HEADER_CONTENT_LENGTH,
+};
 pub use json::{
     decode_request, decode_response, encode_request, encode_response, params_from_json,
 };

@@ -1,12 +1,12 @@
 //! The REST routes.
 
-use actix_web::http::header::ContentType;
 use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
-use super::json::{decode_request, encode_response, params_from_json};
-use super::HttpError;
+use super::binary::{decode_request_binary, encode_response_binary};
+use super::json::params_from_json;
+use super::{HttpError, INFERENCE_HEADER_CONTENT_LENGTH};
 use crate::error::ServerError;
 use crate::group::WorkerGroup;
 use crate::infer::expected_shape;
@@ -98,7 +98,7 @@ async fn server_metadata() -> HttpResponse {
     HttpResponse::Ok().json(json!({
         "name": "kiln",
         "version": env!("CARGO_PKG_VERSION"),
-        "extensions": ["kiln_workers", "kiln_metrics"],
+        "extensions": ["binary_tensor_data", "kiln_workers", "kiln_metrics"],
     }))
 }
 
@@ -176,16 +176,17 @@ async fn read_body(payload: web::Payload, limit: usize) -> Result<Bytes, HttpErr
 async fn infer(state: web::Data<State>, req: HttpRequest, payload: web::Payload) -> Reply {
     let group = lookup(&state, &req)?;
     let body = read_body(payload, state.max_body_bytes).await?;
-    let request = decode_request(&group.endpoint, &body).inspect_err(|_| group.record_invalid())?;
+    let header = req.headers().get(INFERENCE_HEADER_CONTENT_LENGTH);
+    let (request, binary_outputs) =
+        decode_request_binary(&group.endpoint, body, header.map(|v| v.as_bytes()))
+            .inspect_err(|_| group.record_invalid())?;
     let reply = group.submit(request)?;
     let response = reply.await.map_err(|_| {
         HttpError(ServerError::Internal(
             "the worker dropped the request".into(),
         ))
     })??;
-    Ok(HttpResponse::Ok()
-        .content_type(ContentType::json())
-        .body(encode_response(&response)))
+    Ok(encode_response_binary(&response, &binary_outputs).into_response())
 }
 
 async fn load(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
