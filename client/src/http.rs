@@ -1,8 +1,11 @@
-//! The HTTP client (reqwest, KServe v2 JSON).
+//! The HTTP client (reqwest, KServe v2 JSON and the binary tensor data extension).
 
 use std::time::Duration;
 
-use kiln_server::http::{decode_response, encode_request};
+use kiln_server::http::{
+    decode_response, decode_response_binary, encode_request, encode_request_binary,
+    INFERENCE_HEADER_CONTENT_LENGTH,
+};
 use kiln_server::{InferRequest, InferResponse};
 use serde_json::Value;
 
@@ -35,11 +38,20 @@ impl HttpClient {
     }
 
     async fn send(&self, request: reqwest::RequestBuilder) -> Result<bytes::Bytes, ClientError> {
+        self.send_with_headers(request).await.map(|(_, body)| body)
+    }
+
+    /// Sends `request`; a success's headers and body, or the error it answered.
+    async fn send_with_headers(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> Result<(reqwest::header::HeaderMap, bytes::Bytes), ClientError> {
         let response = request
             .send()
             .await
             .map_err(|e| ClientError::Transport(e.to_string()))?;
         let status = response.status().as_u16();
+        let headers = response.headers().clone();
         let body = response
             .bytes()
             .await
@@ -51,7 +63,7 @@ impl HttpClient {
                 .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
             return Err(ClientError::Status { status, message });
         }
-        Ok(body)
+        Ok((headers, body))
     }
 
     async fn get_json(&self, path: &str) -> Result<Value, ClientError> {
@@ -116,6 +128,25 @@ impl HttpClient {
             )
             .await?;
         decode_response(&body).map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
+    /// `POST /v2/models/{model}/infer` with every input sent as binary tensor data
+    /// and every output asked for (and decoded) as binary.
+    pub async fn infer_binary(&self, request: &InferRequest) -> Result<InferResponse, ClientError> {
+        let encoded = encode_request_binary(request);
+        let json_length = encoded.json.len();
+        let (headers, body) = self
+            .send_with_headers(
+                self.http
+                    .post(format!("{}/v2/models/{}/infer", self.base, request.model))
+                    .header(INFERENCE_HEADER_CONTENT_LENGTH, json_length)
+                    .header("content-type", "application/octet-stream")
+                    .body(encoded.into_body()),
+            )
+            .await?;
+        let header = headers.get(INFERENCE_HEADER_CONTENT_LENGTH);
+        decode_response_binary(body, header.map(|v| v.as_bytes()))
+            .map_err(|e| ClientError::Decode(e.to_string()))
     }
 
     /// Loads `worker` with a JSON object of load-time parameters; returns the endpoint.

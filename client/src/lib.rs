@@ -1,4 +1,5 @@
-//! kiln-client: talk to kiln over HTTP (KServe v2 JSON) or in-process, with one API.
+//! kiln-client: talk to kiln over HTTP (KServe v2 JSON, or binary tensors with
+//! [`HttpClient::infer_binary`]) or in-process, with one API.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), kiln_client::ClientError> {

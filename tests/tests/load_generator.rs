@@ -47,6 +47,11 @@ async fn load_generator_closed_and_open_loop() {
         assert!(run["p99_ms"].as_f64().unwrap() >= run["p50_ms"].as_f64().unwrap());
     }
     assert_eq!(runs[1]["concurrency"], 4);
+    // Binary tensor data both ways.
+    let binary = run_load(&["--url", &kiln.url, "--binary", "--concurrency", "2"]);
+    assert_eq!(binary[0]["mode"], "http-binary");
+    assert!(binary[0]["requests"].as_u64().unwrap() > 0, "{}", binary[0]);
+    assert_eq!(binary[0]["errors"], serde_json::json!({}), "{}", binary[0]);
     // Open loop at 200/s for 1 s: about 200 requests, each on schedule.
     let open = run_load(&["--url", &kiln.url, "--concurrency", "4", "--rate", "200"]);
     let n = open[0]["requests"].as_u64().unwrap();

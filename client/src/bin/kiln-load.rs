@@ -3,8 +3,9 @@
 //! Closed loop (`--concurrency N`: N clients, each sends its next request when the
 //! last is answered) or open loop (`--rate R`: requests start on a fixed schedule,
 //! latency counted from the scheduled start, so a slow server cannot hide queueing).
-//! Over HTTP (one keep-alive HTTP/1.1 connection per client, KServe v2 JSON) or
-//! in-process (`--in-process`: an embedded server, no socket).
+//! Over HTTP (one keep-alive HTTP/1.1 connection per client, KServe v2 JSON, or
+//! with `--binary` binary tensor data both ways) or in-process (`--in-process`: an
+//! embedded server, no socket).
 //!
 //! ```text
 //! kiln-load --url http://127.0.0.1:8000 --model echo --input INPUT0:UINT32:1x16 \
@@ -25,7 +26,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use kiln_client::{DataType, InferRequest, InputTensor, NativeClient, Param, ParamValue};
-use kiln_server::http::encode_request;
+use kiln_server::http::{encode_request, encode_request_binary, INFERENCE_HEADER_CONTENT_LENGTH};
 use kiln_server::ServerConfig;
 use tokio::net::TcpStream;
 
@@ -77,6 +78,9 @@ struct Args {
     /// Print one JSON object per run.
     #[arg(long)]
     json: bool,
+    /// HTTP: send the inputs as binary tensor data and ask for binary outputs.
+    #[arg(long)]
+    binary: bool,
 }
 
 fn parse_input(spec: &str) -> anyhow::Result<InputTensor> {
@@ -120,13 +124,20 @@ fn parse_input(spec: &str) -> anyhow::Result<InputTensor> {
     })
 }
 
+/// One HTTP request's body and, with binary tensors, the JSON part's length.
+#[derive(Clone)]
+struct HttpBody {
+    body: Bytes,
+    json_length: Option<usize>,
+}
+
 /// What one client talks to.
 enum Caller {
     Http {
         sender: SendRequest<Full<Bytes>>,
         path: Arc<str>,
         host: Arc<str>,
-        body: Bytes,
+        body: HttpBody,
     },
     Native {
         client: NativeClient,
@@ -147,10 +158,15 @@ impl Caller {
                     .ready()
                     .await
                     .map_err(|e| format!("connection: {e}"))?;
-                let request = hyper::Request::post(&**path)
-                    .header(hyper::header::HOST, &**host)
-                    .header(hyper::header::CONTENT_TYPE, "application/json")
-                    .body(Full::new(body.clone()))
+                let request = hyper::Request::post(&**path).header(hyper::header::HOST, &**host);
+                let request = match body.json_length {
+                    None => request.header(hyper::header::CONTENT_TYPE, "application/json"),
+                    Some(length) => request
+                        .header(hyper::header::CONTENT_TYPE, "application/octet-stream")
+                        .header(INFERENCE_HEADER_CONTENT_LENGTH, length),
+                };
+                let request = request
+                    .body(Full::new(body.body.clone()))
                     .map_err(|e| e.to_string())?;
                 let response = sender
                     .send_request(request)
@@ -182,7 +198,7 @@ enum Target {
         addr: String,
         path: Arc<str>,
         host: Arc<str>,
-        body: Bytes,
+        body: HttpBody,
     },
     Native {
         client: NativeClient,
@@ -323,6 +339,9 @@ async fn target(args: &Args, inputs: Vec<InputTensor>) -> anyhow::Result<Target>
         ..Default::default()
     };
     if args.in_process {
+        if args.binary {
+            bail!("--binary is for HTTP; in-process requests are not encoded");
+        }
         let client = NativeClient::start(ServerConfig {
             plugin_dirs: args.plugin_dir.clone(),
             model_repository: args.model_repository.clone(),
@@ -343,11 +362,23 @@ async fn target(args: &Args, inputs: Vec<InputTensor>) -> anyhow::Result<Target>
         .strip_prefix("http://")
         .context("--url must start with http://")?
         .to_owned();
+    let body = if args.binary {
+        let encoded = encode_request_binary(&request);
+        HttpBody {
+            json_length: Some(encoded.json.len()),
+            body: Bytes::from(encoded.into_body()),
+        }
+    } else {
+        HttpBody {
+            json_length: None,
+            body: Bytes::from(encode_request(&request)),
+        }
+    };
     Ok(Target::Http {
         addr: host.clone(),
         path: format!("/v2/models/{}/infer", args.model).into(),
         host: host.into(),
-        body: Bytes::from(encode_request(&request)),
+        body,
     })
 }
 
@@ -376,7 +407,11 @@ fn main() -> anyhow::Result<()> {
                     .map_or(0.0, |h| h.value_at_quantile(p) as f64 / 1000.0)
             };
             let errors: u64 = stats.errors.values().sum();
-            let mode = if args.in_process { "in-process" } else { "http" };
+            let mode = match (args.in_process, args.binary) {
+                (true, _) => "in-process",
+                (false, true) => "http-binary",
+                (false, false) => "http",
+            };
             if args.json {
                 println!(
                     "{}",
