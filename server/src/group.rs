@@ -20,6 +20,7 @@ use crate::infer::{validate, InferRequest, InferResponse, MAX_OUTPUTS};
 use crate::instance::{run_instance, InstanceContext};
 use crate::metrics::ModelMetrics;
 use crate::params::GroupParams;
+use crate::stats::ModelStats;
 
 /// How a request is answered once its batch has run.
 pub struct Reply {
@@ -96,6 +97,7 @@ impl WorkerGroup {
             version: version.clone(),
             info: Arc::clone(&info),
             metrics,
+            stats: ModelStats::default(),
             healthy: AtomicUsize::new(0),
         });
         let config = BatcherConfig {
@@ -199,6 +201,11 @@ impl WorkerGroup {
                 }
             }
         }
+    }
+
+    /// The group's Triton-style statistics, measured by its instances.
+    pub fn stats(&self) -> &ModelStats {
+        &self.context.stats
     }
 
     /// Counts a request for this model refused before validation (undecodable).

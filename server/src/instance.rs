@@ -1,6 +1,8 @@
 //! A worker instance's thread: take a batch, run it across the boundary, split the
 //! outputs back per request and answer each one. A failed batch fails only its own
 //! requests; the instance is then restarted through `release` → `acquire`.
+//! Each batch's stages (queue, building the boundary batch, `run`, answering) are
+//! timed here for [`ModelStats`].
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -19,6 +21,7 @@ use crate::error::ServerError;
 use crate::group::Reply;
 use crate::infer::{InferResponse, OutputTensor};
 use crate::metrics::ModelMetrics;
+use crate::stats::{nanos, BatchTiming, ModelStats};
 
 /// What every instance of a group shares.
 pub struct InstanceContext {
@@ -26,6 +29,8 @@ pub struct InstanceContext {
     pub version: String,
     pub info: Arc<WorkerInfo>,
     pub metrics: ModelMetrics,
+    /// Triton-style statistics (`/stats`).
+    pub stats: ModelStats,
     /// Instances able to run batches now.
     pub healthy: AtomicUsize,
 }
@@ -56,18 +61,17 @@ pub fn run_instance(
         }
         let started = Instant::now();
         let m = &ctx.metrics;
+        let mut queue_ns = 0u64;
         for member in &batch.members {
-            m.queue_seconds.observe(
-                started
-                    .saturating_duration_since(member.arrived)
-                    .as_secs_f64(),
-            );
+            let waited = started.saturating_duration_since(member.arrived);
+            m.queue_seconds.observe(waited.as_secs_f64());
+            queue_ns = queue_ns.saturating_add(nanos(waited));
         }
         m.batch_size.observe(batch.len() as f64);
         let result = run_batch(&mut worker, &ctx.info, &mut batch);
         m.compute_seconds.observe(started.elapsed().as_secs_f64());
         match result {
-            Ok(outputs) => answer(&ctx, batch, &outputs),
+            Ok(ran) => answer(&ctx, batch, ran, queue_ns),
             Err(message) => {
                 spdlog::error!(
                     "model `{}`: batch of {} failed: {message}",
@@ -99,11 +103,21 @@ struct RunOutput {
     shapes: Vec<Shape>,
 }
 
+/// A batch that ran: its outputs, when building its `BatchFfi` began, and when
+/// `run` was called and returned.
+struct Ran {
+    outputs: Vec<RunOutput>,
+    building: Instant,
+    built: Instant,
+    ran: Instant,
+}
+
 fn run_batch(
     worker: &mut WorkerBox,
     info: &WorkerInfo,
     batch: &mut Batch<Reply>,
-) -> Result<Vec<RunOutput>, String> {
+) -> Result<Ran, String> {
+    let building = Instant::now();
     let members = batch.members.len();
     let set = &mut *batch.buffers;
     let inputs: Vec<InputFfi<'_>> = info
@@ -155,13 +169,16 @@ fn run_batch(
         outputs: outputs.as_mut_slice().into(),
         requests: requests.as_slice().into(),
     };
+    let built = Instant::now();
     worker
         .run(&mut ffi)
         .into_result()
         .map_err(|e| e.into_string())?;
+    let ran = Instant::now();
     let written: Vec<(bool, usize)> = outputs.iter().map(|o| (o.written, o.len)).collect();
     drop(outputs);
-    info.outputs
+    let outputs = info
+        .outputs
         .iter()
         .zip(&set.outputs)
         .zip(out_shapes)
@@ -196,11 +213,21 @@ fn run_batch(
             }
             Ok(RunOutput { parts, shapes })
         })
-        .collect()
+        .collect::<Result<_, String>>()?;
+    Ok(Ran {
+        outputs,
+        building,
+        built,
+        ran,
+    })
 }
 
-fn answer(ctx: &InstanceContext, batch: Batch<Reply>, outputs: &[RunOutput]) {
-    let m = &ctx.metrics;
+/// Answers every request of a batch that ran. The statistics are recorded before
+/// the responses are sent, so a client that has its answer also sees it counted.
+fn answer(ctx: &InstanceContext, batch: Batch<Reply>, ran: Ran, queue_ns: u64) {
+    let (requests, rows) = (batch.len(), batch.rows);
+    let outputs = &ran.outputs;
+    let mut replies = Vec::with_capacity(requests);
     for (j, member) in batch.members.into_iter().enumerate() {
         let reply = member.reply;
         let tensors = ctx
@@ -222,13 +249,30 @@ fn answer(ctx: &InstanceContext, batch: Batch<Reply>, outputs: &[RunOutput]) {
             id: reply.id,
             outputs: tensors,
         };
+        replies.push((reply.tx, response));
+    }
+    let timing = BatchTiming {
+        input: ran.built.saturating_duration_since(ran.building),
+        infer: ran.ran.saturating_duration_since(ran.built),
+        output: ran.ran.elapsed(),
+    };
+    ctx.stats.record_success(requests, rows, queue_ns, timing);
+    let m = &ctx.metrics;
+    for (tx, response) in replies {
         m.pending.dec();
         m.success.inc();
-        let _ = reply.tx.send(Ok(response));
+        let _ = tx.send(Ok(response));
     }
 }
 
 fn fail_all(ctx: &InstanceContext, batch: Batch<Reply>, error: &ServerError) {
+    let now = Instant::now();
+    let waited = batch
+        .members
+        .iter()
+        .map(|member| nanos(now.saturating_duration_since(member.arrived)))
+        .fold(0u64, u64::saturating_add);
+    ctx.stats.record_failure(batch.len(), waited);
     let m = &ctx.metrics;
     for member in batch.members {
         m.pending.dec();

@@ -15,6 +15,7 @@ pub mod params;
 pub mod plugin;
 pub mod repository;
 pub mod server;
+pub mod stats;
 
 pub use error::ServerError;
 pub use infer::{InferRequest, InferResponse, InputTensor, OutputTensor};

@@ -1,0 +1,266 @@
+//! Per-model inference statistics in Triton's schema (`GET /v2/models/{m}/stats`),
+//! measured on the instance threads.
+//!
+//! Every number follows Triton's meaning: `inference_count` is the sum of the
+//! batch rows of successful requests, `execution_count` the batches run; in
+//! `inference_stats`, `success`, `queue` and the three `compute_*` stages count
+//! successful requests, and each request is charged its whole batch's compute
+//! time (so `ns / count` is the average per request, as perf_analyzer reads it);
+//! `fail` counts accepted requests answered with an error. `batch_stats` has one
+//! entry per batch size (in rows) with the batch-level durations.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+
+/// A count and a cumulative duration, Triton's `StatisticDuration`.
+#[derive(Default)]
+struct Stat {
+    count: AtomicU64,
+    ns: AtomicU64,
+}
+
+impl Stat {
+    fn add(&self, count: u64, ns: u64) {
+        self.count.fetch_add(count, Ordering::Relaxed);
+        self.ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "count": self.count.load(Ordering::Relaxed),
+            "ns": self.ns.load(Ordering::Relaxed),
+        })
+    }
+}
+
+/// One batch size's totals: batches of that size and their stage durations.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct BatchTotals {
+    count: u64,
+    input_ns: u64,
+    infer_ns: u64,
+    output_ns: u64,
+}
+
+/// How long the compute stages of one successful batch took.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchTiming {
+    /// Building the boundary batch (`BatchFfi`).
+    pub input: Duration,
+    /// The plugin's `run`.
+    pub infer: Duration,
+    /// Splitting the outputs and building every response.
+    pub output: Duration,
+}
+
+/// A group's statistics, shared by its instances.
+///
+/// The request-level counters are plain atomics (relaxed: each is exact, and a
+/// reader racing a batch may see some of that batch's counters and not others).
+/// Per-batch-size totals live in a mutex-protected map rather than a fixed array
+/// of atomics: it is touched once per batch (never per request), so the lock is
+/// one uncontended acquire next to a plugin call, and the map holds only the
+/// sizes actually seen, however large `batch_size` is, already sorted for
+/// rendering.
+#[derive(Default)]
+pub struct ModelStats {
+    last_inference_ms: AtomicU64,
+    inference_count: AtomicU64,
+    execution_count: AtomicU64,
+    success: Stat,
+    fail: Stat,
+    queue: Stat,
+    compute_input: Stat,
+    compute_infer: Stat,
+    compute_output: Stat,
+    batches: Mutex<BTreeMap<u64, BatchTotals>>,
+}
+
+/// `d` in nanoseconds, saturating.
+pub(crate) fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl ModelStats {
+    /// Records a batch of `requests` requests and `rows` rows that ran and was
+    /// answered; `queue_ns` is the sum of its requests' waits (arrival to
+    /// the start of its batch).
+    pub fn record_success(&self, requests: usize, rows: usize, queue_ns: u64, timing: BatchTiming) {
+        let n = requests as u64;
+        let (input, infer, output) = (
+            nanos(timing.input),
+            nanos(timing.infer),
+            nanos(timing.output),
+        );
+        let total = input.saturating_add(infer).saturating_add(output);
+        self.queue.add(n, queue_ns);
+        self.compute_input.add(n, input.saturating_mul(n));
+        self.compute_infer.add(n, infer.saturating_mul(n));
+        self.compute_output.add(n, output.saturating_mul(n));
+        // Each request waited, then took its whole batch's time.
+        self.success
+            .add(n, queue_ns.saturating_add(total.saturating_mul(n)));
+        self.inference_count
+            .fetch_add(rows as u64, Ordering::Relaxed);
+        self.execution_count.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut batches = self.batches.lock();
+            let entry = batches.entry(rows as u64).or_default();
+            entry.count += 1;
+            entry.input_ns = entry.input_ns.saturating_add(input);
+            entry.infer_ns = entry.infer_ns.saturating_add(infer);
+            entry.output_ns = entry.output_ns.saturating_add(output);
+        }
+        self.last_inference_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// Records `requests` accepted requests answered with an error; `ns` is the
+    /// sum of their times from arrival to the error.
+    pub fn record_failure(&self, requests: usize, ns: u64) {
+        self.fail.add(requests as u64, ns);
+        self.last_inference_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// One entry of Triton's `model_stats` array.
+    pub fn to_json(&self, name: &str, version: &str) -> Value {
+        let batch_stats: Vec<Value> = self
+            .batches
+            .lock()
+            .iter()
+            .map(|(size, t)| {
+                let stage = |ns: u64| json!({"count": t.count, "ns": ns});
+                json!({
+                    "batch_size": size,
+                    "compute_input": stage(t.input_ns),
+                    "compute_infer": stage(t.infer_ns),
+                    "compute_output": stage(t.output_ns),
+                })
+            })
+            .collect();
+        // kiln has no response cache; Triton's clients read these fields anyway.
+        let zero = json!({"count": 0, "ns": 0});
+        json!({
+            "name": name,
+            "version": version,
+            "last_inference": self.last_inference_ms.load(Ordering::Relaxed),
+            "inference_count": self.inference_count.load(Ordering::Relaxed),
+            "execution_count": self.execution_count.load(Ordering::Relaxed),
+            "inference_stats": {
+                "success": self.success.json(),
+                "fail": self.fail.json(),
+                "queue": self.queue.json(),
+                "compute_input": self.compute_input.json(),
+                "compute_infer": self.compute_infer.json(),
+                "compute_output": self.compute_output.json(),
+                "cache_hit": zero,
+                "cache_miss": zero,
+            },
+            "response_stats": {},
+            "batch_stats": batch_stats,
+            "memory_usage": [],
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn timing(input_us: u64, infer_us: u64, output_us: u64) -> BatchTiming {
+        BatchTiming {
+            input: Duration::from_micros(input_us),
+            infer: Duration::from_micros(infer_us),
+            output: Duration::from_micros(output_us),
+        }
+    }
+
+    #[test]
+    fn empty_stats_render_triton_schema() {
+        let v = ModelStats::default().to_json("echo", "1");
+        assert_eq!(v["name"], "echo");
+        assert_eq!(v["version"], "1");
+        assert_eq!(v["last_inference"], 0);
+        assert_eq!(v["inference_count"], 0);
+        assert_eq!(v["execution_count"], 0);
+        for stage in [
+            "success",
+            "fail",
+            "queue",
+            "compute_input",
+            "compute_infer",
+            "compute_output",
+            "cache_hit",
+            "cache_miss",
+        ] {
+            assert_eq!(
+                v["inference_stats"][stage],
+                json!({"count": 0, "ns": 0}),
+                "{stage}"
+            );
+        }
+        assert_eq!(v["batch_stats"], json!([]));
+    }
+
+    #[test]
+    fn batches_are_charged_per_request_and_per_size() {
+        let stats = ModelStats::default();
+        // 3 requests, 4 rows: 1 µs building, 10 µs run, 2 µs answering.
+        stats.record_success(3, 4, 900, timing(1, 10, 2));
+        stats.record_success(1, 1, 100, timing(1, 10, 2));
+        stats.record_success(2, 4, 0, timing(3, 30, 6));
+        stats.record_failure(2, 5_000);
+        let v = stats.to_json("echo", "1");
+        assert_eq!(v["inference_count"], 9);
+        assert_eq!(v["execution_count"], 3);
+        let s = &v["inference_stats"];
+        assert_eq!(s["queue"], json!({"count": 6, "ns": 1000}));
+        assert_eq!(
+            s["compute_input"],
+            json!({"count": 6, "ns": 3 * 1000 + 1000 + 2 * 3000})
+        );
+        assert_eq!(
+            s["compute_infer"],
+            json!({"count": 6, "ns": 3 * 10_000 + 10_000 + 2 * 30_000})
+        );
+        assert_eq!(
+            s["compute_output"],
+            json!({"count": 6, "ns": 3 * 2000 + 2000 + 2 * 6000})
+        );
+        // success = queue + every compute stage.
+        assert_eq!(
+            s["success"],
+            json!({"count": 6, "ns": 1000 + 10_000 + 100_000 + 20_000})
+        );
+        assert_eq!(s["fail"], json!({"count": 2, "ns": 5000}));
+        assert!(v["last_inference"].as_u64().unwrap() > 0);
+        assert_eq!(
+            v["batch_stats"],
+            json!([
+                {
+                    "batch_size": 1,
+                    "compute_input": {"count": 1, "ns": 1000},
+                    "compute_infer": {"count": 1, "ns": 10_000},
+                    "compute_output": {"count": 1, "ns": 2000},
+                },
+                {
+                    "batch_size": 4,
+                    "compute_input": {"count": 2, "ns": 4000},
+                    "compute_infer": {"count": 2, "ns": 40_000},
+                    "compute_output": {"count": 2, "ns": 8000},
+                },
+            ])
+        );
+    }
+}
