@@ -1,10 +1,12 @@
-//! REST over actix-web: KServe v2 core (health, metadata, infer), kiln's worker
+//! REST over actix-web: KServe v2 core (health, metadata, infer), Triton's
+//! extensions (model configuration, statistics, model repository), kiln's worker
 //! API (load/unload), and Prometheus `/metrics`. Every error is answered as
 //! `{"error": "..."}` with the status [`ServerError::http_status`] gives.
 
 mod binary;
 mod json;
 mod routes;
+mod triton;
 
 use std::net::SocketAddr;
 

@@ -6,7 +6,7 @@ use serde_json::{json, Map, Value};
 
 use super::binary::{decode_request_binary, encode_response_binary};
 use super::json::params_from_json;
-use super::{HttpError, INFERENCE_HEADER_CONTENT_LENGTH};
+use super::{triton, HttpError, INFERENCE_HEADER_CONTENT_LENGTH};
 use crate::error::ServerError;
 use crate::group::WorkerGroup;
 use crate::infer::expected_shape;
@@ -26,12 +26,23 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(get("/v2/health/ready", ready))
         .service(get("/v2", server_metadata))
         .service(get("/v2/models", list_models))
+        .service(get("/v2/models/stats", triton::all_stats))
         .service(get("/v2/models/{model}", model_metadata))
         .service(get("/v2/models/{model}/versions/{version}", model_metadata))
         .service(get("/v2/models/{model}/ready", model_ready))
         .service(get(
             "/v2/models/{model}/versions/{version}/ready",
             model_ready,
+        ))
+        .service(get("/v2/models/{model}/config", triton::config))
+        .service(get(
+            "/v2/models/{model}/versions/{version}/config",
+            triton::config,
+        ))
+        .service(get("/v2/models/{model}/stats", triton::model_stats))
+        .service(get(
+            "/v2/models/{model}/versions/{version}/stats",
+            triton::model_stats,
         ))
         .service(get("/metrics", metrics))
         .service(post("/v2/models/{model}/infer", infer))
@@ -98,7 +109,14 @@ async fn server_metadata() -> HttpResponse {
     HttpResponse::Ok().json(json!({
         "name": "kiln",
         "version": env!("CARGO_PKG_VERSION"),
-        "extensions": ["binary_tensor_data", "kiln_workers", "kiln_metrics"],
+        "extensions": [
+            "binary_tensor_data",
+            "model_configuration",
+            "statistics",
+            "model_repository",
+            "kiln_workers",
+            "kiln_metrics",
+        ],
     }))
 }
 
@@ -113,7 +131,10 @@ async fn list_models(state: web::Data<State>) -> HttpResponse {
 }
 
 /// The group for `{model}` and, if given, `{version}` (only version 1 exists).
-fn lookup(state: &State, req: &HttpRequest) -> Result<std::sync::Arc<WorkerGroup>, HttpError> {
+pub(super) fn lookup(
+    state: &State,
+    req: &HttpRequest,
+) -> Result<std::sync::Arc<WorkerGroup>, HttpError> {
     let model = req.match_info().get("model").unwrap_or_default();
     let group = state.server.model(model)?;
     if let Some(version) = req.match_info().get("version") {
