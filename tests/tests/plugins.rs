@@ -108,3 +108,61 @@ async fn failed_loads_are_rolled_back_through_the_lifecycle() {
     ];
     assert_eq!(steps, want, "log:\n{}", kiln.log());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_model_config_is_reported_with_its_file_and_field() {
+    let root = std::env::temp_dir().join(format!("kiln-bad-repo-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    for (path, text) in [
+        ("typo/config.toml", "worker = \"echo\"\nbatchsize = 4\n"),
+        (
+            "wrongtype/config.toml",
+            "worker = \"echo\"\n[parameters]\nbatch_size = [4]\n",
+        ),
+        (
+            "good/config.toml",
+            "worker = \"echo\"\n[parameters]\nbatch_size = 4\n",
+        ),
+    ] {
+        let file = root.join(path);
+        std::fs::create_dir_all(file.parent().unwrap().join("1")).unwrap();
+        std::fs::write(file, text).unwrap();
+    }
+    let root_arg = root.to_str().unwrap().to_owned();
+    let kiln = Kiln::start(&["--model-repository", &root_arg, "--load-model", "good"]);
+    let c = &kiln.client;
+    assert_eq!(c.models().await.unwrap(), vec!["good"]);
+    for (model, field) in [
+        ("typo", "batchsize"),
+        ("wrongtype", "parameters.batch_size"),
+    ] {
+        let err = c.load_model(model, &json!({})).await.unwrap_err();
+        assert_eq!(err.status(), Some(400), "{err}");
+        let message = err.to_string();
+        assert!(
+            message.contains(&format!("{model}/config.toml")) && message.contains(field),
+            "{message}"
+        );
+    }
+    drop(kiln);
+    // At start-up, a bad model stops the server with the same message.
+    let output = std::process::Command::new(kiln_tests::build_dir().join("kiln"))
+        .args([
+            "serve",
+            "--http-port",
+            "0",
+            "--model-repository",
+            &root_arg,
+            "--load-model",
+            "typo",
+        ])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("typo/config.toml") && stderr.contains("batchsize"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}

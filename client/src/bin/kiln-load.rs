@@ -51,7 +51,7 @@ struct Args {
     /// In-process: model repository.
     #[arg(long)]
     model_repository: Option<std::path::PathBuf>,
-    /// In-process: repository model to load first.
+    /// In-process: repository model to load first, NAME[:key=value,...] (overrides).
     #[arg(long)]
     load_model: Option<String>,
     /// Model (endpoint) to call.
@@ -100,16 +100,18 @@ fn parse_input(spec: &str) -> anyhow::Result<InputTensor> {
     let size = dtype
         .size()
         .context("BYTES inputs are not supported by kiln-load")?;
-    // Small deterministic values valid for every numeric type.
+    // Small deterministic values valid for every numeric type; floats in [-0.5, 0.5]
+    // like a normalized image (the same data kiln-onnx-bench feeds the engine).
     let data: Vec<u8> = (0..elements)
         .flat_map(|i| {
             let v = (i % 100) as u8;
+            let f = (i % 255) as f32 / 255.0 - 0.5;
             let mut word = vec![0u8; size];
             match dtype {
-                DataType::Fp32 => word.copy_from_slice(&f32::from(v).to_le_bytes()),
-                DataType::Fp64 => word.copy_from_slice(&f64::from(v).to_le_bytes()),
-                DataType::Fp16 => word.copy_from_slice(&half::f16::from(v).to_le_bytes()),
-                DataType::Bf16 => word.copy_from_slice(&half::bf16::from(v).to_le_bytes()),
+                DataType::Fp32 => word.copy_from_slice(&f.to_le_bytes()),
+                DataType::Fp64 => word.copy_from_slice(&f64::from(f).to_le_bytes()),
+                DataType::Fp16 => word.copy_from_slice(&half::f16::from_f32(f).to_le_bytes()),
+                DataType::Bf16 => word.copy_from_slice(&half::bf16::from_f32(f).to_le_bytes()),
                 DataType::Bool => word[0] = v % 2,
                 _ => word[0] = v,
             }
@@ -346,8 +348,9 @@ async fn target(args: &Args, inputs: Vec<InputTensor>) -> anyhow::Result<Target>
             plugin_dirs: args.plugin_dir.clone(),
             model_repository: args.model_repository.clone(),
         })?;
-        if let Some(name) = &args.load_model {
-            let endpoint = client.server().load_model(name, None, Vec::new()).await?;
+        if let Some(spec) = &args.load_model {
+            let (name, overrides) = parse_load(spec);
+            let endpoint = client.server().load_model(&name, None, overrides).await?;
             eprintln!("kiln-load: loaded model `{endpoint}` in-process");
         }
         if let Some(spec) = &args.load {
