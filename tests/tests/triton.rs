@@ -59,7 +59,7 @@ async fn config_describes_each_loaded_group() {
         echo
     );
     assert_eq!(echo["name"], "echo");
-    assert_eq!(echo["platform"], "kiln");
+    assert_eq!(echo["platform"], "kiln_echo");
     assert_eq!(echo["backend"], "echo");
     assert_eq!(echo["max_batch_size"], 4096);
     assert_eq!(echo["input"][0]["name"], "INPUT0");

@@ -130,7 +130,7 @@ async fn list_models(state: web::Data<State>) -> HttpResponse {
     HttpResponse::Ok().json(json!({ "models": models }))
 }
 
-/// The group for `{model}` and, if given, `{version}` (only version 1 exists).
+/// The group for `{model}` and, if given, `{version}` (which must be the version it serves).
 pub(super) fn lookup(
     state: &State,
     req: &HttpRequest,

@@ -84,7 +84,7 @@ pub fn model_config(
     let string = |v: String| json!({ "string_value": v });
     let mut config = json!({
         "name": name,
-        "platform": "kiln",
+        "platform": format!("kiln_{worker}"),
         "backend": worker,
         "version_policy": version_policy,
         "max_batch_size": info.max_batch_size,
@@ -227,7 +227,7 @@ mod tests {
             2,
         );
         assert_eq!(c["name"], "echo");
-        assert_eq!(c["platform"], "kiln");
+        assert_eq!(c["platform"], "kiln_echo");
         assert_eq!(c["backend"], "echo");
         assert_eq!(c["max_batch_size"], 256);
         assert_eq!(c["version_policy"], json!({"specific": {"versions": [1]}}));
