@@ -12,15 +12,6 @@ use kiln_tests::{metric, Kiln};
 use serde_json::{json, Value};
 
 /// Length-prefixed BYTES elements.
-fn strings(items: &[&str]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for s in items {
-        out.extend_from_slice(&(s.len() as u32).to_le_bytes());
-        out.extend_from_slice(s.as_bytes());
-    }
-    out
-}
-
 fn echo_multi_request() -> InferRequest {
     InferRequest {
         model: "echo-multi".into(),
@@ -28,7 +19,12 @@ fn echo_multi_request() -> InferRequest {
         inputs: vec![
             InputTensor::from_slice("INPUT0", DataType::Uint32, &[1, 3], &[1u32, 2, 3]),
             InputTensor::from_slice("INPUT1", DataType::Fp32, &[1, 2], &[0.5f32, -1.0]),
-            InputTensor::from_slice("INPUT2", DataType::Bytes, &[1, 2], &strings(&["kiln", ""])),
+            InputTensor::from_slice(
+                "INPUT2",
+                DataType::Bytes,
+                &[1, 2],
+                &kiln_worker_sdk::encode_bytes(&["kiln", ""]),
+            ),
         ],
         ..Default::default()
     }
@@ -45,7 +41,7 @@ fn check_echo_multi(r: &InferResponse) {
     assert_eq!(r.outputs[2].dtype, DataType::Bytes);
     assert_eq!(
         r.outputs[2].data.as_ref(),
-        strings(&["nlik", ""]).as_slice()
+        kiln_worker_sdk::encode_bytes(&["nlik", ""]).as_slice()
     );
 }
 
@@ -145,7 +141,7 @@ async fn mixed_json_and_binary_inputs() {
         .iter()
         .flat_map(|v| v.to_le_bytes())
         .collect();
-    let text = strings(&["kiln", ""]);
+    let text = kiln_worker_sdk::encode_bytes(&["kiln", ""]);
     let (request, length) = body(
         &json!({"id": "m", "inputs": [
             {"name": "INPUT0", "shape": [1, 3], "datatype": "UINT32", "data": [1, 2, 3]},
@@ -201,7 +197,7 @@ async fn per_output_binary_choice() {
     assert_eq!(decoded.outputs[0].name, "OUTPUT2");
     assert_eq!(
         decoded.outputs[0].data.as_ref(),
-        strings(&["nlik", ""]).as_slice()
+        kiln_worker_sdk::encode_bytes(&["nlik", ""]).as_slice()
     );
 }
 

@@ -349,11 +349,7 @@ async fn bad_requests_get_the_right_status_and_the_server_stays_healthy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_outputs_and_requested_outputs() {
     let kiln = Kiln::start(&["--load", "echo-multi"]);
-    let mut strings = Vec::new();
-    for s in ["kiln", ""] {
-        strings.extend_from_slice(&(s.len() as u32).to_le_bytes());
-        strings.extend_from_slice(s.as_bytes());
-    }
+    let strings = kiln_worker_sdk::encode_bytes(&["kiln", ""]);
     let mut request = InferRequest {
         model: "echo-multi".into(),
         inputs: vec![
@@ -368,11 +364,7 @@ async fn several_outputs_and_requested_outputs() {
     assert_eq!(r.outputs[0].values::<u32>(), vec![2, 3, 4]);
     assert_eq!(r.outputs[1].dtype, DataType::Fp64);
     assert_eq!(r.outputs[1].values::<f64>(), vec![1.0, -2.0]);
-    let mut reversed = Vec::new();
-    for s in ["nlik", ""] {
-        reversed.extend_from_slice(&(s.len() as u32).to_le_bytes());
-        reversed.extend_from_slice(s.as_bytes());
-    }
+    let reversed = kiln_worker_sdk::encode_bytes(&["nlik", ""]);
     assert_eq!(r.outputs[2].data.as_ref(), reversed.as_slice());
     request.outputs = Some(vec!["OUTPUT1".into()]);
     let r = kiln.client.infer(&request).await.unwrap();

@@ -32,8 +32,8 @@ pub use error::WorkerError;
 pub use ffi::{WorkerBox, WorkerFfi, WorkerFfi_TO, WorkerMod, WorkerModRef};
 pub use logging::LogSink;
 pub use types::{
-    params_from_pairs, tensor_byte_len, BatcherKind, DataType, Param, ParamValue, Params, Shape,
-    TensorSpec, WorkerInfo, MAX_RANK,
+    encode_bytes, params_from_pairs, tensor_byte_len, BatcherKind, DataType, Param, ParamValue,
+    Params, Shape, TensorSpec, WorkerInfo, MAX_RANK,
 };
 pub use worker::Worker;
 

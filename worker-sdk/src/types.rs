@@ -357,6 +357,20 @@ pub fn tensor_byte_len(dtype: DataType, elements: usize, data: &[u8]) -> Result<
     Ok(offset)
 }
 
+/// Serializes byte strings as a BYTES tensor's data: each element a 4-byte
+/// little-endian length followed by its bytes. Elements longer than 4 GiB are cut.
+pub fn encode_bytes<T: AsRef<[u8]>>(elements: &[T]) -> Vec<u8> {
+    let total: usize = elements.iter().map(|e| 4 + e.as_ref().len()).sum();
+    let mut out = Vec::with_capacity(total);
+    for element in elements {
+        let bytes = element.as_ref();
+        let len = bytes.len().min(u32::MAX as usize);
+        out.extend_from_slice(&(len as u32).to_le_bytes());
+        out.extend_from_slice(&bytes[..len]);
+    }
+    out
+}
+
 /// Builds a parameter list from `(key, value)` text pairs.
 pub fn params_from_pairs(pairs: &[(&str, &str)]) -> Vec<Param> {
     pairs
@@ -407,11 +421,8 @@ mod tests {
 
     #[test]
     fn bytes_length_walks_prefixes() {
-        let mut data = Vec::new();
-        for s in ["ab", "", "xyz"] {
-            data.extend_from_slice(&(s.len() as u32).to_le_bytes());
-            data.extend_from_slice(s.as_bytes());
-        }
+        let data = encode_bytes(&["ab", "", "xyz"]);
+        assert_eq!(&data[..6], &[2, 0, 0, 0, b'a', b'b']);
         assert_eq!(tensor_byte_len(DataType::Bytes, 3, &data), Ok(data.len()));
         assert_eq!(tensor_byte_len(DataType::Bytes, 2, &data), Ok(10));
         assert!(tensor_byte_len(DataType::Bytes, 4, &data).is_err());

@@ -91,22 +91,13 @@ mod tests {
     use super::*;
     use kiln_worker_sdk::testing::{Harness, TestTensor};
 
-    fn strings(items: &[&str]) -> Vec<u8> {
-        let mut out = Vec::new();
-        for s in items {
-            out.extend_from_slice(&(s.len() as u32).to_le_bytes());
-            out.extend_from_slice(s.as_bytes());
-        }
-        out
-    }
-
     #[test]
     fn every_output_per_request() {
         let mut h = Harness::start::<EchoMulti>(&[]).unwrap();
         let request = |a: &[u32], b: [f32; 2], c: &[&str]| {
             let mut bytes =
                 TestTensor::new::<u8>("INPUT2", DataType::Bytes, &[1, c.len() as i64], &[]);
-            bytes.data = strings(c);
+            bytes.data = kiln_worker_sdk::encode_bytes(c);
             vec![
                 TestTensor::new("INPUT0", DataType::Uint32, &[1, a.len() as i64], a),
                 TestTensor::new("INPUT1", DataType::Fp32, &[1, 2], &b),
@@ -121,9 +112,9 @@ mod tests {
             .unwrap();
         assert_eq!(out[0][0].values::<u32>(), vec![2, 3]);
         assert_eq!(out[0][1].values::<f64>(), vec![3.0, -4.0]);
-        assert_eq!(out[0][2].data, strings(&["cba", ""]));
+        assert_eq!(out[0][2].data, kiln_worker_sdk::encode_bytes(&["cba", ""]));
         assert_eq!(out[1][0].values::<u32>(), vec![8]);
         assert_eq!(out[1][1].values::<f64>(), vec![0.0, 6.0]);
-        assert_eq!(out[1][2].data, strings(&["yx"]));
+        assert_eq!(out[1][2].data, kiln_worker_sdk::encode_bytes(&["yx"]));
     }
 }
