@@ -15,6 +15,7 @@ pub mod params;
 pub mod plugin;
 pub mod repository;
 pub mod server;
+pub mod shm;
 pub mod stats;
 
 pub use error::ServerError;

@@ -14,6 +14,7 @@ use crate::manager::{Manager, Models};
 use crate::metrics::Metrics;
 use crate::plugin::Plugins;
 use crate::repository::{Entry, Repository};
+use crate::shm::SharedMemory;
 
 /// How to start a [`Server`].
 #[derive(Debug, Clone, Default)]
@@ -36,6 +37,7 @@ struct Inner {
     metrics: Arc<Metrics>,
     ready: AtomicBool,
     repository: Option<Repository>,
+    shared_memory: SharedMemory,
 }
 
 impl Server {
@@ -61,6 +63,7 @@ impl Server {
                 metrics,
                 ready: AtomicBool::new(false),
                 repository: config.model_repository.map(Repository::new),
+                shared_memory: SharedMemory::new(),
             }),
         })
     }
@@ -129,6 +132,12 @@ impl Server {
         reply
             .await
             .map_err(|_| ServerError::Internal("the worker dropped the request".into()))?
+    }
+
+    /// The server's registry of system shared-memory regions (one per server),
+    /// shared by every protocol.
+    pub fn shared_memory(&self) -> &SharedMemory {
+        &self.inner.shared_memory
     }
 
     /// Whether the server takes requests.
