@@ -27,6 +27,8 @@ fn requests() -> Vec<Request<u32>> {
             rows: 1,
             params: Vec::new(),
             arrived: Instant::now(),
+            priority: None,
+            timeout: None,
             reply: i,
         })
         .collect()

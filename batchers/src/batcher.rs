@@ -103,6 +103,8 @@ mod tests {
             rows: shape.rows(),
             params: Vec::new(),
             arrived: Instant::now(),
+            priority: None,
+            timeout: None,
             reply: id,
         }
     }

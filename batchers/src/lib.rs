@@ -16,6 +16,7 @@
 
 mod batch;
 mod batcher;
+pub mod dynamic;
 mod request;
 
 pub use batch::{Batch, Member};

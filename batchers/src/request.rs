@@ -1,6 +1,6 @@
 //! A protocol-free inference request.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kiln_worker_sdk::{DataType, Param, Shape};
@@ -25,6 +25,11 @@ pub struct Request<R> {
     pub params: Vec<Param>,
     /// When the request was accepted.
     pub arrived: Instant,
+    /// Priority level (1 highest) for the dynamic batcher; `None` or 0: the default.
+    pub priority: Option<u32>,
+    /// The request's own queue timeout (the dynamic batcher's policy decides whether
+    /// it may apply; it can only shorten the default).
+    pub timeout: Option<Duration>,
     pub reply: R,
 }
 

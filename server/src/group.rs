@@ -158,6 +158,9 @@ impl WorkerGroup {
         let metrics = &self.context.metrics;
         let InferRequest { id, parameters, .. } = &request;
         let (id, parameters) = (id.clone(), parameters.clone());
+        let (priority, timeout) = scheduling(&parameters).inspect_err(|_| {
+            metrics.invalid.inc();
+        })?;
         let valid = validate(&self.info, self.settings.batch_size, request).inspect_err(|_| {
             metrics.invalid.inc();
         })?;
@@ -178,6 +181,8 @@ impl WorkerGroup {
             rows: valid.rows,
             params: parameters,
             arrived: Instant::now(),
+            priority,
+            timeout,
             reply: Reply {
                 tx: reply_tx,
                 id,
@@ -251,6 +256,25 @@ impl WorkerGroup {
             }
         }
     }
+}
+
+/// A request's `priority` (level, 1 highest) and `timeout` (microseconds, Triton's
+/// unit) parameters.
+fn scheduling(parameters: &[kiln_worker_sdk::Param]) -> Result<(Option<u32>, Option<Duration>)> {
+    let p = kiln_worker_sdk::Params(parameters);
+    let priority = match p.int("priority").map_err(ServerError::InvalidRequest)? {
+        None => None,
+        Some(v) => Some(u32::try_from(v).map_err(|_| {
+            ServerError::invalid(format!("parameter `priority` must be a level ≥ 0, got {v}"))
+        })?),
+    };
+    let timeout = match p.int("timeout").map_err(ServerError::InvalidRequest)? {
+        None => None,
+        Some(v) => Some(Duration::from_micros(u64::try_from(v).map_err(|_| {
+            ServerError::invalid(format!("parameter `timeout` (µs) must be ≥ 0, got {v}"))
+        })?)),
+    };
+    Ok((priority, timeout))
 }
 
 fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
