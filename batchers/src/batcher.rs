@@ -53,7 +53,9 @@ pub fn run_batcher<R>(
                     BatcherKind::Hard => {
                         requests.recv().map_err(|_| RecvTimeoutError::Disconnected)
                     }
-                    BatcherKind::Soft => recv_until(&requests, deadline),
+                    // The dynamic batcher has its own loop (`dynamic::run_dynamic_batcher`);
+                    // given to this one, it behaves as soft.
+                    BatcherKind::Soft | BatcherKind::Dynamic => recv_until(&requests, deadline),
                 },
             };
             match next {

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TrySendError};
+use kiln_batchers::dynamic::{run_dynamic_batcher, DynamicHost, Rejection};
 use kiln_batchers::{run_batcher, Batch, BatcherConfig, Request};
 use kiln_buffers::{BufferSet, Pool};
 use kiln_worker_sdk::{BatcherKind, Shape, WorkerBox, WorkerInfo};
@@ -39,6 +40,8 @@ pub struct GroupSettings {
     pub batchers: usize,
     pub max_buffers: usize,
     pub queue_size: usize,
+    /// The dynamic batcher's settings (used when `batcher` is dynamic).
+    pub dynamic: crate::params::DynamicParams,
 }
 
 /// What names a group: its endpoint, the worker behind it, the identity of its
@@ -99,6 +102,7 @@ impl WorkerGroup {
             metrics,
             stats: ModelStats::default(),
             healthy: AtomicUsize::new(0),
+            compute_estimate_ns: std::sync::atomic::AtomicU64::new(0),
         });
         let config = BatcherConfig {
             kind: settings.batcher,
@@ -108,11 +112,28 @@ impl WorkerGroup {
             inputs: info.inputs.len(),
         };
         let mut threads = Vec::new();
-        for i in 0..settings.batchers {
+        if settings.batcher == BatcherKind::Dynamic {
+            // One scheduler: the queue's order and priorities are one thread's.
+            let dynamic = settings
+                .dynamic
+                .config(settings.batch_size, info.allow_ragged_batch);
+            let host = DynamicGroupHost {
+                ctx: Arc::clone(&context),
+                policies: dynamic.policies.clone(),
+                levels: dynamic.priority_levels,
+            };
             let (rx, tx, pool) = (queue_rx.clone(), batch_tx.clone(), Arc::clone(&pool));
-            threads.push(spawn(format!("batcher-{endpoint}-{i}"), move || {
-                run_batcher(config, rx, pool, tx)
+            let inputs = info.inputs.len();
+            threads.push(spawn(format!("dynamic-{endpoint}"), move || {
+                run_dynamic_batcher(dynamic, inputs, rx, pool, tx, host)
             })?);
+        } else {
+            for i in 0..settings.batchers {
+                let (rx, tx, pool) = (queue_rx.clone(), batch_tx.clone(), Arc::clone(&pool));
+                threads.push(spawn(format!("batcher-{endpoint}-{i}"), move || {
+                    run_batcher(config, rx, pool, tx)
+                })?);
+            }
         }
         let group = Arc::new(WorkerGroup {
             endpoint,
@@ -258,6 +279,62 @@ impl WorkerGroup {
     }
 }
 
+/// Answers the requests the dynamic batcher takes out unbatched, and tells it which
+/// clients are gone and how long batches take.
+struct DynamicGroupHost {
+    ctx: Arc<InstanceContext>,
+    policies: Vec<kiln_batchers::dynamic::QueuePolicy>,
+    levels: usize,
+}
+
+impl DynamicHost<Reply> for DynamicGroupHost {
+    fn rejected(&self, request: Request<Reply>, why: Rejection) {
+        let m = &self.ctx.metrics;
+        let model = &self.ctx.endpoint;
+        m.pending.dec();
+        let error = match why {
+            Rejection::QueueFull => {
+                m.rejected.inc();
+                let level = request.priority.map_or(self.levels, |p| p as usize);
+                ServerError::QueueFull {
+                    model: model.clone(),
+                    capacity: self
+                        .policies
+                        .get(level.saturating_sub(1))
+                        .map_or(0, |p| p.max_queue_size),
+                }
+            }
+            Rejection::BadPriority => {
+                m.invalid.inc();
+                ServerError::invalid(format!(
+                    "priority {} is not a level of model `{model}` (1..={})",
+                    request.priority.unwrap_or(0),
+                    self.levels
+                ))
+            }
+            Rejection::Timeout => {
+                m.timeout.inc();
+                ServerError::Unavailable(format!(
+                    "model `{model}`: request timeout expired in the queue"
+                ))
+            }
+            Rejection::Cancelled => {
+                m.cancelled.inc();
+                ServerError::Unavailable("cancelled: the client went away".into())
+            }
+        };
+        let _ = request.reply.tx.send(Err(error));
+    }
+
+    fn is_cancelled(&self, reply: &Reply) -> bool {
+        reply.tx.is_closed()
+    }
+
+    fn compute_estimate(&self) -> Duration {
+        Duration::from_nanos(self.ctx.compute_estimate_ns.load(Ordering::Relaxed))
+    }
+}
+
 /// A request's `priority` (level, 1 highest) and `timeout` (microseconds, Triton's
 /// unit) parameters.
 fn scheduling(parameters: &[kiln_worker_sdk::Param]) -> Result<(Option<u32>, Option<Duration>)> {
@@ -315,6 +392,7 @@ pub fn resolve(info: &WorkerInfo, params: &GroupParams, instances: usize) -> Res
         batchers: params.batchers,
         max_buffers: params.max_buffers.unwrap_or(2 * instances + 1),
         queue_size: params.queue_size,
+        dynamic: params.dynamic.clone(),
     })
 }
 

@@ -4,7 +4,7 @@
 //! Each batch's stages (queue, building the boundary batch, `run`, answering) are
 //! timed here for [`ModelStats`].
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -33,6 +33,23 @@ pub struct InstanceContext {
     pub stats: ModelStats,
     /// Instances able to run batches now.
     pub healthy: AtomicUsize,
+    /// Moving average of a batch's run time in nanoseconds (the dynamic batcher's
+    /// deadline-aware sending reads it).
+    pub compute_estimate_ns: AtomicU64,
+}
+
+impl InstanceContext {
+    /// Folds one batch's run time into the estimate (weight 1/8).
+    fn record_compute(&self, took: std::time::Duration) {
+        let sample = took.as_nanos().min(u128::from(u64::MAX)) as u64;
+        let old = self.compute_estimate_ns.load(Ordering::Relaxed);
+        let new = if old == 0 {
+            sample
+        } else {
+            old - old / 8 + sample / 8
+        };
+        self.compute_estimate_ns.store(new, Ordering::Relaxed);
+    }
 }
 
 /// Runs batches until the batch queue closes, then ends the instance's lifecycle.
@@ -70,6 +87,7 @@ pub fn run_instance(
         m.batch_size.observe(batch.len() as f64);
         let result = run_batch(&mut worker, &ctx.info, &mut batch);
         m.compute_seconds.observe(started.elapsed().as_secs_f64());
+        ctx.record_compute(started.elapsed());
         match result {
             Ok(ran) => answer(&ctx, batch, ran, queue_ns),
             Err(message) => {

@@ -22,7 +22,17 @@ struct OutcomeLabels {
 }
 
 /// How a request ended, as counted in `kiln_requests_total{outcome}`.
-pub const OUTCOMES: [&str; 5] = ["success", "failure", "rejected", "invalid", "unavailable"];
+/// `rejected`: refused for a full queue (429); `timeout`: its queue timeout passed;
+/// `cancelled`: its client went away before it was batched.
+pub const OUTCOMES: [&str; 7] = [
+    "success",
+    "failure",
+    "rejected",
+    "invalid",
+    "unavailable",
+    "timeout",
+    "cancelled",
+];
 
 type HistogramFamily = Family<ModelLabels, Histogram, fn() -> Histogram>;
 
@@ -56,6 +66,8 @@ pub struct ModelMetrics {
     pub rejected: Counter,
     pub invalid: Counter,
     pub unavailable: Counter,
+    pub timeout: Counter,
+    pub cancelled: Counter,
     pub queue_seconds: Histogram,
     pub compute_seconds: Histogram,
     pub batch_size: Histogram,
@@ -148,6 +160,8 @@ impl Metrics {
             rejected: outcome("rejected"),
             invalid: outcome("invalid"),
             unavailable: outcome("unavailable"),
+            timeout: outcome("timeout"),
+            cancelled: outcome("cancelled"),
             queue_seconds: self.queue.get_or_create_owned(&m),
             compute_seconds: self.compute.get_or_create_owned(&m),
             batch_size: self.batch_size.get_or_create_owned(&m),

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use kiln_batchers::dynamic::{DynamicConfig, QueuePolicy, TimeoutAction};
 use kiln_worker_sdk::{BatcherKind, Param, ParamValue, Params};
 
 use crate::error::{Result, ServerError};
@@ -26,6 +27,154 @@ pub struct GroupParams {
     pub batcher: Option<BatcherKind>,
     /// Requests the group queues before refusing with 429.
     pub queue_size: usize,
+    /// The dynamic batcher's settings (`batcher=dynamic`), with Triton's names.
+    pub dynamic: DynamicParams,
+}
+
+/// `dynamic_batching` settings as load-time parameters (Triton's names).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DynamicParams {
+    /// `preferred_batch_size`: one size or a comma-separated list.
+    pub preferred_batch_sizes: Vec<usize>,
+    /// `max_queue_delay_microseconds` (default 0).
+    pub max_queue_delay: Duration,
+    /// `max_batch_bytes`: input bytes per batch (kiln's cost limit).
+    pub max_batch_bytes: Option<usize>,
+    /// `priority_levels` (default 1).
+    pub priority_levels: usize,
+    /// `default_priority_level` (default: the lowest, `priority_levels`).
+    pub default_priority_level: usize,
+    /// `default_queue_policy.*` for every level, then `priority_queue_policy.<level>.*`.
+    pub policies: Vec<QueuePolicy>,
+}
+
+impl DynamicParams {
+    /// The batcher's config for batches of up to `max_batch_size` rows.
+    pub fn config(&self, max_batch_size: usize, allow_ragged: bool) -> DynamicConfig {
+        DynamicConfig {
+            max_batch_size,
+            preferred_batch_sizes: self.preferred_batch_sizes.clone(),
+            max_queue_delay: self.max_queue_delay,
+            max_batch_bytes: self.max_batch_bytes,
+            priority_levels: self.priority_levels,
+            default_priority_level: self.default_priority_level,
+            policies: self.policies.clone(),
+            allow_ragged,
+        }
+    }
+
+    fn parse(params: &[Param]) -> Result<DynamicParams> {
+        let p = Params(params);
+        let bad = ServerError::InvalidRequest;
+        let preferred_batch_sizes = match p.string("preferred_batch_size") {
+            None => Vec::new(),
+            Some(list) => {
+                let mut sizes = list
+                    .split(',')
+                    .map(|v| match v.trim().parse::<usize>() {
+                        Ok(n) if n > 0 => Ok(n),
+                        _ => Err(ServerError::invalid(format!(
+                            "parameter `preferred_batch_size` must be positive sizes, got `{list}`"
+                        ))),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                sizes.sort_unstable();
+                sizes.dedup();
+                sizes
+            }
+        };
+        let micros = |key: &str| -> Result<Option<Duration>> {
+            match p.int(key).map_err(bad)? {
+                None | Some(0) => Ok(None),
+                Some(v) if v > 0 => Ok(Some(Duration::from_micros(v as u64))),
+                Some(v) => Err(ServerError::invalid(format!(
+                    "parameter `{key}` must be ≥ 0, got {v}"
+                ))),
+            }
+        };
+        let levels = match p.int("priority_levels").map_err(bad)? {
+            None | Some(0) => 1,
+            Some(v) if (1..=64).contains(&v) => v as usize,
+            Some(v) => {
+                return Err(ServerError::invalid(format!(
+                    "parameter `priority_levels` must be in 0..=64, got {v}"
+                )))
+            }
+        };
+        let default_level = match p.int("default_priority_level").map_err(bad)? {
+            None | Some(0) => levels,
+            Some(v) if v >= 1 && v as usize <= levels => v as usize,
+            Some(v) => {
+                return Err(ServerError::invalid(format!(
+                    "parameter `default_priority_level` must be in 1..={levels}, got {v}"
+                )))
+            }
+        };
+        let policy = |prefix: &str, base: &QueuePolicy| -> Result<QueuePolicy> {
+            let key = |field: &str| format!("{prefix}{field}");
+            Ok(QueuePolicy {
+                max_queue_size: match p.int(&key("max_queue_size")).map_err(bad)? {
+                    None => base.max_queue_size,
+                    Some(v) if v >= 0 => v as usize,
+                    Some(v) => {
+                        return Err(ServerError::invalid(format!(
+                            "parameter `{}` must be ≥ 0, got {v}",
+                            key("max_queue_size")
+                        )))
+                    }
+                },
+                default_timeout: match p.get(&key("default_timeout_microseconds")) {
+                    None => base.default_timeout,
+                    Some(_) => micros(&key("default_timeout_microseconds"))?,
+                },
+                allow_timeout_override: p
+                    .bool(&key("allow_timeout_override"))
+                    .map_err(bad)?
+                    .unwrap_or(base.allow_timeout_override),
+                timeout_action: match p
+                    .string(&key("timeout_action"))
+                    .map(|s| s.to_ascii_uppercase())
+                    .as_deref()
+                {
+                    None => base.timeout_action,
+                    Some("REJECT") => TimeoutAction::Reject,
+                    Some("DELAY") => TimeoutAction::Delay,
+                    Some(other) => {
+                        return Err(ServerError::invalid(format!(
+                            "parameter `{}` must be REJECT or DELAY, got `{other}`",
+                            key("timeout_action")
+                        )))
+                    }
+                },
+            })
+        };
+        let base = policy(
+            "default_queue_policy.",
+            &QueuePolicy {
+                allow_timeout_override: false,
+                ..QueuePolicy::default()
+            },
+        )?;
+        let policies = (1..=levels)
+            .map(|level| policy(&format!("priority_queue_policy.{level}."), &base))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(DynamicParams {
+            preferred_batch_sizes,
+            max_queue_delay: micros("max_queue_delay_microseconds")?.unwrap_or(Duration::ZERO),
+            max_batch_bytes: match p.int("max_batch_bytes").map_err(bad)? {
+                None | Some(0) => None,
+                Some(v) if v > 0 => Some(v as usize),
+                Some(v) => {
+                    return Err(ServerError::invalid(format!(
+                        "parameter `max_batch_bytes` must be ≥ 0, got {v}"
+                    )))
+                }
+            },
+            priority_levels: levels,
+            default_priority_level: default_level,
+            policies,
+        })
+    }
 }
 
 /// Parameter keys the server reads (the rest are the worker's own).
@@ -75,9 +224,10 @@ impl GroupParams {
             None => None,
             Some(s) if s == "hard" => Some(BatcherKind::Hard),
             Some(s) if s == "soft" => Some(BatcherKind::Soft),
+            Some(s) if s == "dynamic" => Some(BatcherKind::Dynamic),
             Some(s) => {
                 return Err(ServerError::invalid(format!(
-                    "parameter `batcher` must be `hard` or `soft`, got `{s}`"
+                    "parameter `batcher` must be `hard`, `soft` or `dynamic`, got `{s}`"
                 )))
             }
         };
@@ -90,6 +240,7 @@ impl GroupParams {
             share: p.bool("share").map_err(bad)?.unwrap_or(true),
             batcher,
             queue_size: count("queue_size", 4096, 1 << 20)?,
+            dynamic: DynamicParams::parse(params)?,
         })
     }
 }

@@ -209,6 +209,8 @@ pub enum BatcherKind {
     Hard,
     /// Up to `batch_size` rows, or whatever arrived when the timeout expires.
     Soft,
+    /// Triton's dynamic batcher: preferred sizes, queue delay, priorities, queue policy.
+    Dynamic,
 }
 
 impl BatcherKind {
@@ -217,6 +219,7 @@ impl BatcherKind {
         match self {
             BatcherKind::Hard => "hard",
             BatcherKind::Soft => "soft",
+            BatcherKind::Dynamic => "dynamic",
         }
     }
 }

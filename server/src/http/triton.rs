@@ -115,6 +115,9 @@ pub fn model_config(
         let delay = match settings.batcher {
             BatcherKind::Soft => u64::try_from(settings.timeout.as_micros()).unwrap_or(u64::MAX),
             BatcherKind::Hard => u64::MAX,
+            BatcherKind::Dynamic => {
+                u64::try_from(settings.dynamic.max_queue_delay.as_micros()).unwrap_or(u64::MAX)
+            }
         };
         config["dynamic_batching"] = json!({
             "preferred_batch_size": [settings.batch_size],
