@@ -189,6 +189,7 @@ mod tests {
             batchers: 1,
             max_buffers: 5,
             queue_size: 4096,
+            dynamic: Default::default(),
         }
     }
 
