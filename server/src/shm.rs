@@ -321,19 +321,21 @@ fn not_registered(name: &str) -> ServerError {
     ))
 }
 
+/// Shared-memory objects for unit tests.
 #[cfg(test)]
-mod tests {
+pub(crate) mod testing {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A shared-memory object for one test, removed on drop.
-    struct Object {
-        key: String,
-        path: PathBuf,
+    pub(crate) struct Object {
+        pub key: String,
+        pub path: PathBuf,
     }
 
     impl Object {
-        fn new(contents: &[u8]) -> Object {
+        /// A new object `/kiln-unit-<pid>-<n>` holding `contents`.
+        pub(crate) fn new(contents: &[u8]) -> Object {
             static NEXT: AtomicUsize = AtomicUsize::new(0);
             let n = NEXT.fetch_add(1, Ordering::Relaxed);
             let key = format!("/kiln-unit-{}-{n}", std::process::id());
@@ -342,7 +344,7 @@ mod tests {
             Object { key, path }
         }
 
-        fn contents(&self) -> Vec<u8> {
+        pub(crate) fn contents(&self) -> Vec<u8> {
             std::fs::read(&self.path).unwrap()
         }
     }
@@ -352,6 +354,12 @@ mod tests {
             let _ = std::fs::remove_file(&self.path);
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::Object;
+    use super::*;
 
     fn message(e: ServerError) -> String {
         e.to_string()

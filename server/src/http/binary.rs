@@ -169,7 +169,7 @@ impl MessageBody for ChunkBody {
 
 /// Splits `body` into its JSON and binary parts by the value of the
 /// `Inference-Header-Content-Length` header (`None`: all JSON).
-fn split(body: Bytes, header: Option<&[u8]>) -> Result<(Bytes, Bytes)> {
+pub(super) fn split(body: Bytes, header: Option<&[u8]>) -> Result<(Bytes, Bytes)> {
     let Some(header) = header else {
         return Ok((body, Bytes::new()));
     };
@@ -203,7 +203,8 @@ pub fn decode_request_binary(
     header: Option<&[u8]>,
 ) -> Result<(InferRequest, BinaryOutputs)> {
     let (json, binary) = split(body, header)?;
-    decode_request_parts(model, &json, binary)
+    decode_request_parts(model, &json, binary, None)
+        .map(|(request, placement)| (request, placement.binary))
 }
 
 /// Encodes a request with every input as binary tensor data, asking for every
@@ -214,7 +215,7 @@ pub fn encode_request_binary(request: &InferRequest) -> Encoded {
 
 /// Encodes a response, the outputs `binary` names as binary tensor data.
 pub fn encode_response_binary(response: &InferResponse, binary: &BinaryOutputs) -> Encoded {
-    encode_response_parts(response, binary)
+    encode_response_parts(response, binary, &[])
 }
 
 /// Decodes a response, JSON or with binary tensors (`header`: the value of
@@ -231,7 +232,19 @@ pub(super) fn binary_data_size(
     name: &str,
     params: Option<&Map<String, Value>>,
 ) -> Result<Option<usize>> {
-    match params.and_then(|p| p.get("binary_data_size")) {
+    match params {
+        None => Ok(None),
+        Some(p) => byte_count(p, "binary_data_size", || format!("{kind} `{name}`: ")),
+    }
+}
+
+/// `params[key]` as a byte count, if present; `context` begins the error message.
+pub(super) fn byte_count(
+    params: &Map<String, Value>,
+    key: &str,
+    context: impl FnOnce() -> String,
+) -> Result<Option<usize>> {
+    match params.get(key) {
         None => Ok(None),
         Some(v) => v
             .as_u64()
@@ -239,9 +252,73 @@ pub(super) fn binary_data_size(
             .map(Some)
             .ok_or_else(|| {
                 ServerError::invalid(format!(
-                    "{kind} `{name}`: `binary_data_size` must be a non-negative integer, got {v}"
+                    "{}`{key}` must be a non-negative integer, got {v}",
+                    context()
                 ))
             }),
+    }
+}
+
+/// A tensor whose data arrives as a byte count (`param`: the parameter that gave
+/// it) rather than as JSON values: what its size is checked against.
+pub(super) struct SizedTensor<'a> {
+    /// "input" or "output", for messages.
+    pub kind: &'a str,
+    pub name: &'a str,
+    pub dtype: DataType,
+    pub shape: &'a [i64],
+    /// Elements of `shape`.
+    pub elements: usize,
+    pub param: &'a str,
+}
+
+impl SizedTensor<'_> {
+    /// A fixed-size datatype's `size` must be exactly the shape's bytes.
+    pub(super) fn check_size(&self, size: usize) -> Result<()> {
+        let SizedTensor {
+            kind,
+            name,
+            dtype,
+            shape,
+            param,
+            ..
+        } = self;
+        if let Some(width) = dtype.size() {
+            let needed = self.elements.checked_mul(width);
+            if needed != Some(size) {
+                return Err(ServerError::invalid(format!(
+                    "{kind} `{name}`: {param} {size} does not match shape {shape:?} of \
+                     {dtype} ({} bytes)",
+                    needed.map_or_else(|| "too many".to_owned(), |n| n.to_string())
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// BYTES elements must fill `data` exactly.
+    pub(super) fn check_bytes(&self, data: &[u8]) -> Result<()> {
+        let SizedTensor {
+            kind,
+            name,
+            dtype,
+            elements,
+            param,
+            ..
+        } = self;
+        if *dtype != DataType::Bytes {
+            return Ok(());
+        }
+        let size = data.len();
+        match tensor_byte_len(*dtype, *elements, data) {
+            Ok(n) if n == size => Ok(()),
+            Ok(n) => Err(ServerError::invalid(format!(
+                "{kind} `{name}`: {param} {size} but its {elements} BYTES elements take {n} bytes"
+            ))),
+            Err(e) => Err(ServerError::invalid(format!(
+                "{kind} `{name}`: BYTES data of {size} bytes ({param}): {e}"
+            ))),
+        }
     }
 }
 
@@ -267,16 +344,15 @@ impl BinaryPart {
         elements: usize,
         size: usize,
     ) -> Result<Bytes> {
-        if let Some(width) = dtype.size() {
-            let needed = elements.checked_mul(width);
-            if needed != Some(size) {
-                return Err(ServerError::invalid(format!(
-                    "{kind} `{name}`: binary_data_size {size} does not match shape {shape:?} of \
-                     {dtype} ({} bytes)",
-                    needed.map_or_else(|| "too many".to_owned(), |n| n.to_string())
-                )));
-            }
-        }
+        let tensor = SizedTensor {
+            kind,
+            name,
+            dtype,
+            shape,
+            elements,
+            param: "binary_data_size",
+        };
+        tensor.check_size(size)?;
         let left = self.data.len() - self.taken;
         if size > left {
             return Err(ServerError::invalid(format!(
@@ -287,22 +363,7 @@ impl BinaryPart {
         }
         let data = self.data.slice(self.taken..self.taken + size);
         self.taken += size;
-        if dtype == DataType::Bytes {
-            match tensor_byte_len(dtype, elements, &data) {
-                Ok(n) if n == size => {}
-                Ok(n) => {
-                    return Err(ServerError::invalid(format!(
-                        "{kind} `{name}`: binary_data_size {size} but its {elements} BYTES \
-                         elements take {n} bytes"
-                    )))
-                }
-                Err(e) => {
-                    return Err(ServerError::invalid(format!(
-                        "{kind} `{name}`: binary BYTES data of {size} bytes: {e}"
-                    )))
-                }
-            }
-        }
+        tensor.check_bytes(&data)?;
         Ok(data)
     }
 

@@ -2,7 +2,8 @@
 //! little-endian bytes by datatype, nested or flat arrays) and encoding responses.
 //! The same code reads and writes the JSON header of the binary tensor data
 //! extension ([`super::binary`]): a tensor with `binary_data_size` takes its bytes
-//! from the binary part instead of `data`.
+//! from the binary part instead of `data`, and one with `shared_memory_region` from
+//! a registered shared-memory region ([`super::shm`]).
 
 use std::fmt;
 
@@ -15,9 +16,11 @@ use serde::{Deserialize, Serialize, Serializer};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::binary::{binary_data_size, BinaryOutputs, BinaryPart, Encoded};
+use super::binary::{binary_data_size, BinaryOutputs, BinaryPart, Encoded, SizedTensor};
+use super::shm::{read_input, InShm, OutputPlacement, ShmParams};
 use crate::error::{Result, ServerError};
 use crate::infer::{InferRequest, InferResponse, InputTensor, OutputTensor};
+use crate::shm::SharedMemory;
 
 #[derive(Deserialize)]
 struct RequestJson<'a> {
@@ -51,33 +54,35 @@ struct OutputRequestJson {
 
 /// Decodes a KServe v2 JSON inference request for `model`.
 pub fn decode_request(model: &str, body: &[u8]) -> Result<InferRequest> {
-    decode_request_parts(model, body, Bytes::new()).map(|(request, _)| request)
+    decode_request_parts(model, body, Bytes::new(), None).map(|(request, _)| request)
 }
 
-/// Decodes the JSON header `json` of a request whose binary tensors are `binary`;
-/// also returns which outputs the client wants binary.
+/// Decodes the JSON header `json` of a request whose binary tensors are `binary`,
+/// its shared-memory tensors in `shm` (none allowed without it); also returns where
+/// the client wants each output.
 pub(super) fn decode_request_parts(
     model: &str,
     json: &[u8],
     binary: Bytes,
-) -> Result<(InferRequest, BinaryOutputs)> {
+    shm: Option<&SharedMemory>,
+) -> Result<(InferRequest, OutputPlacement)> {
     let parsed: RequestJson<'_> = serde_json::from_slice(json)
         .map_err(|e| ServerError::invalid(format!("malformed inference request: {e}")))?;
     let mut part = BinaryPart::new(binary);
     let inputs = parsed
         .inputs
         .into_iter()
-        .map(|input| decode_tensor(input, "input", &mut part))
+        .map(|input| decode_tensor(input, "input", &mut part, shm))
         .collect::<Result<Vec<_>>>()?;
     part.finish("inputs")?;
     let mut parameters = parsed.parameters.unwrap_or_default();
-    let mut binary_outputs = BinaryOutputs::from_request_parameters(&mut parameters)?;
+    let mut placement = OutputPlacement::from_request_parameters(&mut parameters)?;
     let outputs = match parsed.outputs {
         None => None,
         Some(outs) => Some(
             outs.into_iter()
                 .map(|o| {
-                    binary_outputs.set_from_output_parameters(&o.name, o.parameters.as_ref())?;
+                    placement.set_from_output_parameters(&o.name, o.parameters.as_ref(), shm)?;
                     Ok(o.name)
                 })
                 .collect::<Result<Vec<_>>>()?,
@@ -90,12 +95,17 @@ pub(super) fn decode_request_parts(
         outputs,
         parameters: params_from_json(parameters)?,
     };
-    Ok((request, binary_outputs))
+    Ok((request, placement))
 }
 
-/// One tensor (`kind` is "input" or "output"), its data from `data` or, with
-/// `binary_data_size`, from the binary part.
-fn decode_tensor(input: InputJson<'_>, kind: &str, part: &mut BinaryPart) -> Result<InputTensor> {
+/// One tensor (`kind` is "input" or "output"), its data from `data`, with
+/// `binary_data_size` from the binary part, or with `shared_memory_region` from `shm`.
+fn decode_tensor(
+    input: InputJson<'_>,
+    kind: &str,
+    part: &mut BinaryPart,
+    shm: Option<&SharedMemory>,
+) -> Result<InputTensor> {
     let name = &input.name;
     let dtype = DataType::parse(&input.datatype).ok_or_else(|| {
         ServerError::invalid(format!(
@@ -113,20 +123,36 @@ fn decode_tensor(input: InputJson<'_>, kind: &str, part: &mut BinaryPart) -> Res
             ))
         })?;
     let binary_size = binary_data_size(kind, name, input.parameters.as_ref())?;
-    let data = match (input.data, binary_size) {
-        (Some(_), Some(_)) => {
+    let in_shm = ShmParams::from_parameters(kind, name, input.parameters.as_ref())?;
+    let both = |a: &str, b: &str| {
+        Err(ServerError::invalid(format!(
+            "{kind} `{name}` has both `{a}` and `{b}`"
+        )))
+    };
+    let data = match (input.data, binary_size, in_shm) {
+        (Some(_), Some(_), _) => return both("data", "binary_data_size"),
+        (Some(_), None, Some(_)) => return both("data", "shared_memory_region"),
+        (None, Some(_), Some(_)) => return both("binary_data_size", "shared_memory_region"),
+        (None, None, None) => {
             return Err(ServerError::invalid(format!(
-                "{kind} `{name}` has both `data` and `binary_data_size`"
+                "{kind} `{name}` has no data (no `data`, `parameters.binary_data_size` or \
+                 `parameters.shared_memory_region`)"
             )))
         }
-        (None, None) => {
-            return Err(ServerError::invalid(format!(
-                "{kind} `{name}` has no data (neither `data` nor `parameters.binary_data_size`)"
-            )))
-        }
-        (Some(raw), None) => decode_data(dtype, elements, raw)
+        (Some(raw), None, None) => decode_data(dtype, elements, raw)
             .map_err(|e| ServerError::invalid(format!("{kind} `{name}` ({dtype}): {e}")))?,
-        (None, Some(size)) => part.take(kind, name, dtype, &input.shape, elements, size)?,
+        (None, Some(size), None) => part.take(kind, name, dtype, &input.shape, elements, size)?,
+        (None, None, Some(params)) => {
+            let tensor = SizedTensor {
+                kind,
+                name,
+                dtype,
+                shape: &input.shape,
+                elements,
+                param: "shared_memory_byte_size",
+            };
+            read_input(&tensor, &params, shm)?
+        }
     };
     Ok(InputTensor {
         name: input.name,
@@ -332,7 +358,7 @@ struct OutputJson<'a> {
     datatype: &'static str,
     shape: &'a [i64],
     #[serde(skip_serializing_if = "Option::is_none")]
-    parameters: Option<BinarySizeJson>,
+    parameters: Option<PlacedJson<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     data: Option<DataJson<'a>>,
 }
@@ -340,6 +366,21 @@ struct OutputJson<'a> {
 #[derive(Serialize)]
 struct BinarySizeJson {
     binary_data_size: usize,
+}
+
+/// An output written into shared memory: where, and how many bytes.
+#[derive(Serialize)]
+struct InShmJson<'a> {
+    shared_memory_region: &'a str,
+    shared_memory_byte_size: usize,
+}
+
+/// A tensor's `parameters` when it has no `data`.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum PlacedJson<'a> {
+    Binary(BinarySizeJson),
+    InShm(InShmJson<'a>),
 }
 
 /// A tensor's JSON: its `data`, or when `binary` its `binary_data_size`, its bytes
@@ -356,9 +397,9 @@ fn tensor_json<'a>(
         chunks.push(data.clone());
         let size = data.len();
         (
-            Some(BinarySizeJson {
+            Some(PlacedJson::Binary(BinarySizeJson {
                 binary_data_size: size,
-            }),
+            })),
             None,
         )
     } else {
@@ -502,7 +543,7 @@ pub(super) fn decode_response_parts(json: &[u8], binary: Bytes) -> Result<InferR
     let mut part = BinaryPart::new(binary);
     let mut outputs = Vec::with_capacity(parsed.outputs.len());
     for out in parsed.outputs {
-        let tensor = decode_tensor(out, "output", &mut part)?;
+        let tensor = decode_tensor(out, "output", &mut part, None)?;
         outputs.push(OutputTensor {
             name: tensor.name,
             dtype: tensor.dtype,
@@ -521,18 +562,35 @@ pub(super) fn decode_response_parts(json: &[u8], binary: Bytes) -> Result<InferR
 
 /// Encodes a response as KServe v2 JSON.
 pub fn encode_response(response: &InferResponse) -> Vec<u8> {
-    encode_response_parts(response, &BinaryOutputs::default()).json
+    encode_response_parts(response, &BinaryOutputs::default(), &[]).json
 }
 
-/// Encodes a response, the outputs `binary` names as binary tensor data.
-pub(super) fn encode_response_parts(response: &InferResponse, binary: &BinaryOutputs) -> Encoded {
+/// Encodes a response, the outputs `binary` names as binary tensor data and those
+/// `in_shm` names (already written there) as shared-memory parameters.
+pub(super) fn encode_response_parts(
+    response: &InferResponse,
+    binary: &BinaryOutputs,
+    in_shm: &[InShm<'_>],
+) -> Encoded {
     let mut chunks = Vec::new();
     let outputs = response
         .outputs
         .iter()
-        .map(|o| {
-            let as_binary = binary.is_binary(&o.name);
-            tensor_json(&o.name, o.dtype, &o.shape, &o.data, as_binary, &mut chunks)
+        .map(|o| match in_shm.iter().find(|s| s.output == o.name) {
+            Some(placed) => OutputJson {
+                name: &o.name,
+                datatype: o.dtype.as_str(),
+                shape: &o.shape,
+                parameters: Some(PlacedJson::InShm(InShmJson {
+                    shared_memory_region: placed.region,
+                    shared_memory_byte_size: placed.byte_size,
+                })),
+                data: None,
+            },
+            None => {
+                let as_binary = binary.is_binary(&o.name);
+                tensor_json(&o.name, o.dtype, &o.shape, &o.data, as_binary, &mut chunks)
+            }
         })
         .collect();
     let json = ResponseJson {

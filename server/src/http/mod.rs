@@ -1,11 +1,13 @@
 //! REST over actix-web: KServe v2 core (health, metadata, infer), Triton's
-//! extensions (model configuration, statistics, model repository), kiln's worker
-//! API (load/unload), and Prometheus `/metrics`. Every error is answered as
-//! `{"error": "..."}` with the status [`ServerError::http_status`] gives.
+//! extensions (model configuration, statistics, model repository, system shared
+//! memory), kiln's worker API (load/unload), and Prometheus `/metrics`. Every error
+//! is answered as `{"error": "..."}` with the status [`ServerError::http_status`]
+//! gives.
 
 mod binary;
 mod json;
 mod routes;
+mod shm;
 mod triton;
 
 use std::net::SocketAddr;
@@ -23,6 +25,7 @@ pub use binary::{
 pub use json::{
     decode_request, decode_response, encode_request, encode_response, params_from_json,
 };
+pub use shm::{decode_request_shm, encode_response_shm, OutputPlacement};
 
 /// How to serve HTTP.
 #[derive(Debug, Clone)]

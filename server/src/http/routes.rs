@@ -4,9 +4,9 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
-use super::binary::{decode_request_binary, encode_response_binary};
 use super::json::params_from_json;
-use super::{triton, HttpError, INFERENCE_HEADER_CONTENT_LENGTH};
+use super::shm::{decode_request_shm, encode_response_shm};
+use super::{shm, triton, HttpError, INFERENCE_HEADER_CONTENT_LENGTH};
 use crate::error::ServerError;
 use crate::group::WorkerGroup;
 use crate::infer::expected_shape;
@@ -54,6 +54,23 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(post(
             "/v2/repository/models/{model}/unload",
             repository_unload,
+        ))
+        .service(get("/v2/systemsharedmemory/status", shm::status_all))
+        .service(get(
+            "/v2/systemsharedmemory/region/{region}/status",
+            shm::status_region,
+        ))
+        .service(post(
+            "/v2/systemsharedmemory/region/{region}/register",
+            shm::register,
+        ))
+        .service(post(
+            "/v2/systemsharedmemory/region/{region}/unregister",
+            shm::unregister,
+        ))
+        .service(post(
+            "/v2/systemsharedmemory/unregister",
+            shm::unregister_all,
         ));
 }
 
@@ -114,6 +131,7 @@ async fn server_metadata() -> HttpResponse {
             "model_configuration",
             "statistics",
             "model_repository",
+            "system_shared_memory",
             "kiln_workers",
             "kiln_metrics",
         ],
@@ -198,16 +216,20 @@ async fn infer(state: web::Data<State>, req: HttpRequest, payload: web::Payload)
     let group = lookup(&state, &req)?;
     let body = read_body(payload, state.max_body_bytes).await?;
     let header = req.headers().get(INFERENCE_HEADER_CONTENT_LENGTH);
-    let (request, binary_outputs) =
-        decode_request_binary(&group.endpoint, body, header.map(|v| v.as_bytes()))
-            .inspect_err(|_| group.record_invalid())?;
+    let (request, placement) = decode_request_shm(
+        &group.endpoint,
+        body,
+        header.map(|v| v.as_bytes()),
+        state.server.shared_memory(),
+    )
+    .inspect_err(|_| group.record_invalid())?;
     let reply = group.submit(request)?;
     let response = reply.await.map_err(|_| {
         HttpError(ServerError::Internal(
             "the worker dropped the request".into(),
         ))
     })??;
-    Ok(encode_response_binary(&response, &binary_outputs).into_response())
+    Ok(encode_response_shm(&response, &placement)?.into_response())
 }
 
 async fn load(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
@@ -235,7 +257,10 @@ async fn unload(state: web::Data<State>, path: web::Path<String>) -> Reply {
 }
 
 /// Reads an optional JSON object body.
-async fn json_object(payload: web::Payload, limit: usize) -> Result<Map<String, Value>, HttpError> {
+pub(super) async fn json_object(
+    payload: web::Payload,
+    limit: usize,
+) -> Result<Map<String, Value>, HttpError> {
     let body = read_body(payload, limit).await?;
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Map::new());
