@@ -17,6 +17,7 @@ pub mod repository;
 pub mod server;
 pub mod shm;
 pub mod stats;
+pub mod triton;
 
 pub use error::ServerError;
 pub use infer::{InferRequest, InferResponse, InputTensor, OutputTensor};

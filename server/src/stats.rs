@@ -29,10 +29,90 @@ impl Stat {
         self.ns.fetch_add(ns, Ordering::Relaxed);
     }
 
-    fn json(&self) -> Value {
+    fn read(&self) -> StatDuration {
+        StatDuration {
+            count: self.count.load(Ordering::Relaxed),
+            ns: self.ns.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A count and a cumulative duration in nanoseconds, as read.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StatDuration {
+    pub count: u64,
+    pub ns: u64,
+}
+
+impl StatDuration {
+    fn json(self) -> Value {
+        json!({"count": self.count, "ns": self.ns})
+    }
+}
+
+/// One batch size's totals, as read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchSizeStats {
+    /// Rows per batch.
+    pub batch_size: u64,
+    pub compute_input: StatDuration,
+    pub compute_infer: StatDuration,
+    pub compute_output: StatDuration,
+}
+
+/// A group's statistics read at one moment, for any protocol to render.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Milliseconds since the epoch; 0: never.
+    pub last_inference: u64,
+    pub inference_count: u64,
+    pub execution_count: u64,
+    pub success: StatDuration,
+    pub fail: StatDuration,
+    pub queue: StatDuration,
+    pub compute_input: StatDuration,
+    pub compute_infer: StatDuration,
+    pub compute_output: StatDuration,
+    /// One entry per batch size seen, by size.
+    pub batches: Vec<BatchSizeStats>,
+}
+
+impl StatsSnapshot {
+    /// One entry of Triton's `model_stats` array.
+    pub fn to_json(&self, name: &str, version: &str) -> Value {
+        let batch_stats: Vec<Value> = self
+            .batches
+            .iter()
+            .map(|b| {
+                json!({
+                    "batch_size": b.batch_size,
+                    "compute_input": b.compute_input.json(),
+                    "compute_infer": b.compute_infer.json(),
+                    "compute_output": b.compute_output.json(),
+                })
+            })
+            .collect();
+        // kiln has no response cache; Triton's clients read these fields anyway.
+        let zero = StatDuration::default().json();
         json!({
-            "count": self.count.load(Ordering::Relaxed),
-            "ns": self.ns.load(Ordering::Relaxed),
+            "name": name,
+            "version": version,
+            "last_inference": self.last_inference,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.json(),
+                "fail": self.fail.json(),
+                "queue": self.queue.json(),
+                "compute_input": self.compute_input.json(),
+                "compute_infer": self.compute_infer.json(),
+                "compute_output": self.compute_output.json(),
+                "cache_hit": zero,
+                "cache_miss": zero,
+            },
+            "response_stats": {},
+            "batch_stats": batch_stats,
+            "memory_usage": [],
         })
     }
 }
@@ -131,44 +211,40 @@ impl ModelStats {
         self.last_inference_ms.store(now_ms(), Ordering::Relaxed);
     }
 
-    /// One entry of Triton's `model_stats` array.
-    pub fn to_json(&self, name: &str, version: &str) -> Value {
-        let batch_stats: Vec<Value> = self
+    /// Reads every counter (each exactly; a batch recorded meanwhile may show in
+    /// some and not others).
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let batches = self
             .batches
             .lock()
             .iter()
-            .map(|(size, t)| {
-                let stage = |ns: u64| json!({"count": t.count, "ns": ns});
-                json!({
-                    "batch_size": size,
-                    "compute_input": stage(t.input_ns),
-                    "compute_infer": stage(t.infer_ns),
-                    "compute_output": stage(t.output_ns),
-                })
+            .map(|(&batch_size, t)| {
+                let stage = |ns: u64| StatDuration { count: t.count, ns };
+                BatchSizeStats {
+                    batch_size,
+                    compute_input: stage(t.input_ns),
+                    compute_infer: stage(t.infer_ns),
+                    compute_output: stage(t.output_ns),
+                }
             })
             .collect();
-        // kiln has no response cache; Triton's clients read these fields anyway.
-        let zero = json!({"count": 0, "ns": 0});
-        json!({
-            "name": name,
-            "version": version,
-            "last_inference": self.last_inference_ms.load(Ordering::Relaxed),
-            "inference_count": self.inference_count.load(Ordering::Relaxed),
-            "execution_count": self.execution_count.load(Ordering::Relaxed),
-            "inference_stats": {
-                "success": self.success.json(),
-                "fail": self.fail.json(),
-                "queue": self.queue.json(),
-                "compute_input": self.compute_input.json(),
-                "compute_infer": self.compute_infer.json(),
-                "compute_output": self.compute_output.json(),
-                "cache_hit": zero,
-                "cache_miss": zero,
-            },
-            "response_stats": {},
-            "batch_stats": batch_stats,
-            "memory_usage": [],
-        })
+        StatsSnapshot {
+            last_inference: self.last_inference_ms.load(Ordering::Relaxed),
+            inference_count: self.inference_count.load(Ordering::Relaxed),
+            execution_count: self.execution_count.load(Ordering::Relaxed),
+            success: self.success.read(),
+            fail: self.fail.read(),
+            queue: self.queue.read(),
+            compute_input: self.compute_input.read(),
+            compute_infer: self.compute_infer.read(),
+            compute_output: self.compute_output.read(),
+            batches,
+        }
+    }
+
+    /// One entry of Triton's `model_stats` array.
+    pub fn to_json(&self, name: &str, version: &str) -> Value {
+        self.snapshot().to_json(name, version)
     }
 }
 

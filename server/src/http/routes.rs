@@ -124,17 +124,9 @@ async fn ready(state: web::Data<State>) -> HttpResponse {
 
 async fn server_metadata() -> HttpResponse {
     HttpResponse::Ok().json(json!({
-        "name": "kiln",
-        "version": env!("CARGO_PKG_VERSION"),
-        "extensions": [
-            "binary_tensor_data",
-            "model_configuration",
-            "statistics",
-            "model_repository",
-            "system_shared_memory",
-            "kiln_workers",
-            "kiln_metrics",
-        ],
+        "name": crate::triton::SERVER_NAME,
+        "version": crate::triton::SERVER_VERSION,
+        "extensions": crate::triton::EXTENSIONS,
     }))
 }
 
@@ -154,16 +146,8 @@ pub(super) fn lookup(
     req: &HttpRequest,
 ) -> Result<std::sync::Arc<WorkerGroup>, HttpError> {
     let model = req.match_info().get("model").unwrap_or_default();
-    let group = state.server.model(model)?;
-    if let Some(version) = req.match_info().get("version") {
-        if version != group.version {
-            return Err(HttpError(ServerError::NotFound(format!(
-                "model `{model}` has no version `{version}` loaded (loaded: {})",
-                group.version
-            ))));
-        }
-    }
-    Ok(group)
+    let version = req.match_info().get("version");
+    Ok(crate::triton::lookup(&state.server, model, version)?)
 }
 
 async fn model_metadata(state: web::Data<State>, req: HttpRequest) -> Reply {
@@ -178,7 +162,7 @@ async fn model_metadata(state: web::Data<State>, req: HttpRequest) -> Reply {
     Ok(HttpResponse::Ok().json(json!({
         "name": group.endpoint,
         "versions": [group.version],
-        "platform": format!("kiln_{}", group.worker),
+        "platform": crate::triton::platform(&group.worker),
         "inputs": tensors(&group.info.inputs),
         "outputs": tensors(&group.info.outputs),
         "parameters": {
@@ -276,34 +260,12 @@ pub(super) async fn json_object(
 async fn repository_index(state: web::Data<State>, payload: web::Payload) -> Reply {
     let body = json_object(payload, state.max_body_bytes).await?;
     let only_ready = body.get("ready").and_then(Value::as_bool).unwrap_or(false);
-    let loaded = state.server.models();
-    let mut index = Vec::new();
-    for entry in state.server.repository_index()? {
-        let group = loaded.iter().find(|g| g.endpoint == entry.name);
-        let (version, model_state, reason) = match group {
-            Some(g) if g.is_ready() => (g.version.clone(), "READY", ""),
-            Some(g) => (
-                g.version.clone(),
-                "UNAVAILABLE",
-                "no worker instance can run",
-            ),
-            None => (
-                entry
-                    .versions
-                    .last()
-                    .map(u64::to_string)
-                    .unwrap_or_default(),
-                "UNAVAILABLE",
-                "unloaded",
-            ),
-        };
-        if only_ready && model_state != "READY" {
-            continue;
-        }
-        index.push(
-            json!({"name": entry.name, "version": version, "state": model_state, "reason": reason}),
-        );
-    }
+    let index: Vec<Value> = crate::triton::repository_index(&state.server, only_ready)?
+        .into_iter()
+        .map(
+            |e| json!({"name": e.name, "version": e.version, "state": e.state, "reason": e.reason}),
+        )
+        .collect();
     Ok(HttpResponse::Ok().json(index))
 }
 
@@ -325,22 +287,7 @@ async fn repository_load(
         }
     };
     let mut params = params_from_json(overrides)?;
-    let mut version = None;
-    if let Some(i) = params.iter().position(|p| p.key.as_str() == "version") {
-        let p = params.remove(i);
-        version = Some(
-            kiln_worker_sdk::Params(std::slice::from_ref(&p))
-                .int("version")
-                .ok()
-                .flatten()
-                .and_then(|v| u64::try_from(v).ok())
-                .ok_or_else(|| {
-                    HttpError(ServerError::invalid(
-                        "`version` must be a non-negative integer",
-                    ))
-                })?,
-        );
-    }
+    let version = crate::triton::take_version(&mut params)?;
     state
         .server
         .load_model(&path.into_inner(), version, params)

@@ -1,0 +1,284 @@
+//! What kiln reports about itself and its models in Triton's terms, computed once
+//! for every protocol: REST renders it as JSON (`http::routes`, `http::triton`),
+//! gRPC as protobuf messages (`grpc`).
+
+use std::sync::Arc;
+
+use kiln_worker_sdk::{BatcherKind, DataType, Param, Params, WorkerInfo};
+
+use crate::error::{Result, ServerError};
+use crate::group::{GroupSettings, WorkerGroup};
+use crate::server::Server;
+
+/// The server's name in its metadata.
+pub const SERVER_NAME: &str = "kiln";
+
+/// The server's version in its metadata.
+pub const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The protocol extensions kiln serves, as its server metadata lists them.
+pub const EXTENSIONS: &[&str] = &[
+    "binary_tensor_data",
+    "model_configuration",
+    "statistics",
+    "model_repository",
+    "system_shared_memory",
+    "kiln_workers",
+    "kiln_metrics",
+];
+
+/// A model's platform: `kiln_<worker>`.
+pub fn platform(worker: &str) -> String {
+    format!("kiln_{worker}")
+}
+
+/// The group serving `model`; with `version`, only if it serves that version.
+pub fn lookup(server: &Server, model: &str, version: Option<&str>) -> Result<Arc<WorkerGroup>> {
+    let group = server.model(model)?;
+    match version {
+        Some(version) if version != group.version => Err(ServerError::NotFound(format!(
+            "model `{model}` has no version `{version}` loaded (loaded: {})",
+            group.version
+        ))),
+        _ => Ok(group),
+    }
+}
+
+/// Triton's `DataType` enum name for `dtype` (`BYTES` is `TYPE_STRING`).
+pub fn triton_type(dtype: DataType) -> &'static str {
+    match dtype {
+        DataType::Bool => "TYPE_BOOL",
+        DataType::Uint8 => "TYPE_UINT8",
+        DataType::Uint16 => "TYPE_UINT16",
+        DataType::Uint32 => "TYPE_UINT32",
+        DataType::Uint64 => "TYPE_UINT64",
+        DataType::Int8 => "TYPE_INT8",
+        DataType::Int16 => "TYPE_INT16",
+        DataType::Int32 => "TYPE_INT32",
+        DataType::Int64 => "TYPE_INT64",
+        DataType::Fp16 => "TYPE_FP16",
+        DataType::Bf16 => "TYPE_BF16",
+        DataType::Fp32 => "TYPE_FP32",
+        DataType::Fp64 => "TYPE_FP64",
+        DataType::Bytes => "TYPE_STRING",
+    }
+}
+
+/// A tensor of a [`ModelConfig`]: dims as the worker declares them (without the
+/// batch dim when it batches; -1 dynamic).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigTensor {
+    pub name: String,
+    pub dtype: DataType,
+    pub dims: Vec<i64>,
+}
+
+/// How a batching group is described with Triton's `dynamic_batching`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DynamicBatching {
+    /// `[batch_size]`.
+    pub preferred_batch_size: usize,
+    /// The soft batcher's timeout (0: it sends what has already arrived); the hard
+    /// batcher, which waits without limit for a full batch, `u64::MAX`.
+    pub max_queue_delay_microseconds: u64,
+    /// The request queue's bound (a full queue rejects).
+    pub max_queue_size: usize,
+}
+
+/// A loaded group's configuration in the shape of Triton's `ModelConfig`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub name: String,
+    pub platform: String,
+    /// The worker.
+    pub backend: String,
+    /// The served version when it is a number (policy `specific`), else `None`
+    /// (policy `latest`).
+    pub version: Option<i64>,
+    pub max_batch_size: u32,
+    pub inputs: Vec<ConfigTensor>,
+    pub outputs: Vec<ConfigTensor>,
+    pub allow_ragged_batch: bool,
+    /// One `KIND_CPU` instance group: its name and count.
+    pub instance_group: (String, usize),
+    /// Present when the worker batches.
+    pub dynamic_batching: Option<DynamicBatching>,
+    /// kiln's settings, as Triton's string parameters.
+    pub parameters: Vec<(&'static str, String)>,
+}
+
+impl ModelConfig {
+    /// The configuration of a group named `name`.
+    pub fn new(
+        name: &str,
+        worker: &str,
+        version: &str,
+        info: &WorkerInfo,
+        settings: &GroupSettings,
+        instances: usize,
+    ) -> ModelConfig {
+        let tensors = |specs: &[kiln_worker_sdk::TensorSpec]| -> Vec<ConfigTensor> {
+            specs
+                .iter()
+                .map(|s| ConfigTensor {
+                    name: s.name.as_str().to_owned(),
+                    dtype: s.dtype,
+                    dims: s.dims.to_vec(),
+                })
+                .collect()
+        };
+        let dynamic_batching = (info.max_batch_size > 0).then(|| DynamicBatching {
+            preferred_batch_size: settings.batch_size,
+            max_queue_delay_microseconds: match settings.batcher {
+                BatcherKind::Soft => {
+                    u64::try_from(settings.timeout.as_micros()).unwrap_or(u64::MAX)
+                }
+                BatcherKind::Hard => u64::MAX,
+                BatcherKind::Dynamic => {
+                    u64::try_from(settings.dynamic.max_queue_delay.as_micros()).unwrap_or(u64::MAX)
+                }
+            },
+            max_queue_size: settings.queue_size,
+        });
+        ModelConfig {
+            name: name.to_owned(),
+            platform: platform(worker),
+            backend: worker.to_owned(),
+            version: version.parse().ok(),
+            max_batch_size: info.max_batch_size,
+            inputs: tensors(&info.inputs),
+            outputs: tensors(&info.outputs),
+            allow_ragged_batch: info.allow_ragged_batch,
+            instance_group: (format!("{name}_0"), instances),
+            dynamic_batching,
+            parameters: vec![
+                ("batcher", settings.batcher.as_str().to_owned()),
+                ("batch_size", settings.batch_size.to_string()),
+                ("timeout_ms", settings.timeout.as_millis().to_string()),
+                ("batchers", settings.batchers.to_string()),
+                ("max_buffers", settings.max_buffers.to_string()),
+                ("queue_size", settings.queue_size.to_string()),
+            ],
+        }
+    }
+
+    /// The configuration of a loaded group.
+    pub fn of(group: &WorkerGroup) -> ModelConfig {
+        ModelConfig::new(
+            &group.endpoint,
+            &group.worker,
+            &group.version,
+            &group.info,
+            &group.settings,
+            group.instance_count(),
+        )
+    }
+}
+
+/// One model of the repository index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexEntry {
+    pub name: String,
+    /// The loaded version, else the latest on disk.
+    pub version: String,
+    /// `READY` or `UNAVAILABLE`.
+    pub state: &'static str,
+    /// Why it is not ready (empty when it is).
+    pub reason: &'static str,
+}
+
+/// Triton's repository index: every model of the repository with its state; with
+/// `only_ready`, the ready ones.
+pub fn repository_index(server: &Server, only_ready: bool) -> Result<Vec<IndexEntry>> {
+    let loaded = server.models();
+    let mut index = Vec::new();
+    for entry in server.repository_index()? {
+        let group = loaded.iter().find(|g| g.endpoint == entry.name);
+        let (version, state, reason) = match group {
+            Some(g) if g.is_ready() => (g.version.clone(), "READY", ""),
+            Some(g) => (
+                g.version.clone(),
+                "UNAVAILABLE",
+                "no worker instance can run",
+            ),
+            None => (
+                entry
+                    .versions
+                    .last()
+                    .map(u64::to_string)
+                    .unwrap_or_default(),
+                "UNAVAILABLE",
+                "unloaded",
+            ),
+        };
+        if only_ready && state != "READY" {
+            continue;
+        }
+        index.push(IndexEntry {
+            name: entry.name,
+            version,
+            state,
+            reason,
+        });
+    }
+    Ok(index)
+}
+
+/// Takes the `version` parameter of a repository load out of `params`: the version
+/// to load, if given.
+pub fn take_version(params: &mut Vec<Param>) -> Result<Option<u64>> {
+    let Some(i) = params
+        .iter()
+        .position(|p| p.key.as_str().eq_ignore_ascii_case("version"))
+    else {
+        return Ok(None);
+    };
+    let p = params.remove(i);
+    Params(std::slice::from_ref(&p))
+        .int("version")
+        .ok()
+        .flatten()
+        .and_then(|v| u64::try_from(v).ok())
+        .map(Some)
+        .ok_or_else(|| ServerError::invalid("`version` must be a non-negative integer"))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use kiln_worker_sdk::ParamValue;
+
+    use super::*;
+
+    #[test]
+    fn every_datatype_has_triton_name() {
+        for d in DataType::ALL {
+            let name = triton_type(d);
+            let expected = match d {
+                DataType::Bytes => "TYPE_STRING".to_owned(),
+                _ => format!("TYPE_{}", d.as_str()),
+            };
+            assert_eq!(name, expected);
+        }
+    }
+
+    #[test]
+    fn version_parameter_is_taken_out() {
+        let param = |key: &str, value: ParamValue| Param {
+            key: key.into(),
+            value,
+        };
+        let mut params = vec![
+            param("batch_size", ParamValue::Int(4)),
+            param("Version", ParamValue::Str("2".into())),
+        ];
+        assert_eq!(take_version(&mut params).unwrap(), Some(2));
+        assert_eq!(params.len(), 1);
+        assert_eq!(take_version(&mut params).unwrap(), None);
+        for bad in [ParamValue::Int(-1), ParamValue::Str("x".into())] {
+            let mut params = vec![param("version", bad)];
+            assert!(take_version(&mut params).is_err());
+        }
+    }
+}
