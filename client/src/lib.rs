@@ -1,5 +1,6 @@
 //! kiln-client: talk to kiln over HTTP (KServe v2 JSON, or binary tensors with
-//! [`HttpClient::infer_binary`]) or in-process, with one API.
+//! [`HttpClient::infer_binary`]), over gRPC ([`GrpcClient`], unary or one stream)
+//! or in-process, with one API.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), kiln_client::ClientError> {
@@ -15,9 +16,11 @@
 //! # Ok(()) }
 //! ```
 
+mod grpc;
 mod http;
 mod native;
 
+pub use grpc::{GrpcClient, InferStream};
 pub use http::HttpClient;
 pub use kiln_server::{
     DataType, InferRequest, InferResponse, InputTensor, OutputTensor, Param, ParamValue,
@@ -39,6 +42,12 @@ pub enum ClientError {
     /// The in-process server refused the request.
     #[error(transparent)]
     Server(#[from] kiln_server::ServerError),
+    /// A gRPC call ended with a status other than OK.
+    #[error("gRPC {code:?}: {message}")]
+    Grpc { code: tonic::Code, message: String },
+    /// The server answered a request on a stream with an error (the stream goes on).
+    #[error("stream: request {id:?}: {message}")]
+    Stream { id: Option<String>, message: String },
 }
 
 impl ClientError {
@@ -47,6 +56,15 @@ impl ClientError {
         match self {
             ClientError::Status { status, .. } => Some(*status),
             ClientError::Server(e) => Some(e.http_status()),
+            _ => None,
+        }
+    }
+
+    /// The gRPC status code this error stands for, if any.
+    pub fn grpc_code(&self) -> Option<tonic::Code> {
+        match self {
+            ClientError::Grpc { code, .. } => Some(*code),
+            ClientError::Server(e) => Some(e.grpc_code()),
             _ => None,
         }
     }

@@ -44,6 +44,19 @@ impl ServerError {
         }
     }
 
+    /// The gRPC status code for this error.
+    pub fn grpc_code(&self) -> tonic::Code {
+        match self {
+            ServerError::InvalidRequest(_)
+            | ServerError::LoadFailed { .. }
+            | ServerError::TooLarge(_) => tonic::Code::InvalidArgument,
+            ServerError::NotFound(_) => tonic::Code::NotFound,
+            ServerError::QueueFull { .. } => tonic::Code::ResourceExhausted,
+            ServerError::Unavailable(_) => tonic::Code::Unavailable,
+            ServerError::WorkerFailed(_) | ServerError::Internal(_) => tonic::Code::Internal,
+        }
+    }
+
     /// How long a refused client should wait before retrying, when that applies.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {

@@ -1,10 +1,12 @@
 //! kiln-server: the kiln inference server as a library, and the `kiln` binary.
 //!
 //! [`Server`] is the in-process API: start it, load workers, `infer().await` with
-//! no socket. [`http`] serves it over REST (KServe v2).
+//! no socket. [`http`] serves it over REST (KServe v2), [`grpc`] over gRPC (Triton's
+//! `GRPCInferenceService`).
 
 pub mod error;
 pub mod group;
+pub mod grpc;
 pub mod http;
 pub mod infer;
 pub mod instance;

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
+use kiln_server::grpc::{GrpcConfig, GrpcServer};
 use kiln_server::http::{serve, HttpConfig};
 use kiln_server::{Param, ParamValue, Server, ServerConfig};
 
@@ -56,6 +57,15 @@ struct ServeArgs {
     /// HTTP worker threads (default: one per core).
     #[arg(long, env = "KILN_HTTP_WORKERS")]
     http_workers: Option<usize>,
+    /// gRPC port (0: any free port; the bound address is printed).
+    #[arg(long, env = "KILN_GRPC_PORT", default_value_t = 8001)]
+    grpc_port: u16,
+    /// Largest gRPC message in bytes, received or sent.
+    #[arg(long, env = "KILN_GRPC_MAX_MESSAGE_BYTES", default_value_t = 64 << 20)]
+    grpc_max_message_bytes: usize,
+    /// gRPC runtime threads (default: one per core).
+    #[arg(long, env = "KILN_GRPC_THREADS")]
+    grpc_threads: Option<usize>,
 }
 
 /// Parses `WORKER[:key=value,...]`.
@@ -114,25 +124,38 @@ async fn main() -> anyhow::Result<()> {
             .with_context(|| format!("loading `{worker}` at start"))?;
         spdlog::info!("serving `{endpoint}`");
     }
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let (http, addrs) = serve(
         server.clone(),
         HttpConfig {
             addr: SocketAddr::new(args.host, args.http_port),
             max_body_bytes: args.max_body_bytes,
-            workers: args
-                .http_workers
-                .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
+            workers: args.http_workers.unwrap_or(cores),
         },
     )
     .with_context(|| format!("cannot listen on {}:{}", args.host, args.http_port))?;
+    let grpc = GrpcServer::start(
+        server.clone(),
+        GrpcConfig {
+            addr: SocketAddr::new(args.host, args.grpc_port),
+            max_message_bytes: args.grpc_max_message_bytes,
+            threads: args.grpc_threads.unwrap_or(cores),
+        },
+    )
+    .with_context(|| format!("cannot listen on {}:{} (gRPC)", args.host, args.grpc_port))?;
     for addr in &addrs {
-        // A stable line for scripts and tests that start kiln on port 0.
+        // Stable lines for scripts and tests that start kiln on port 0.
         println!("kiln: HTTP listening on {addr}");
         spdlog::info!("HTTP listening on {addr}");
     }
+    println!("kiln: gRPC listening on {}", grpc.local_addr());
+    spdlog::info!("gRPC listening on {}", grpc.local_addr());
     std::io::stdout().flush()?;
     server.set_ready(true);
-    http.await?;
+    let served = http.await;
+    spdlog::info!("stopping: gRPC");
+    grpc.stop(std::time::Duration::from_secs(5)).await;
+    served?;
     spdlog::info!("stopping: draining every model");
     server.shutdown().await;
     spdlog::default_logger().flush();

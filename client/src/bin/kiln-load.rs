@@ -4,12 +4,15 @@
 //! last is answered) or open loop (`--rate R`: requests start on a fixed schedule,
 //! latency counted from the scheduled start, so a slow server cannot hide queueing).
 //! Over HTTP (one keep-alive HTTP/1.1 connection per client, KServe v2 JSON, or
-//! with `--binary` binary tensor data both ways) or in-process (`--in-process`: an
-//! embedded server, no socket).
+//! with `--binary` binary tensor data both ways), over gRPC (`--grpc`: one HTTP/2
+//! connection per client, raw tensor contents; with `--streaming` each client keeps
+//! one `ModelStreamInfer` stream and sends its next request when the last is
+//! answered) or in-process (`--in-process`: an embedded server, no socket).
 //!
 //! ```text
 //! kiln-load --url http://127.0.0.1:8000 --model echo --input INPUT0:UINT32:1x16 \
 //!           --concurrency 1,8,32,128 --duration 10
+//! kiln-load --grpc --streaming --model echo --input INPUT0:UINT32:1x16 --concurrency 32
 //! kiln-load --in-process --load echo --model echo --input INPUT0:UINT32:1x16 --concurrency 32
 //! ```
 
@@ -25,7 +28,11 @@ use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use kiln_client::{DataType, InferRequest, InputTensor, NativeClient, Param, ParamValue};
+use kiln_client::{
+    DataType, GrpcClient, InferRequest, InferStream, InputTensor, NativeClient, Param, ParamValue,
+};
+use kiln_server::grpc::convert::encode_request as encode_grpc_request;
+use kiln_server::grpc::proto::ModelInferRequest;
 use kiln_server::http::{encode_request, encode_request_binary, INFERENCE_HEADER_CONTENT_LENGTH};
 use kiln_server::ServerConfig;
 use tokio::net::TcpStream;
@@ -81,6 +88,15 @@ struct Args {
     /// HTTP: send the inputs as binary tensor data and ask for binary outputs.
     #[arg(long)]
     binary: bool,
+    /// Use gRPC (`--grpc-url`) instead of HTTP.
+    #[arg(long, conflicts_with = "in_process")]
+    grpc: bool,
+    /// gRPC server URL.
+    #[arg(long, env = "KILN_GRPC_URL", default_value = "http://127.0.0.1:8001")]
+    grpc_url: String,
+    /// gRPC: each client sends over one bidirectional stream (ModelStreamInfer).
+    #[arg(long, requires = "grpc")]
+    streaming: bool,
 }
 
 fn parse_input(spec: &str) -> anyhow::Result<InputTensor> {
@@ -145,6 +161,14 @@ enum Caller {
         client: NativeClient,
         request: InferRequest,
     },
+    Grpc {
+        client: GrpcClient,
+        request: ModelInferRequest,
+    },
+    GrpcStream {
+        stream: InferStream,
+        request: ModelInferRequest,
+    },
 }
 
 impl Caller {
@@ -191,6 +215,26 @@ impl Caller {
                 .await
                 .map(drop)
                 .map_err(|e| format!("{:?}", e.status())),
+            Caller::Grpc { client, request } => client
+                .infer_message(request.clone())
+                .await
+                .map(drop)
+                .map_err(|e| match e.grpc_code() {
+                    Some(code) => format!("gRPC {code:?}"),
+                    None => e.to_string(),
+                }),
+            Caller::GrpcStream { stream, request } => {
+                stream
+                    .send_message(request.clone())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                match stream.recv_message().await {
+                    Ok(Some(m)) if m.error_message.is_empty() => Ok(()),
+                    Ok(Some(m)) => Err(format!("stream error: {}", m.error_message)),
+                    Ok(None) => Err("stream ended".into()),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
         }
     }
 }
@@ -205,6 +249,11 @@ enum Target {
     Native {
         client: NativeClient,
         request: InferRequest,
+    },
+    Grpc {
+        url: String,
+        streaming: bool,
+        request: ModelInferRequest,
     },
 }
 
@@ -235,6 +284,23 @@ impl Target {
                 client: client.clone(),
                 request: request.clone(),
             }),
+            Target::Grpc {
+                url,
+                streaming,
+                request,
+            } => {
+                // One connection per client, as over HTTP.
+                let client = GrpcClient::connect(url).await?;
+                let request = request.clone();
+                Ok(if *streaming {
+                    Caller::GrpcStream {
+                        stream: client.stream().await?,
+                        request,
+                    }
+                } else {
+                    Caller::Grpc { client, request }
+                })
+            }
         }
     }
 }
@@ -360,6 +426,16 @@ async fn target(args: &Args, inputs: Vec<InputTensor>) -> anyhow::Result<Target>
         }
         return Ok(Target::Native { client, request });
     }
+    if args.grpc {
+        if args.binary {
+            bail!("--binary is for HTTP; gRPC always sends raw tensor contents");
+        }
+        return Ok(Target::Grpc {
+            url: args.grpc_url.clone(),
+            streaming: args.streaming,
+            request: encode_grpc_request(&request),
+        });
+    }
     let url = args.url.trim_end_matches('/');
     let host = url
         .strip_prefix("http://")
@@ -410,10 +486,12 @@ fn main() -> anyhow::Result<()> {
                     .map_or(0.0, |h| h.value_at_quantile(p) as f64 / 1000.0)
             };
             let errors: u64 = stats.errors.values().sum();
-            let mode = match (args.in_process, args.binary) {
-                (true, _) => "in-process",
-                (false, true) => "http-binary",
-                (false, false) => "http",
+            let mode = match (args.in_process, args.grpc, args.streaming, args.binary) {
+                (true, ..) => "in-process",
+                (false, true, true, _) => "grpc-stream",
+                (false, true, false, _) => "grpc",
+                (false, false, _, true) => "http-binary",
+                (false, false, _, false) => "http",
             };
             if args.json {
                 println!(

@@ -1,0 +1,821 @@
+//! Conversions between the protocol's messages and kiln's protocol-free types, for
+//! the server (requests in, responses out) and for clients (the other way).
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use kiln_worker_sdk::{encode_bytes, DataType, Param, ParamValue};
+
+use super::proto::{
+    self, infer_parameter::ParameterChoice, model_infer_request::InferInputTensor,
+    model_infer_request::InferRequestedOutputTensor, model_infer_response::InferOutputTensor,
+    model_repository_parameter, InferParameter, InferTensorContents, ModelInferRequest,
+    ModelInferResponse,
+};
+use crate::error::{Result, ServerError};
+use crate::infer::{InferRequest, InferResponse, InputTensor, OutputTensor};
+use crate::shm::{SharedMemory, ShmSlice};
+use crate::stats::{StatDuration, StatsSnapshot};
+use crate::triton;
+
+/// The tensor parameters that place data in system shared memory.
+const REGION: &str = "shared_memory_region";
+const BYTE_SIZE: &str = "shared_memory_byte_size";
+const OFFSET: &str = "shared_memory_offset";
+
+/// Outputs the client wants written into shared memory: each output's window.
+#[derive(Clone, Default)]
+pub struct ShmOutputs(Vec<(String, ShmSlice)>);
+
+/// Decodes a `ModelInferRequest` into an [`InferRequest`]. Each input's data comes
+/// from the next `raw_input_contents` entry when the request has any, else from its
+/// typed `contents`; the sizes are checked against shape and datatype when the
+/// request is validated against the model. Shared-memory tensors are refused.
+pub fn decode_request(request: ModelInferRequest) -> Result<InferRequest> {
+    decode(request, None).map(|(request, _)| request)
+}
+
+/// [`decode_request`], with inputs read from (without a copy) and outputs placed in
+/// `shm`'s regions where their parameters name one.
+pub fn decode_request_shm(
+    request: ModelInferRequest,
+    shm: &SharedMemory,
+) -> Result<(InferRequest, ShmOutputs)> {
+    decode(request, Some(shm))
+}
+
+fn decode(
+    request: ModelInferRequest,
+    shm: Option<&SharedMemory>,
+) -> Result<(InferRequest, ShmOutputs)> {
+    let ModelInferRequest {
+        model_name,
+        id,
+        parameters,
+        inputs,
+        outputs,
+        raw_input_contents,
+        ..
+    } = request;
+    let raw_count = raw_input_contents.len();
+    let mut raw = raw_input_contents.into_iter();
+    let mut raw_taken = 0;
+    let mut decoded = Vec::with_capacity(inputs.len());
+    for input in inputs {
+        let dtype = DataType::parse(&input.datatype).ok_or_else(|| {
+            ServerError::invalid(format!(
+                "input `{}`: unknown datatype `{}`",
+                input.name, input.datatype
+            ))
+        })?;
+        let in_shm = shm_window("input", &input.name, &input.parameters, shm)?;
+        let has_contents = input.contents.as_ref().is_some_and(|c| !is_empty(c));
+        let data = if let Some(window) = in_shm {
+            if has_contents {
+                return Err(ServerError::invalid(format!(
+                    "input `{}` has both contents and `{REGION}`",
+                    input.name
+                )));
+            }
+            window.read()?
+        } else if raw_count > 0 {
+            if has_contents {
+                return Err(ServerError::invalid(format!(
+                    "input `{}`: contents and raw_input_contents cannot be mixed",
+                    input.name
+                )));
+            }
+            raw_taken += 1;
+            raw.next().ok_or_else(|| {
+                ServerError::invalid(format!(
+                    "raw_input_contents has {raw_count} entries, fewer than the inputs"
+                ))
+            })?
+        } else {
+            let contents = input.contents.unwrap_or_default();
+            contents_to_bytes(&input.name, dtype, contents)?
+        };
+        decoded.push(InputTensor {
+            name: input.name,
+            dtype,
+            shape: input.shape,
+            data,
+        });
+    }
+    if raw.next().is_some() {
+        return Err(ServerError::invalid(format!(
+            "raw_input_contents has {raw_count} entries for {raw_taken} inputs"
+        )));
+    }
+    let mut in_shm = ShmOutputs::default();
+    for output in &outputs {
+        if let Some(window) = shm_window("output", &output.name, &output.parameters, shm)? {
+            in_shm.0.push((output.name.clone(), window));
+        }
+    }
+    let request = InferRequest {
+        model: model_name,
+        id: (!id.is_empty()).then_some(id),
+        inputs: decoded,
+        outputs: (!outputs.is_empty()).then(|| outputs.into_iter().map(|o| o.name).collect()),
+        parameters: params_from_proto(parameters)?,
+    };
+    Ok((request, in_shm))
+}
+
+/// The shared-memory window a tensor's `parameters` name, if any.
+fn shm_window(
+    kind: &str,
+    name: &str,
+    parameters: &HashMap<String, InferParameter>,
+    shm: Option<&SharedMemory>,
+) -> Result<Option<ShmSlice>> {
+    let size = |key: &str| -> Result<Option<usize>> {
+        let value = match parameters
+            .get(key)
+            .and_then(|p| p.parameter_choice.as_ref())
+        {
+            None => return Ok(None),
+            Some(ParameterChoice::Int64Param(v)) => u64::try_from(*v).ok(),
+            Some(ParameterChoice::Uint64Param(v)) => Some(*v),
+            Some(_) => None,
+        };
+        value
+            .and_then(|v| usize::try_from(v).ok())
+            .map(Some)
+            .ok_or_else(|| {
+                ServerError::invalid(format!(
+                    "{kind} `{name}`: `{key}` must be a non-negative integer"
+                ))
+            })
+    };
+    let (byte_size, offset) = (size(BYTE_SIZE)?, size(OFFSET)?);
+    let region = match parameters
+        .get(REGION)
+        .and_then(|p| p.parameter_choice.as_ref())
+    {
+        None if byte_size.is_none() && offset.is_none() => return Ok(None),
+        Some(ParameterChoice::StringParam(region)) => region,
+        None => {
+            return Err(ServerError::invalid(format!(
+                "{kind} `{name}`: `{BYTE_SIZE}` or `{OFFSET}` without `{REGION}`"
+            )))
+        }
+        Some(_) => {
+            return Err(ServerError::invalid(format!(
+                "{kind} `{name}`: `{REGION}` must be a string"
+            )))
+        }
+    };
+    let byte_size = byte_size.ok_or_else(|| {
+        ServerError::invalid(format!("{kind} `{name}`: `{REGION}` needs `{BYTE_SIZE}`"))
+    })?;
+    let shm = shm.ok_or_else(|| {
+        ServerError::invalid(format!(
+            "{kind} `{name}`: shared memory is not available here"
+        ))
+    })?;
+    // An unknown region is the request's fault, as over REST.
+    shm.slice(region, offset.unwrap_or(0), byte_size)
+        .map(Some)
+        .map_err(|e| match e {
+            ServerError::NotFound(m) | ServerError::InvalidRequest(m) => {
+                ServerError::invalid(format!("{kind} `{name}`: {m}"))
+            }
+            other => other,
+        })
+}
+
+/// Encodes an [`InferResponse`]: every output's data in `raw_output_contents`.
+pub fn encode_response(response: InferResponse) -> ModelInferResponse {
+    encode(response, &ShmOutputs::default())
+}
+
+/// [`encode_response`], after writing the outputs `in_shm` names into their
+/// windows: those have an empty raw entry (keeping the others' positions) and their
+/// region and size in their `parameters`. An output larger than its window is an
+/// error.
+pub fn encode_response_shm(
+    response: InferResponse,
+    in_shm: &ShmOutputs,
+) -> Result<ModelInferResponse> {
+    for output in &response.outputs {
+        if let Some((_, window)) = in_shm.0.iter().find(|(n, _)| *n == output.name) {
+            if output.data.len() > window.len() {
+                return Err(ServerError::invalid(format!(
+                    "output `{}` needs {} bytes but its {BYTE_SIZE} is {}",
+                    output.name,
+                    output.data.len(),
+                    window.len()
+                )));
+            }
+        }
+    }
+    for output in &response.outputs {
+        if let Some((_, window)) = in_shm.0.iter().find(|(n, _)| *n == output.name) {
+            window.write(&output.data)?;
+        }
+    }
+    Ok(encode(response, in_shm))
+}
+
+fn encode(response: InferResponse, in_shm: &ShmOutputs) -> ModelInferResponse {
+    let mut outputs = Vec::with_capacity(response.outputs.len());
+    let mut raw = Vec::with_capacity(response.outputs.len());
+    for output in response.outputs {
+        let mut parameters = HashMap::new();
+        let mut data = output.data;
+        if let Some((_, window)) = in_shm.0.iter().find(|(n, _)| *n == output.name) {
+            let param = |choice| InferParameter {
+                parameter_choice: Some(choice),
+            };
+            parameters.insert(
+                REGION.to_owned(),
+                param(ParameterChoice::StringParam(window.region().to_owned())),
+            );
+            parameters.insert(
+                BYTE_SIZE.to_owned(),
+                param(ParameterChoice::Int64Param(
+                    i64::try_from(data.len()).unwrap_or(i64::MAX),
+                )),
+            );
+            data = Bytes::new();
+        }
+        outputs.push(InferOutputTensor {
+            name: output.name,
+            datatype: output.dtype.as_str().to_owned(),
+            shape: output.shape,
+            parameters,
+            contents: None,
+        });
+        raw.push(data);
+    }
+    ModelInferResponse {
+        model_name: response.model_name,
+        model_version: response.model_version,
+        id: response.id.unwrap_or_default(),
+        parameters: HashMap::new(),
+        outputs,
+        raw_output_contents: raw,
+    }
+}
+
+/// Encodes an [`InferRequest`] for a client: every input's data raw.
+pub fn encode_request(request: &InferRequest) -> ModelInferRequest {
+    ModelInferRequest {
+        model_name: request.model.clone(),
+        model_version: String::new(),
+        id: request.id.clone().unwrap_or_default(),
+        parameters: params_to_proto(&request.parameters),
+        inputs: request
+            .inputs
+            .iter()
+            .map(|t| InferInputTensor {
+                name: t.name.clone(),
+                datatype: t.dtype.as_str().to_owned(),
+                shape: t.shape.clone(),
+                ..Default::default()
+            })
+            .collect(),
+        outputs: request
+            .outputs
+            .iter()
+            .flatten()
+            .map(|name| InferRequestedOutputTensor {
+                name: name.clone(),
+                parameters: HashMap::new(),
+            })
+            .collect(),
+        raw_input_contents: request.inputs.iter().map(|t| t.data.clone()).collect(),
+    }
+}
+
+/// Decodes a `ModelInferResponse` for a client (raw or typed output data).
+pub fn decode_response(response: ModelInferResponse) -> Result<InferResponse> {
+    let raw_count = response.raw_output_contents.len();
+    let mut raw = response.raw_output_contents.into_iter();
+    let mut outputs = Vec::with_capacity(response.outputs.len());
+    for output in response.outputs {
+        let dtype = DataType::parse(&output.datatype).ok_or_else(|| {
+            ServerError::invalid(format!(
+                "output `{}`: unknown datatype `{}`",
+                output.name, output.datatype
+            ))
+        })?;
+        let data = match raw.next() {
+            Some(data) => data,
+            None if raw_count == 0 => {
+                contents_to_bytes(&output.name, dtype, output.contents.unwrap_or_default())?
+            }
+            None => {
+                return Err(ServerError::invalid(format!(
+                    "raw_output_contents has {raw_count} entries, fewer than the outputs"
+                )))
+            }
+        };
+        outputs.push(OutputTensor {
+            name: output.name,
+            dtype,
+            shape: output.shape,
+            data,
+        });
+    }
+    Ok(InferResponse {
+        model_name: response.model_name,
+        model_version: response.model_version,
+        id: (!response.id.is_empty()).then_some(response.id),
+        outputs,
+    })
+}
+
+fn is_empty(c: &InferTensorContents) -> bool {
+    c.bool_contents.is_empty()
+        && c.int_contents.is_empty()
+        && c.int64_contents.is_empty()
+        && c.uint_contents.is_empty()
+        && c.uint64_contents.is_empty()
+        && c.fp32_contents.is_empty()
+        && c.fp64_contents.is_empty()
+        && c.bytes_contents.is_empty()
+}
+
+/// Typed contents as kiln's little-endian bytes (BYTES length-prefixed). Only the
+/// field of `dtype` may hold elements.
+fn contents_to_bytes(name: &str, dtype: DataType, c: InferTensorContents) -> Result<Bytes> {
+    let field = match dtype {
+        DataType::Bool => "bool_contents",
+        DataType::Int8 | DataType::Int16 | DataType::Int32 => "int_contents",
+        DataType::Int64 => "int64_contents",
+        DataType::Uint8 | DataType::Uint16 | DataType::Uint32 => "uint_contents",
+        DataType::Uint64 => "uint64_contents",
+        DataType::Fp32 => "fp32_contents",
+        DataType::Fp64 => "fp64_contents",
+        DataType::Bytes => "bytes_contents",
+        DataType::Fp16 | DataType::Bf16 => "",
+    };
+    let used = [
+        ("bool_contents", c.bool_contents.is_empty()),
+        ("int_contents", c.int_contents.is_empty()),
+        ("int64_contents", c.int64_contents.is_empty()),
+        ("uint_contents", c.uint_contents.is_empty()),
+        ("uint64_contents", c.uint64_contents.is_empty()),
+        ("fp32_contents", c.fp32_contents.is_empty()),
+        ("fp64_contents", c.fp64_contents.is_empty()),
+        ("bytes_contents", c.bytes_contents.is_empty()),
+    ];
+    if let Some((wrong, _)) = used.iter().find(|(f, empty)| !empty && *f != field) {
+        return Err(ServerError::invalid(if field.is_empty() {
+            format!("input `{name}`: {dtype} data must be sent in raw_input_contents")
+        } else {
+            format!("input `{name}`: {dtype} data goes in {field}, not {wrong}")
+        }));
+    }
+    let out_of_range = |v: &dyn std::fmt::Display| {
+        ServerError::invalid(format!("input `{name}`: {v} is out of range for {dtype}"))
+    };
+    fn narrow<S: Copy + std::fmt::Display, T: TryFrom<S>>(
+        values: &[S],
+        out_of_range: impl Fn(&dyn std::fmt::Display) -> ServerError,
+        mut push: impl FnMut(T),
+    ) -> Result<()> {
+        for &v in values {
+            push(T::try_from(v).map_err(|_| out_of_range(&v))?);
+        }
+        Ok(())
+    }
+    let mut out: Vec<u8> = Vec::new();
+    match dtype {
+        DataType::Bool => out.extend(c.bool_contents.iter().map(|&b| u8::from(b))),
+        DataType::Int8 => narrow(&c.int_contents, out_of_range, |v: i8| {
+            out.extend_from_slice(&v.to_le_bytes())
+        })?,
+        DataType::Int16 => narrow(&c.int_contents, out_of_range, |v: i16| {
+            out.extend_from_slice(&v.to_le_bytes())
+        })?,
+        DataType::Int32 => out.extend(c.int_contents.iter().flat_map(|v| v.to_le_bytes())),
+        DataType::Int64 => out.extend(c.int64_contents.iter().flat_map(|v| v.to_le_bytes())),
+        DataType::Uint8 => narrow(&c.uint_contents, out_of_range, |v: u8| out.push(v))?,
+        DataType::Uint16 => narrow(&c.uint_contents, out_of_range, |v: u16| {
+            out.extend_from_slice(&v.to_le_bytes())
+        })?,
+        DataType::Uint32 => out.extend(c.uint_contents.iter().flat_map(|v| v.to_le_bytes())),
+        DataType::Uint64 => out.extend(c.uint64_contents.iter().flat_map(|v| v.to_le_bytes())),
+        DataType::Fp32 => out.extend(c.fp32_contents.iter().flat_map(|v| v.to_le_bytes())),
+        DataType::Fp64 => out.extend(c.fp64_contents.iter().flat_map(|v| v.to_le_bytes())),
+        DataType::Bytes => out = encode_bytes(&c.bytes_contents),
+        DataType::Fp16 | DataType::Bf16 => {}
+    }
+    Ok(Bytes::from(out))
+}
+
+/// Parameters as kiln [`Param`]s sorted by key, each value converted by `value`
+/// (`None`: the parameter holds no value).
+fn sorted_params<P>(
+    parameters: HashMap<String, P>,
+    value: impl Fn(&str, P) -> Result<Option<ParamValue>>,
+) -> Result<Vec<Param>> {
+    let mut params = parameters
+        .into_iter()
+        .map(|(key, p)| {
+            let value = value(&key, p)?
+                .ok_or_else(|| ServerError::invalid(format!("parameter `{key}` has no value")))?;
+            Ok(Param {
+                key: key.into(),
+                value,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    params.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok(params)
+}
+
+/// Request parameters as kiln [`Param`]s, sorted by key.
+pub fn params_from_proto(parameters: HashMap<String, InferParameter>) -> Result<Vec<Param>> {
+    sorted_params(parameters, |key, p| {
+        Ok(match p.parameter_choice {
+            Some(ParameterChoice::BoolParam(b)) => Some(ParamValue::Bool(b)),
+            Some(ParameterChoice::Int64Param(i)) => Some(ParamValue::Int(i)),
+            Some(ParameterChoice::StringParam(s)) => Some(ParamValue::Str(s.into())),
+            Some(ParameterChoice::DoubleParam(f)) => Some(ParamValue::Float(f)),
+            Some(ParameterChoice::Uint64Param(u)) => {
+                Some(ParamValue::Int(i64::try_from(u).map_err(|_| {
+                    ServerError::invalid(format!("parameter `{key}`: {u} is too large"))
+                })?))
+            }
+            None => None,
+        })
+    })
+}
+
+/// kiln [`Param`]s as request parameters.
+pub fn params_to_proto(params: &[Param]) -> HashMap<String, InferParameter> {
+    params
+        .iter()
+        .map(|p| {
+            let choice = match &p.value {
+                ParamValue::Bool(b) => ParameterChoice::BoolParam(*b),
+                ParamValue::Int(i) => ParameterChoice::Int64Param(*i),
+                ParamValue::Float(f) => ParameterChoice::DoubleParam(*f),
+                ParamValue::Str(s) => ParameterChoice::StringParam(s.to_string()),
+            };
+            (
+                p.key.to_string(),
+                InferParameter {
+                    parameter_choice: Some(choice),
+                },
+            )
+        })
+        .collect()
+}
+
+/// Repository load parameters as kiln [`Param`]s (overrides), sorted by key.
+pub fn repository_params(
+    parameters: HashMap<String, proto::ModelRepositoryParameter>,
+) -> Result<Vec<Param>> {
+    use model_repository_parameter::ParameterChoice as Choice;
+    sorted_params(parameters, |key, p| {
+        Ok(match p.parameter_choice {
+            Some(Choice::BoolParam(b)) => Some(ParamValue::Bool(b)),
+            Some(Choice::Int64Param(i)) => Some(ParamValue::Int(i)),
+            Some(Choice::StringParam(s)) => Some(ParamValue::Str(s.into())),
+            Some(Choice::BytesParam(_)) => {
+                return Err(ServerError::invalid(format!(
+                    "parameter `{key}`: model files cannot be sent with a load"
+                )))
+            }
+            None => None,
+        })
+    })
+}
+
+/// The protocol's `DataType` enum value for `dtype`.
+fn data_type(dtype: DataType) -> i32 {
+    proto::DataType::from_str_name(triton::triton_type(dtype))
+        .unwrap_or(proto::DataType::TypeInvalid) as i32
+}
+
+/// A group's configuration as the protocol's `ModelConfig`.
+pub fn model_config(c: &triton::ModelConfig) -> proto::ModelConfig {
+    use proto::model_version_policy::{Latest, PolicyChoice, Specific};
+    let version_policy = match c.version {
+        Some(v) => PolicyChoice::Specific(Specific { versions: vec![v] }),
+        None => PolicyChoice::Latest(Latest { num_versions: 1 }),
+    };
+    let saturate = |v: usize| i32::try_from(v).unwrap_or(i32::MAX);
+    proto::ModelConfig {
+        name: c.name.clone(),
+        platform: c.platform.clone(),
+        backend: c.backend.clone(),
+        version_policy: Some(proto::ModelVersionPolicy {
+            policy_choice: Some(version_policy),
+        }),
+        max_batch_size: i32::try_from(c.max_batch_size).unwrap_or(i32::MAX),
+        input: c
+            .inputs
+            .iter()
+            .map(|t| proto::ModelInput {
+                name: t.name.clone(),
+                data_type: data_type(t.dtype),
+                dims: t.dims.clone(),
+                allow_ragged_batch: c.allow_ragged_batch,
+                ..Default::default()
+            })
+            .collect(),
+        output: c
+            .outputs
+            .iter()
+            .map(|t| proto::ModelOutput {
+                name: t.name.clone(),
+                data_type: data_type(t.dtype),
+                dims: t.dims.clone(),
+                ..Default::default()
+            })
+            .collect(),
+        instance_group: vec![proto::ModelInstanceGroup {
+            name: c.instance_group.0.clone(),
+            kind: proto::model_instance_group::Kind::Cpu as i32,
+            count: saturate(c.instance_group.1),
+            ..Default::default()
+        }],
+        scheduling_choice: c.dynamic_batching.map(|d| {
+            proto::model_config::SchedulingChoice::DynamicBatching(proto::ModelDynamicBatching {
+                preferred_batch_size: vec![saturate(d.preferred_batch_size)],
+                max_queue_delay_microseconds: d.max_queue_delay_microseconds,
+                default_queue_policy: Some(proto::ModelQueuePolicy {
+                    max_queue_size: u32::try_from(d.max_queue_size).unwrap_or(u32::MAX),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+        }),
+        parameters: c
+            .parameters
+            .iter()
+            .map(|(key, value)| {
+                (
+                    (*key).to_owned(),
+                    proto::ModelParameter {
+                        string_value: value.clone(),
+                    },
+                )
+            })
+            .collect(),
+    }
+}
+
+/// A group's statistics as the protocol's `ModelStatistics`.
+pub fn model_statistics(name: &str, version: &str, s: &StatsSnapshot) -> proto::ModelStatistics {
+    let d = |d: StatDuration| {
+        Some(proto::StatisticDuration {
+            count: d.count,
+            ns: d.ns,
+        })
+    };
+    proto::ModelStatistics {
+        name: name.to_owned(),
+        version: version.to_owned(),
+        last_inference: s.last_inference,
+        inference_count: s.inference_count,
+        execution_count: s.execution_count,
+        inference_stats: Some(proto::InferStatistics {
+            success: d(s.success),
+            fail: d(s.fail),
+            queue: d(s.queue),
+            compute_input: d(s.compute_input),
+            compute_infer: d(s.compute_infer),
+            compute_output: d(s.compute_output),
+            cache_hit: d(StatDuration::default()),
+            cache_miss: d(StatDuration::default()),
+        }),
+        batch_stats: s
+            .batches
+            .iter()
+            .map(|b| proto::InferBatchStatistics {
+                batch_size: b.batch_size,
+                compute_input: d(b.compute_input),
+                compute_infer: d(b.compute_infer),
+                compute_output: d(b.compute_output),
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn input(
+        name: &str,
+        datatype: &str,
+        shape: &[i64],
+        contents: InferTensorContents,
+    ) -> InferInputTensor {
+        InferInputTensor {
+            name: name.into(),
+            datatype: datatype.into(),
+            shape: shape.to_vec(),
+            parameters: HashMap::new(),
+            contents: Some(contents),
+        }
+    }
+
+    #[test]
+    fn typed_contents_become_little_endian_bytes() {
+        let request = ModelInferRequest {
+            model_name: "m".into(),
+            id: "7".into(),
+            inputs: vec![
+                input(
+                    "a",
+                    "UINT16",
+                    &[2],
+                    InferTensorContents {
+                        uint_contents: vec![1, 65535],
+                        ..Default::default()
+                    },
+                ),
+                input(
+                    "b",
+                    "FP32",
+                    &[1],
+                    InferTensorContents {
+                        fp32_contents: vec![0.5],
+                        ..Default::default()
+                    },
+                ),
+                input(
+                    "c",
+                    "BYTES",
+                    &[2],
+                    InferTensorContents {
+                        bytes_contents: vec![Bytes::from_static(b"ab"), Bytes::new()],
+                        ..Default::default()
+                    },
+                ),
+                input(
+                    "d",
+                    "BOOL",
+                    &[2],
+                    InferTensorContents {
+                        bool_contents: vec![true, false],
+                        ..Default::default()
+                    },
+                ),
+                input(
+                    "e",
+                    "INT8",
+                    &[1],
+                    InferTensorContents {
+                        int_contents: vec![-2],
+                        ..Default::default()
+                    },
+                ),
+            ],
+            ..Default::default()
+        };
+        let r = decode_request(request).unwrap();
+        assert_eq!(r.model, "m");
+        assert_eq!(r.id.as_deref(), Some("7"));
+        assert_eq!(r.outputs, None);
+        assert_eq!(r.inputs[0].data.as_ref(), &[1, 0, 255, 255]);
+        assert_eq!(r.inputs[1].data.as_ref(), &0.5f32.to_le_bytes());
+        assert_eq!(
+            r.inputs[2].data.as_ref(),
+            &[2, 0, 0, 0, b'a', b'b', 0, 0, 0, 0]
+        );
+        assert_eq!(r.inputs[3].data.as_ref(), &[1, 0]);
+        assert_eq!(r.inputs[4].data.as_ref(), &[0xfe]);
+    }
+
+    #[test]
+    fn raw_contents_are_taken_in_order_and_counted() {
+        let mut request = ModelInferRequest {
+            model_name: "m".into(),
+            inputs: vec![
+                input("a", "UINT8", &[1], InferTensorContents::default()),
+                input("b", "UINT8", &[2], InferTensorContents::default()),
+            ],
+            raw_input_contents: vec![Bytes::from_static(&[1]), Bytes::from_static(&[2, 3])],
+            outputs: vec![InferRequestedOutputTensor {
+                name: "y".into(),
+                parameters: HashMap::new(),
+            }],
+            ..Default::default()
+        };
+        let r = decode_request(request.clone()).unwrap();
+        assert_eq!(r.inputs[1].data.as_ref(), &[2, 3]);
+        assert_eq!(r.outputs, Some(vec!["y".to_owned()]));
+        request.raw_input_contents.pop();
+        assert!(decode_request(request.clone())
+            .unwrap_err()
+            .to_string()
+            .contains("fewer than the inputs"));
+        request.raw_input_contents = vec![Bytes::new(); 3];
+        assert!(decode_request(request)
+            .unwrap_err()
+            .to_string()
+            .contains("3 entries for 2 inputs"));
+    }
+
+    #[test]
+    fn misfit_contents_are_refused() {
+        let decode = |i: InferInputTensor| {
+            decode_request(ModelInferRequest {
+                inputs: vec![i],
+                ..Default::default()
+            })
+            .unwrap_err()
+            .to_string()
+        };
+        let cases = [
+            (
+                "FP32",
+                InferTensorContents {
+                    int_contents: vec![1],
+                    ..Default::default()
+                },
+                "goes in fp32_contents, not int_contents",
+            ),
+            (
+                "UINT8",
+                InferTensorContents {
+                    uint_contents: vec![256],
+                    ..Default::default()
+                },
+                "256 is out of range for UINT8",
+            ),
+            (
+                "FP16",
+                InferTensorContents {
+                    fp32_contents: vec![1.0],
+                    ..Default::default()
+                },
+                "raw_input_contents",
+            ),
+        ];
+        for (datatype, contents, want) in cases {
+            let e = decode(input("a", datatype, &[1], contents));
+            assert!(e.contains(want), "{e}");
+        }
+        let e = decode(input("a", "NOPE", &[1], InferTensorContents::default()));
+        assert!(e.contains("unknown datatype `NOPE`"), "{e}");
+    }
+
+    #[test]
+    fn requests_and_responses_round_trip() {
+        let request = InferRequest {
+            model: "echo".into(),
+            id: Some("x".into()),
+            inputs: vec![InputTensor::from_slice(
+                "INPUT0",
+                DataType::Uint32,
+                &[1, 2],
+                &[1u32, 2],
+            )],
+            outputs: Some(vec!["OUTPUT0".into()]),
+            parameters: vec![
+                Param {
+                    key: "a".into(),
+                    value: ParamValue::Bool(true),
+                },
+                Param {
+                    key: "b".into(),
+                    value: ParamValue::Int(-3),
+                },
+                Param {
+                    key: "c".into(),
+                    value: ParamValue::Float(0.25),
+                },
+                Param {
+                    key: "d".into(),
+                    value: ParamValue::Str("s".into()),
+                },
+            ],
+        };
+        assert_eq!(decode_request(encode_request(&request)).unwrap(), request);
+        let response = InferResponse {
+            model_name: "echo".into(),
+            model_version: "1".into(),
+            id: Some("x".into()),
+            outputs: vec![OutputTensor {
+                name: "OUTPUT0".into(),
+                dtype: DataType::Bytes,
+                shape: vec![1, 1],
+                data: Bytes::from_static(&[1, 0, 0, 0, b'k']),
+            }],
+        };
+        assert_eq!(
+            decode_response(encode_response(response.clone())).unwrap(),
+            response
+        );
+    }
+
+    #[test]
+    fn every_datatype_has_a_protocol_enum_value() {
+        for d in DataType::ALL {
+            assert_ne!(data_type(d), proto::DataType::TypeInvalid as i32, "{d}");
+        }
+    }
+}

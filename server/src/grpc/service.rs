@@ -1,0 +1,368 @@
+//! The `GRPCInferenceService` implementation over a [`Server`].
+
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::convert::{
+    decode_request_shm, encode_response_shm, model_config, model_statistics, repository_params,
+    ShmOutputs,
+};
+use super::proto::grpc_inference_service_server::GrpcInferenceService;
+use super::proto::{
+    model_metadata_response::TensorMetadata, repository_index_response::ModelIndex,
+    ModelConfigRequest, ModelConfigResponse, ModelInferRequest, ModelInferResponse,
+    ModelMetadataRequest, ModelMetadataResponse, ModelReadyRequest, ModelReadyResponse,
+    ModelStatisticsRequest, ModelStatisticsResponse, ModelStreamInferResponse,
+    RepositoryIndexRequest, RepositoryIndexResponse, RepositoryModelLoadRequest,
+    RepositoryModelLoadResponse, RepositoryModelUnloadRequest, RepositoryModelUnloadResponse,
+    ServerLiveRequest, ServerLiveResponse, ServerMetadataRequest, ServerMetadataResponse,
+    ServerReadyRequest, ServerReadyResponse, SystemSharedMemoryRegisterRequest,
+    SystemSharedMemoryRegisterResponse, SystemSharedMemoryStatusRequest,
+    SystemSharedMemoryStatusResponse, SystemSharedMemoryUnregisterRequest,
+    SystemSharedMemoryUnregisterResponse,
+};
+use crate::error::{Result, ServerError};
+use crate::group::WorkerGroup;
+use crate::infer::{expected_shape, InferResponse};
+use crate::server::Server;
+use crate::triton::{self, ModelConfig};
+
+/// Requests of one stream accepted and not yet answered; beyond this the stream is
+/// not read until an answer goes out (HTTP/2 flow control then holds the client).
+const STREAM_IN_FLIGHT: usize = 1024;
+
+/// The gRPC service: every RPC answers from the protocol-free [`Server`].
+#[derive(Clone)]
+pub struct KilnGrpc {
+    server: Server,
+}
+
+impl KilnGrpc {
+    /// A service over `server`.
+    pub fn new(server: Server) -> KilnGrpc {
+        KilnGrpc { server }
+    }
+}
+
+/// A [`ServerError`] as a gRPC status, with the code [`ServerError::grpc_code`] gives.
+pub fn status(e: ServerError) -> Status {
+    Status::new(e.grpc_code(), e.to_string())
+}
+
+/// `None` for the protocol's empty string ("any version", "every region").
+fn non_empty(v: &str) -> Option<&str> {
+    (!v.is_empty()).then_some(v)
+}
+
+fn lookup(server: &Server, name: &str, v: &str) -> Result<Arc<WorkerGroup>, Status> {
+    triton::lookup(server, name, non_empty(v)).map_err(status)
+}
+
+/// An inference on its way: queued in its model's group (with the shared-memory
+/// windows its outputs go to), or refused.
+struct Pending {
+    id: String,
+    answer: Result<(oneshot::Receiver<Result<InferResponse>>, ShmOutputs)>,
+}
+
+impl Pending {
+    /// Decodes `request`, checks it against its model and queues it.
+    fn start(server: &Server, request: ModelInferRequest) -> Pending {
+        let id = request.id.clone();
+        let answer = triton::lookup(
+            server,
+            &request.model_name,
+            non_empty(&request.model_version),
+        )
+        .and_then(|group| {
+            let (decoded, in_shm) = decode_request_shm(request, server.shared_memory())
+                .inspect_err(|_| group.record_invalid())?;
+            Ok((group.submit(decoded)?, in_shm))
+        });
+        Pending { id, answer }
+    }
+
+    async fn finish(self) -> Result<ModelInferResponse> {
+        let (reply, in_shm) = self.answer?;
+        let response = reply
+            .await
+            .map_err(|_| ServerError::Internal("the worker dropped the request".into()))??;
+        encode_response_shm(response, &in_shm)
+    }
+
+    /// The answer as a stream message: an error carries the request's id too.
+    async fn finish_streamed(self) -> ModelStreamInferResponse {
+        let id = self.id.clone();
+        match self.finish().await {
+            Ok(response) => ModelStreamInferResponse {
+                error_message: String::new(),
+                infer_response: Some(response),
+            },
+            Err(e) => ModelStreamInferResponse {
+                error_message: e.to_string(),
+                infer_response: Some(ModelInferResponse {
+                    id,
+                    ..Default::default()
+                }),
+            },
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl GrpcInferenceService for KilnGrpc {
+    async fn server_live(
+        &self,
+        _: Request<ServerLiveRequest>,
+    ) -> Result<Response<ServerLiveResponse>, Status> {
+        Ok(Response::new(ServerLiveResponse { live: true }))
+    }
+
+    async fn server_ready(
+        &self,
+        _: Request<ServerReadyRequest>,
+    ) -> Result<Response<ServerReadyResponse>, Status> {
+        Ok(Response::new(ServerReadyResponse {
+            ready: self.server.is_ready(),
+        }))
+    }
+
+    /// As in Triton, a model that is not loaded (or not in that version) is not
+    /// ready, which is not an error.
+    async fn model_ready(
+        &self,
+        request: Request<ModelReadyRequest>,
+    ) -> Result<Response<ModelReadyResponse>, Status> {
+        let r = request.into_inner();
+        let ready = triton::lookup(&self.server, &r.name, non_empty(&r.version))
+            .is_ok_and(|g| g.is_ready());
+        Ok(Response::new(ModelReadyResponse { ready }))
+    }
+
+    async fn server_metadata(
+        &self,
+        _: Request<ServerMetadataRequest>,
+    ) -> Result<Response<ServerMetadataResponse>, Status> {
+        Ok(Response::new(ServerMetadataResponse {
+            name: triton::SERVER_NAME.to_owned(),
+            version: triton::SERVER_VERSION.to_owned(),
+            extensions: triton::EXTENSIONS.iter().map(|&e| e.to_owned()).collect(),
+        }))
+    }
+
+    async fn model_metadata(
+        &self,
+        request: Request<ModelMetadataRequest>,
+    ) -> Result<Response<ModelMetadataResponse>, Status> {
+        let r = request.into_inner();
+        let group = lookup(&self.server, &r.name, &r.version)?;
+        let batching = group.info.max_batch_size > 0;
+        let tensors = |specs: &[kiln_worker_sdk::TensorSpec]| -> Vec<TensorMetadata> {
+            specs
+                .iter()
+                .map(|s| TensorMetadata {
+                    name: s.name.as_str().to_owned(),
+                    datatype: s.dtype.as_str().to_owned(),
+                    shape: expected_shape(s, batching),
+                })
+                .collect()
+        };
+        Ok(Response::new(ModelMetadataResponse {
+            name: group.endpoint.clone(),
+            versions: vec![group.version.clone()],
+            platform: triton::platform(&group.worker),
+            inputs: tensors(&group.info.inputs),
+            outputs: tensors(&group.info.outputs),
+        }))
+    }
+
+    async fn model_infer(
+        &self,
+        request: Request<ModelInferRequest>,
+    ) -> Result<Response<ModelInferResponse>, Status> {
+        Pending::start(&self.server, request.into_inner())
+            .finish()
+            .await
+            .map(Response::new)
+            .map_err(status)
+    }
+
+    type ModelStreamInferStream = ReceiverStream<Result<ModelStreamInferResponse, Status>>;
+
+    /// Each request is queued as soon as it arrives (so one stream's requests share
+    /// batches) and answered in the order they came; a failed request answers with
+    /// its `error_message` and the stream goes on.
+    async fn model_stream_infer(
+        &self,
+        request: Request<Streaming<ModelInferRequest>>,
+    ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        let mut inbound = request.into_inner();
+        let (pending_tx, mut pending_rx) = mpsc::channel::<Pending>(STREAM_IN_FLIGHT);
+        let (out_tx, out_rx) = mpsc::channel(STREAM_IN_FLIGHT);
+        let server = self.server.clone();
+        tokio::spawn(async move {
+            // Ends when the client closes its side or goes away.
+            while let Ok(Some(request)) = inbound.message().await {
+                if pending_tx
+                    .send(Pending::start(&server, request))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        });
+        tokio::spawn(async move {
+            while let Some(pending) = pending_rx.recv().await {
+                if out_tx
+                    .send(Ok(pending.finish_streamed().await))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(out_rx)))
+    }
+
+    async fn model_config(
+        &self,
+        request: Request<ModelConfigRequest>,
+    ) -> Result<Response<ModelConfigResponse>, Status> {
+        let r = request.into_inner();
+        let group = lookup(&self.server, &r.name, &r.version)?;
+        Ok(Response::new(ModelConfigResponse {
+            config: Some(model_config(&ModelConfig::of(&group))),
+        }))
+    }
+
+    /// One model's statistics, or every loaded model's when no name is given.
+    async fn model_statistics(
+        &self,
+        request: Request<ModelStatisticsRequest>,
+    ) -> Result<Response<ModelStatisticsResponse>, Status> {
+        let r = request.into_inner();
+        let groups = if r.name.is_empty() {
+            self.server.models()
+        } else {
+            vec![lookup(&self.server, &r.name, &r.version)?]
+        };
+        let model_stats = groups
+            .iter()
+            .map(|g| model_statistics(&g.endpoint, &g.version, &g.stats().snapshot()))
+            .collect();
+        Ok(Response::new(ModelStatisticsResponse { model_stats }))
+    }
+
+    async fn repository_index(
+        &self,
+        request: Request<RepositoryIndexRequest>,
+    ) -> Result<Response<RepositoryIndexResponse>, Status> {
+        let index =
+            triton::repository_index(&self.server, request.into_inner().ready).map_err(status)?;
+        Ok(Response::new(RepositoryIndexResponse {
+            models: index
+                .into_iter()
+                .map(|e| ModelIndex {
+                    name: e.name,
+                    version: e.version,
+                    state: e.state.to_owned(),
+                    reason: e.reason.to_owned(),
+                })
+                .collect(),
+        }))
+    }
+
+    /// Loads a repository model; `parameters` override its configured parameters
+    /// and `version` picks the version.
+    async fn repository_model_load(
+        &self,
+        request: Request<RepositoryModelLoadRequest>,
+    ) -> Result<Response<RepositoryModelLoadResponse>, Status> {
+        let r = request.into_inner();
+        let mut params = repository_params(r.parameters).map_err(status)?;
+        let version = triton::take_version(&mut params).map_err(status)?;
+        self.server
+            .load_model(&r.model_name, version, params)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(RepositoryModelLoadResponse {}))
+    }
+
+    async fn repository_model_unload(
+        &self,
+        request: Request<RepositoryModelUnloadRequest>,
+    ) -> Result<Response<RepositoryModelUnloadResponse>, Status> {
+        self.server
+            .unload(&request.into_inner().model_name)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(RepositoryModelUnloadResponse {}))
+    }
+
+    /// Every region, or the one named (NOT_FOUND when it is not registered).
+    async fn system_shared_memory_status(
+        &self,
+        request: Request<SystemSharedMemoryStatusRequest>,
+    ) -> Result<Response<SystemSharedMemoryStatusResponse>, Status> {
+        use super::proto::system_shared_memory_status_response::RegionStatus;
+        let name = request.into_inner().name;
+        let regions = self
+            .server
+            .shared_memory()
+            .status(non_empty(&name))
+            .map_err(status)?
+            .into_iter()
+            .map(|r| {
+                let region = RegionStatus {
+                    name: r.name.clone(),
+                    key: r.key,
+                    offset: r.offset as u64,
+                    byte_size: r.byte_size as u64,
+                };
+                (r.name, region)
+            })
+            .collect();
+        Ok(Response::new(SystemSharedMemoryStatusResponse { regions }))
+    }
+
+    async fn system_shared_memory_register(
+        &self,
+        request: Request<SystemSharedMemoryRegisterRequest>,
+    ) -> Result<Response<SystemSharedMemoryRegisterResponse>, Status> {
+        let r = request.into_inner();
+        let size = |v: u64, what: &str| {
+            usize::try_from(v)
+                .map_err(|_| status(ServerError::invalid(format!("`{what}` {v} is too large"))))
+        };
+        self.server
+            .shared_memory()
+            .register(
+                &r.name,
+                &r.key,
+                size(r.offset, "offset")?,
+                size(r.byte_size, "byte_size")?,
+            )
+            .map_err(status)?;
+        Ok(Response::new(SystemSharedMemoryRegisterResponse {}))
+    }
+
+    /// As in Triton, unregistering an unknown region is not an error.
+    async fn system_shared_memory_unregister(
+        &self,
+        request: Request<SystemSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<SystemSharedMemoryUnregisterResponse>, Status> {
+        let name = request.into_inner().name;
+        let shm = self.server.shared_memory();
+        if name.is_empty() {
+            shm.unregister_all();
+        } else {
+            shm.unregister(&name);
+        }
+        Ok(Response::new(SystemSharedMemoryUnregisterResponse {}))
+    }
+}
