@@ -1,0 +1,191 @@
+//! The dynamic batcher end to end: preferred sizes, proactive timeouts, per-level
+//! queue limits and strict priority over HTTP with the real server; cancellation
+//! through the in-process API (actix-web does not drop a handler whose HTTP/1 client
+//! went away, actix/actix-web#3462, so over HTTP a disconnect is not seen yet). The
+//! `faulty` worker's `-3` request takes 1 s and holds the group's only buffer set, so
+//! what queues behind it is decided by the batcher alone.
+
+use std::time::Duration;
+
+use kiln_client::{DataType, HttpClient, InferRequest, InputTensor, Param, ParamValue};
+use kiln_tests::{metric, Kiln};
+use serde_json::json;
+
+fn request(model: &str, values: &[i32], priority: Option<i64>) -> InferRequest {
+    InferRequest {
+        model: model.into(),
+        inputs: vec![InputTensor::from_slice(
+            "INPUT0",
+            DataType::Int32,
+            &[1, values.len() as i64],
+            values,
+        )],
+        parameters: priority
+            .map(|p| {
+                vec![Param {
+                    key: "priority".into(),
+                    value: ParamValue::Int(p),
+                }]
+            })
+            .unwrap_or_default(),
+        ..Default::default()
+    }
+}
+
+async fn outcome(c: &HttpClient, model: &str, outcome: &str) -> f64 {
+    let text = c.metrics().await.unwrap();
+    metric(
+        &text,
+        "kiln_requests_total",
+        &[("model", model), ("outcome", outcome)],
+    )
+    .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preferred_size_goes_at_once_and_a_lone_request_after_the_delay() {
+    let kiln = Kiln::start(&[]);
+    let c = kiln.client.clone();
+    let params = json!({"batcher": "dynamic", "batch_size": 8, "preferred_batch_size": "4", "max_queue_delay_microseconds": 2_000_000});
+    c.load("faulty", &params).await.unwrap();
+    let tasks: Vec<_> = (0..4)
+        .map(|i| {
+            let c = c.clone();
+            tokio::spawn(async move { c.infer(&request("faulty", &[i], None)).await.unwrap() })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let text = c.metrics().await.unwrap();
+    let m = |name| metric(&text, name, &[("model", "faulty")]).unwrap();
+    assert_eq!(
+        (m("kiln_batch_size_count"), m("kiln_batch_size_sum")),
+        (1.0, 4.0),
+        "four requests, one preferred batch"
+    );
+    let config = c.model_metadata("faulty").await.unwrap();
+    assert_eq!(config["parameters"]["batcher"], "dynamic");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_queue_limits_and_priority() {
+    let kiln = Kiln::start(&[]);
+    let c = kiln.client.clone();
+    c.load(
+        "faulty",
+        &json!({
+            "batcher": "dynamic", "batch_size": 1, "max_buffers": 1,
+            "priority_levels": 2, "default_priority_level": 2,
+            "default_queue_policy.allow_timeout_override": true,
+            "priority_queue_policy.2.max_queue_size": 2,
+        }),
+    )
+    .await
+    .unwrap();
+    let send = |values: Vec<i32>, priority: Option<i64>, timeout_us: Option<i64>| {
+        let c = c.clone();
+        tokio::spawn(async move {
+            let mut r = request("faulty", &values, priority);
+            if let Some(t) = timeout_us {
+                r.parameters.push(Param {
+                    key: "timeout".into(),
+                    value: ParamValue::Int(t),
+                });
+            }
+            let result = c.infer(&r).await;
+            (values[0], result)
+        })
+    };
+    // 1. The slow request holds the only buffer set for 1 s.
+    let slow = send(vec![-3], Some(1), None);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // 2. A request with a 100 ms timeout is answered when it expires, before the
+    //    slow one finishes, and never reaches the worker.
+    let expired = send(vec![5], Some(1), Some(100_000)).await.unwrap();
+    assert!(!slow.is_finished(), "the timeout was not proactive");
+    let err = expired.1.unwrap_err();
+    assert_eq!(err.status(), Some(503), "{err}");
+    assert!(err.to_string().contains("timeout expired"), "{err}");
+    // 3. Level 2 holds two requests; a third is refused with 429.
+    let low_a = send(vec![21], None, None);
+    let low_b = send(vec![22], None, None);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let refused = send(vec![23], None, None).await.unwrap().1.unwrap_err();
+    assert_eq!(refused.status(), Some(429), "{refused}");
+    // 4. A high-priority request sent after them runs before them.
+    let high = send(vec![11], Some(1), None);
+    // After the slow request, the high-priority one runs before the two queued
+    // earlier: it finishes while they are still waiting.
+    slow.await.unwrap().1.unwrap();
+    let (id, result) = high.await.unwrap();
+    result.unwrap();
+    assert_eq!(id, 11);
+    assert!(
+        !low_a.is_finished() || !low_b.is_finished(),
+        "low priority ran first"
+    );
+    let mut finished = vec![id];
+    for t in [low_a, low_b] {
+        let (id, result) = t.await.unwrap();
+        result.unwrap();
+        finished.push(id);
+    }
+    let text = c.metrics().await.unwrap();
+    let stats = c.model_metadata("faulty").await.unwrap();
+    assert_eq!(stats["parameters"]["batcher"], "dynamic");
+    assert_eq!(outcome(&c, "faulty", "timeout").await, 1.0);
+    assert_eq!(outcome(&c, "faulty", "rejected").await, 1.0);
+    // slow + high + two low: the expired one never ran.
+    assert_eq!(outcome(&c, "faulty", "success").await, 4.0, "{text}");
+    // Priority order: every batch holds one request; the high one was batched first.
+    let order = kiln_tests::metric(&text, "kiln_batch_size_count", &[("model", "faulty")]).unwrap();
+    assert_eq!(order, 4.0);
+    assert_eq!(finished.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_caller_goes_away_is_removed_before_batching() {
+    use kiln_client::NativeClient;
+    use kiln_server::{params_from_pairs, ServerConfig};
+    let client = NativeClient::start(ServerConfig::default()).unwrap();
+    let endpoint = client
+        .load(
+            "faulty",
+            params_from_pairs(&[
+                ("batcher", "dynamic"),
+                ("batch_size", "1"),
+                ("max_buffers", "1"),
+            ]),
+        )
+        .await
+        .unwrap();
+    let slow = {
+        let c = client.clone();
+        let r = request(&endpoint, &[-3], None);
+        tokio::spawn(async move { c.infer(r).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The caller gives up after 100 ms, while the slow request holds the only set.
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(100),
+        client.infer(request(&endpoint, &[7], None)),
+    )
+    .await;
+    assert!(gave_up.is_err(), "it should still have been queued");
+    slow.await.unwrap().unwrap();
+    // The next request runs at once: nothing else was left in the queue.
+    client.infer(request(&endpoint, &[8], None)).await.unwrap();
+    let text = client.server().metrics_text();
+    let m = |o| {
+        metric(
+            &text,
+            "kiln_requests_total",
+            &[("model", "faulty"), ("outcome", o)],
+        )
+        .unwrap()
+    };
+    assert_eq!(m("cancelled"), 1.0, "{text}");
+    assert_eq!(m("success"), 2.0, "the cancelled request never ran");
+    client.shutdown().await;
+}
