@@ -5,6 +5,9 @@
 //! `faulty` worker's `-3` request takes 1 s and holds the group's only buffer set, so
 //! what queues behind it is decided by the batcher alone.
 
+// `outcome` is test support: a failure should fail the test loudly.
+#![allow(clippy::unwrap_used)]
+
 use std::time::Duration;
 
 use kiln_client::{DataType, HttpClient, InferRequest, InputTensor, Param, ParamValue};
