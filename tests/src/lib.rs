@@ -4,6 +4,7 @@
 // Test support: a failed setup step should fail the test loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod fixtures;
 pub mod golden;
 
 use std::io::{BufRead, BufReader, Read};
@@ -12,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
-pub use kiln_client::HttpClient;
+pub use kiln_client::{GrpcClient, HttpClient};
 
 /// The directory holding the `kiln` binary and the plugins (`target/debug` when the
 /// tests run from `target/debug/deps`).
@@ -60,13 +61,15 @@ pub fn model_repository() -> PathBuf {
 pub struct Kiln {
     child: Child,
     pub url: String,
+    /// The gRPC server's URL (`http://127.0.0.1:PORT`).
+    pub grpc_url: String,
     pub client: HttpClient,
     log: Arc<Mutex<String>>,
 }
 
 impl Kiln {
-    /// Starts `kiln serve` on 127.0.0.1 with a free port, plugins from the build
-    /// directory, and `args` added.
+    /// Starts `kiln serve` on 127.0.0.1 with free HTTP and gRPC ports, plugins from
+    /// the build directory, and `args` added.
     pub fn start(args: &[&str]) -> Kiln {
         let dir = build_dir();
         let binary = dir.join("kiln");
@@ -82,6 +85,10 @@ impl Kiln {
                 "serve",
                 "--http-port",
                 "0",
+                "--grpc-port",
+                "0",
+                "--grpc-threads",
+                "2",
                 "--host",
                 "127.0.0.1",
                 "--http-workers",
@@ -111,28 +118,50 @@ impl Kiln {
             let mut reader = BufReader::new(stdout);
             let mut line = String::new();
             while reader.read_line(&mut line).unwrap_or(0) > 0 {
-                if let Some(addr) = line.trim().strip_prefix("kiln: HTTP listening on ") {
-                    let _ = tx.send(addr.to_owned());
+                for (protocol, prefix) in [
+                    ("http", "kiln: HTTP listening on "),
+                    ("grpc", "kiln: gRPC listening on "),
+                ] {
+                    if let Some(addr) = line.trim().strip_prefix(prefix) {
+                        let _ = tx.send((protocol, addr.to_owned()));
+                    }
                 }
                 line.clear();
             }
             let _ = reader.read_to_string(&mut line);
         });
-        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(addr) => addr,
-            Err(_) => {
-                let _ = child.kill();
-                panic!("kiln did not start; its log:\n{}", log.lock().unwrap());
+        // The HTTP line (the first, if several) comes before the gRPC line.
+        let (mut http, mut grpc) = (None, None);
+        while grpc.is_none() {
+            match rx.recv_timeout(Duration::from_secs(60)) {
+                Ok(("http", addr)) => http = http.or(Some(addr)),
+                Ok((_, addr)) => grpc = Some(addr),
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!("kiln did not start; its log:\n{}", log.lock().unwrap());
+                }
             }
-        };
-        let url = format!("http://{addr}");
+        }
+        let url = format!(
+            "http://{}",
+            http.expect("an HTTP address before the gRPC one")
+        );
+        let grpc_url = format!("http://{}", grpc.expect("gRPC address"));
         let client = HttpClient::new(&url).expect("client");
         Kiln {
             child,
             url,
+            grpc_url,
             client,
             log,
         }
+    }
+
+    /// A gRPC client connected to this server.
+    pub async fn grpc(&self) -> GrpcClient {
+        GrpcClient::connect(&self.grpc_url)
+            .await
+            .expect("gRPC connection")
     }
 
     /// Everything kiln logged so far.

@@ -4,54 +4,9 @@
 // The helpers are test support: a failed step should fail the test loudly.
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
+use kiln_tests::fixtures::ShmObject as Object;
 use kiln_tests::Kiln;
 use serde_json::{json, Value};
-
-/// A POSIX shared-memory object (`/dev/shm/<name>`) made by the test as a client
-/// would with `shm_open`; removed on drop.
-struct Object {
-    key: String,
-    path: PathBuf,
-}
-
-impl Object {
-    fn new(size: usize) -> Object {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let name = format!("kiln-e2e-{}-{n}", std::process::id());
-        let path = PathBuf::from("/dev/shm").join(&name);
-        std::fs::write(&path, vec![0u8; size]).unwrap();
-        Object {
-            key: format!("/{name}"),
-            path,
-        }
-    }
-
-    fn write_u32(&self, offset: usize, values: &[u32]) {
-        let mut contents = std::fs::read(&self.path).unwrap();
-        for (i, v) in values.iter().enumerate() {
-            contents[offset + 4 * i..offset + 4 * i + 4].copy_from_slice(&v.to_le_bytes());
-        }
-        std::fs::write(&self.path, contents).unwrap();
-    }
-
-    fn read_u32(&self, offset: usize, count: usize) -> Vec<u32> {
-        let contents = std::fs::read(&self.path).unwrap();
-        contents[offset..offset + 4 * count]
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    }
-}
-
-impl Drop for Object {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
 
 /// Sends `method path` with an optional JSON body; the status and the JSON answer
 /// (`Null` when empty).

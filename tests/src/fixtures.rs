@@ -1,0 +1,96 @@
+//! Files the end-to-end tests make: temporary model repositories and POSIX
+//! shared-memory objects.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A model repository in a fresh temporary directory, removed on drop.
+pub struct TempRepository {
+    path: PathBuf,
+}
+
+impl TempRepository {
+    /// A repository holding `models`: each a name, its `config.toml` text and its
+    /// version folders (empty: workers like echo need no model file).
+    pub fn new(models: &[(&str, &str, &[u64])]) -> TempRepository {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "kiln-repo-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&path);
+        for (name, config, versions) in models {
+            let dir = path.join(name);
+            std::fs::create_dir_all(&dir).expect("create model folder");
+            std::fs::write(dir.join("config.toml"), config).expect("write config.toml");
+            for v in *versions {
+                std::fs::create_dir_all(dir.join(v.to_string())).expect("create version folder");
+            }
+        }
+        TempRepository { path }
+    }
+
+    /// Its directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Its directory as a command-line argument.
+    pub fn arg(&self) -> String {
+        self.path.to_string_lossy().into_owned()
+    }
+}
+
+impl Drop for TempRepository {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// A POSIX shared-memory object (`/dev/shm/<name>`) made as a client would with
+/// `shm_open`; removed on drop.
+pub struct ShmObject {
+    /// The key to register it under (`/<name>`).
+    pub key: String,
+    path: PathBuf,
+}
+
+impl ShmObject {
+    /// A zeroed object of `size` bytes.
+    pub fn new(size: usize) -> ShmObject {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let name = format!("kiln-e2e-{}-{n}", std::process::id());
+        let path = PathBuf::from("/dev/shm").join(&name);
+        std::fs::write(&path, vec![0u8; size]).expect("create shared-memory object");
+        ShmObject {
+            key: format!("/{name}"),
+            path,
+        }
+    }
+
+    /// Writes `values` (little-endian) at `offset`.
+    pub fn write_u32(&self, offset: usize, values: &[u32]) {
+        let mut contents = std::fs::read(&self.path).expect("read shared-memory object");
+        for (i, v) in values.iter().enumerate() {
+            contents[offset + 4 * i..offset + 4 * i + 4].copy_from_slice(&v.to_le_bytes());
+        }
+        std::fs::write(&self.path, contents).expect("write shared-memory object");
+    }
+
+    /// Reads `count` little-endian values at `offset`.
+    pub fn read_u32(&self, offset: usize, count: usize) -> Vec<u32> {
+        let contents = std::fs::read(&self.path).expect("read shared-memory object");
+        contents[offset..offset + 4 * count]
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+}
+
+impl Drop for ShmObject {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
