@@ -73,16 +73,44 @@ pub struct ConfigTensor {
     pub dims: Vec<i64>,
 }
 
-/// How a batching group is described with Triton's `dynamic_batching`.
+/// A queue policy as Triton's `ModelQueuePolicy` describes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DynamicBatching {
-    /// `[batch_size]`.
-    pub preferred_batch_size: usize,
-    /// The soft batcher's timeout (0: it sends what has already arrived); the hard
-    /// batcher, which waits without limit for a full batch, `u64::MAX`.
-    pub max_queue_delay_microseconds: u64,
-    /// The request queue's bound (a full queue rejects).
+pub struct QueuePolicyView {
+    /// `true`: DELAY; `false`: REJECT.
+    pub delay: bool,
+    pub default_timeout_microseconds: u64,
+    pub allow_timeout_override: bool,
     pub max_queue_size: usize,
+}
+
+impl QueuePolicyView {
+    fn of(policy: &kiln_batchers::dynamic::QueuePolicy) -> QueuePolicyView {
+        QueuePolicyView {
+            delay: policy.timeout_action == kiln_batchers::dynamic::TimeoutAction::Delay,
+            default_timeout_microseconds: policy
+                .default_timeout
+                .map_or(0, |t| u64::try_from(t.as_micros()).unwrap_or(u64::MAX)),
+            allow_timeout_override: policy.allow_timeout_override,
+            max_queue_size: policy.max_queue_size,
+        }
+    }
+}
+
+/// How a batching group is described with Triton's `dynamic_batching`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DynamicBatching {
+    /// The dynamic batcher's preferred sizes; `[batch_size]` for hard and soft.
+    pub preferred_batch_sizes: Vec<usize>,
+    /// The dynamic batcher's delay; the soft batcher's timeout (0: it sends what has
+    /// already arrived); the hard batcher, which waits without limit, `u64::MAX`.
+    pub max_queue_delay_microseconds: u64,
+    /// Priority levels (0: none).
+    pub priority_levels: u64,
+    pub default_priority_level: u64,
+    /// The policy of requests at the default level (hard and soft: the group's queue bound).
+    pub default_queue_policy: QueuePolicyView,
+    /// Each level's policy, when there are several levels.
+    pub priority_queue_policy: Vec<(u64, QueuePolicyView)>,
 }
 
 /// A loaded group's configuration in the shape of Triton's `ModelConfig`.
@@ -127,18 +155,60 @@ impl ModelConfig {
                 })
                 .collect()
         };
-        let dynamic_batching = (info.max_batch_size > 0).then(|| DynamicBatching {
-            preferred_batch_size: settings.batch_size,
-            max_queue_delay_microseconds: match settings.batcher {
-                BatcherKind::Soft => {
-                    u64::try_from(settings.timeout.as_micros()).unwrap_or(u64::MAX)
+        let dynamic_batching = (info.max_batch_size > 0).then(|| match settings.batcher {
+            BatcherKind::Dynamic => {
+                let d = &settings.dynamic;
+                let levels = d.priority_levels.max(1);
+                let policy_of = |level: usize| {
+                    d.policies
+                        .get(level.saturating_sub(1))
+                        .or(d.policies.last())
+                        .map_or(
+                            QueuePolicyView {
+                                delay: false,
+                                default_timeout_microseconds: 0,
+                                allow_timeout_override: false,
+                                max_queue_size: 0,
+                            },
+                            QueuePolicyView::of,
+                        )
+                };
+                DynamicBatching {
+                    preferred_batch_sizes: d.preferred_batch_sizes.clone(),
+                    max_queue_delay_microseconds: u64::try_from(d.max_queue_delay.as_micros())
+                        .unwrap_or(u64::MAX),
+                    priority_levels: if levels > 1 { levels as u64 } else { 0 },
+                    default_priority_level: if levels > 1 {
+                        d.default_priority_level as u64
+                    } else {
+                        0
+                    },
+                    default_queue_policy: policy_of(d.default_priority_level),
+                    priority_queue_policy: if levels > 1 {
+                        (1..=levels).map(|l| (l as u64, policy_of(l))).collect()
+                    } else {
+                        Vec::new()
+                    },
                 }
-                BatcherKind::Hard => u64::MAX,
-                BatcherKind::Dynamic => {
-                    u64::try_from(settings.dynamic.max_queue_delay.as_micros()).unwrap_or(u64::MAX)
-                }
+            }
+            kind => DynamicBatching {
+                preferred_batch_sizes: vec![settings.batch_size],
+                max_queue_delay_microseconds: match kind {
+                    BatcherKind::Soft => {
+                        u64::try_from(settings.timeout.as_micros()).unwrap_or(u64::MAX)
+                    }
+                    _ => u64::MAX,
+                },
+                priority_levels: 0,
+                default_priority_level: 0,
+                default_queue_policy: QueuePolicyView {
+                    delay: false,
+                    default_timeout_microseconds: 0,
+                    allow_timeout_override: false,
+                    max_queue_size: settings.queue_size,
+                },
+                priority_queue_policy: Vec::new(),
             },
-            max_queue_size: settings.queue_size,
         });
         ModelConfig {
             name: name.to_owned(),

@@ -537,14 +537,32 @@ pub fn model_config(c: &triton::ModelConfig) -> proto::ModelConfig {
             count: saturate(c.instance_group.1),
             ..Default::default()
         }],
-        scheduling_choice: c.dynamic_batching.map(|d| {
+        scheduling_choice: c.dynamic_batching.as_ref().map(|d| {
+            let policy = |p: &crate::triton::QueuePolicyView| proto::ModelQueuePolicy {
+                timeout_action: if p.delay {
+                    proto::model_queue_policy::TimeoutAction::Delay as i32
+                } else {
+                    proto::model_queue_policy::TimeoutAction::Reject as i32
+                },
+                default_timeout_microseconds: p.default_timeout_microseconds,
+                allow_timeout_override: p.allow_timeout_override,
+                max_queue_size: u32::try_from(p.max_queue_size).unwrap_or(u32::MAX),
+            };
             proto::model_config::SchedulingChoice::DynamicBatching(proto::ModelDynamicBatching {
-                preferred_batch_size: vec![saturate(d.preferred_batch_size)],
+                preferred_batch_size: d
+                    .preferred_batch_sizes
+                    .iter()
+                    .map(|&n| saturate(n))
+                    .collect(),
                 max_queue_delay_microseconds: d.max_queue_delay_microseconds,
-                default_queue_policy: Some(proto::ModelQueuePolicy {
-                    max_queue_size: u32::try_from(d.max_queue_size).unwrap_or(u32::MAX),
-                    ..Default::default()
-                }),
+                priority_levels: d.priority_levels,
+                default_priority_level: d.default_priority_level,
+                default_queue_policy: Some(policy(&d.default_queue_policy)),
+                priority_queue_policy: d
+                    .priority_queue_policy
+                    .iter()
+                    .map(|(level, p)| (*level, policy(p)))
+                    .collect(),
                 ..Default::default()
             })
         }),

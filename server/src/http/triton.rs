@@ -77,19 +77,27 @@ pub fn config_json(c: &ModelConfig) -> Value {
         "parameters": parameters,
     });
     if let Some(d) = &c.dynamic_batching {
+        let policy = |p: &crate::triton::QueuePolicyView| {
+            json!({
+                "timeout_action": if p.delay { "DELAY" } else { "REJECT" },
+                "default_timeout_microseconds": p.default_timeout_microseconds,
+                "allow_timeout_override": p.allow_timeout_override,
+                "max_queue_size": p.max_queue_size,
+            })
+        };
+        let per_level: serde_json::Map<String, Value> = d
+            .priority_queue_policy
+            .iter()
+            .map(|(level, p)| (level.to_string(), policy(p)))
+            .collect();
         config["dynamic_batching"] = json!({
-            "preferred_batch_size": [d.preferred_batch_size],
+            "preferred_batch_size": d.preferred_batch_sizes,
             "max_queue_delay_microseconds": d.max_queue_delay_microseconds,
             "preserve_ordering": false,
-            "priority_levels": 0,
-            "default_priority_level": 0,
-            "default_queue_policy": {
-                "timeout_action": "REJECT",
-                "default_timeout_microseconds": 0,
-                "allow_timeout_override": false,
-                "max_queue_size": d.max_queue_size,
-            },
-            "priority_queue_policy": {},
+            "priority_levels": d.priority_levels,
+            "default_priority_level": d.default_priority_level,
+            "default_queue_policy": policy(&d.default_queue_policy),
+            "priority_queue_policy": per_level,
         });
     }
     config
