@@ -1,7 +1,6 @@
 //! The dynamic batcher end to end: preferred sizes, proactive timeouts, per-level
-//! queue limits and strict priority over HTTP with the real server; cancellation
-//! through the in-process API (actix-web does not drop a handler whose HTTP/1 client
-//! went away, actix/actix-web#3462, so over HTTP a disconnect is not seen yet). The
+//! queue limits, strict priority and cancellation (an HTTP client that disconnects,
+//! and an in-process caller that drops its future) with the real server. The
 //! `faulty` worker's `-3` request takes 1 s and holds the group's only buffer set, so
 //! what queues behind it is decided by the batcher alone.
 
@@ -33,6 +32,19 @@ fn request(model: &str, values: &[i32], priority: Option<i64>) -> InferRequest {
             .unwrap_or_default(),
         ..Default::default()
     }
+}
+
+/// Waits until `model` has `n` requests accepted and not yet answered: ordering by
+/// what the server has seen, not by sleeping.
+async fn wait_pending(c: &HttpClient, model: &str, n: f64) {
+    for _ in 0..1000 {
+        let text = c.metrics().await.unwrap();
+        if metric(&text, "kiln_pending_requests", &[("model", model)]) == Some(n) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("model `{model}` never had {n} pending requests");
 }
 
 async fn outcome(c: &HttpClient, model: &str, outcome: &str) -> f64 {
@@ -69,10 +81,21 @@ async fn preferred_size_goes_at_once_and_a_lone_request_after_the_delay() {
     );
     let config = c.model_metadata("faulty").await.unwrap();
     assert_eq!(config["parameters"]["batcher"], "dynamic");
+    // Triton's /config reports the dynamic batcher's real settings.
+    let config: serde_json::Value = reqwest::get(format!("{}/v2/models/faulty/config", kiln.url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let db = &config["dynamic_batching"];
+    assert_eq!(db["preferred_batch_size"], json!([4]), "{config}");
+    assert_eq!(db["max_queue_delay_microseconds"], 2_000_000);
+    assert_eq!(db["priority_levels"], 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn timeouts_queue_limits_and_priority() {
+async fn timeouts_queue_limits_priority_and_cancellation() {
     let kiln = Kiln::start(&[]);
     let c = kiln.client.clone();
     c.load(
@@ -102,9 +125,10 @@ async fn timeouts_queue_limits_and_priority() {
     };
     // 1. The slow request holds the only buffer set for 1 s.
     let slow = send(vec![-3], Some(1), None);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    // 2. A request with a 100 ms timeout is answered when it expires, before the
-    //    slow one finishes, and never reaches the worker.
+    wait_pending(&c, "faulty", 1.0).await;
+    tokio::time::sleep(Duration::from_millis(50)).await; // let it take the set
+                                                         // 2. A request with a 100 ms timeout is answered when it expires, before the
+                                                         //    slow one finishes, and never reaches the worker.
     let expired = send(vec![5], Some(1), Some(100_000)).await.unwrap();
     assert!(!slow.is_finished(), "the timeout was not proactive");
     let err = expired.1.unwrap_err();
@@ -112,12 +136,25 @@ async fn timeouts_queue_limits_and_priority() {
     assert!(err.to_string().contains("timeout expired"), "{err}");
     // 3. Level 2 holds two requests; a third is refused with 429.
     let low_a = send(vec![21], None, None);
+    wait_pending(&c, "faulty", 2.0).await;
     let low_b = send(vec![22], None, None);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    wait_pending(&c, "faulty", 3.0).await;
     let refused = send(vec![23], None, None).await.unwrap().1.unwrap_err();
     assert_eq!(refused.status(), Some(429), "{refused}");
     // 4. A high-priority request sent after them runs before them.
     let high = send(vec![11], Some(1), None);
+    // 5. An HTTP client that gives up: its request leaves the queue unbatched,
+    //    counted as cancelled.
+    let quitter = reqwest::Client::builder()
+        .timeout(Duration::from_millis(150))
+        .build()
+        .unwrap();
+    let gone = quitter
+        .post(format!("{}/v2/models/faulty/infer", kiln.url))
+        .body(r#"{"inputs":[{"name":"INPUT0","shape":[1,1],"datatype":"INT32","data":[99]}],"parameters":{"priority":1}}"#)
+        .send()
+        .await;
+    assert!(gone.is_err(), "the client should have timed out");
     // After the slow request, the high-priority one runs before the two queued
     // earlier: it finishes while they are still waiting.
     slow.await.unwrap().1.unwrap();
@@ -135,11 +172,30 @@ async fn timeouts_queue_limits_and_priority() {
         finished.push(id);
     }
     let text = c.metrics().await.unwrap();
-    let stats = c.model_metadata("faulty").await.unwrap();
-    assert_eq!(stats["parameters"]["batcher"], "dynamic");
+    let config: serde_json::Value = reqwest::get(format!("{}/v2/models/faulty/config", kiln.url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let db = &config["dynamic_batching"];
+    assert_eq!(
+        (
+            db["priority_levels"].as_u64(),
+            db["default_priority_level"].as_u64()
+        ),
+        (Some(2), Some(2))
+    );
+    assert_eq!(
+        db["priority_queue_policy"]["2"]["max_queue_size"], 2,
+        "{config}"
+    );
+    assert_eq!(db["priority_queue_policy"]["1"]["max_queue_size"], 0);
+    assert_eq!(db["default_queue_policy"]["allow_timeout_override"], true);
     assert_eq!(outcome(&c, "faulty", "timeout").await, 1.0);
     assert_eq!(outcome(&c, "faulty", "rejected").await, 1.0);
-    // slow + high + two low: the expired one never ran.
+    assert_eq!(outcome(&c, "faulty", "cancelled").await, 1.0);
+    // slow + high + two low: the expired and cancelled ones never ran.
     assert_eq!(outcome(&c, "faulty", "success").await, 4.0, "{text}");
     // Priority order: every batch holds one request; the high one was batched first.
     let order = kiln_tests::metric(&text, "kiln_batch_size_count", &[("model", "faulty")]).unwrap();

@@ -6,6 +6,7 @@
 
 mod binary;
 mod json;
+mod peer;
 mod routes;
 mod shm;
 mod triton;
@@ -52,6 +53,7 @@ pub fn serve(
             .configure(routes::configure)
             .default_service(web::to(routes::not_found))
     })
+    .on_connect(peer::on_connect)
     .workers(config.workers.max(1))
     .bind(config.addr)?;
     let addrs = http.addrs();

@@ -208,7 +208,17 @@ async fn infer(state: web::Data<State>, req: HttpRequest, payload: web::Payload)
     )
     .inspect_err(|_| group.record_invalid())?;
     let reply = group.submit(request)?;
-    let response = reply.await.map_err(|_| {
+    let answer = match req.conn_data::<super::peer::Peer>() {
+        // Returning drops the reply channel: a queued request is then cancelled.
+        Some(peer) => tokio::select! {
+            answer = reply => answer,
+            () = peer.closed() => {
+                return Err(HttpError(ServerError::Unavailable("the client went away".into())))
+            }
+        },
+        None => reply.await,
+    };
+    let response = answer.map_err(|_| {
         HttpError(ServerError::Internal(
             "the worker dropped the request".into(),
         ))
