@@ -358,7 +358,7 @@ struct OutputJson<'a> {
     datatype: &'static str,
     shape: &'a [i64],
     #[serde(skip_serializing_if = "Option::is_none")]
-    parameters: Option<PlacedJson<'a>>,
+    parameters: Option<BinarySizeJson>,
     #[serde(skip_serializing_if = "Option::is_none")]
     data: Option<DataJson<'a>>,
 }
@@ -368,20 +368,6 @@ struct BinarySizeJson {
     binary_data_size: usize,
 }
 
-/// An output written into shared memory: where, and how many bytes.
-#[derive(Serialize)]
-struct InShmJson<'a> {
-    shared_memory_region: &'a str,
-    shared_memory_byte_size: usize,
-}
-
-/// A tensor's `parameters` when it has no `data`.
-#[derive(Serialize)]
-#[serde(untagged)]
-enum PlacedJson<'a> {
-    Binary(BinarySizeJson),
-    InShm(InShmJson<'a>),
-}
 
 /// A tensor's JSON: its `data`, or when `binary` its `binary_data_size`, its bytes
 /// then appended to `chunks` (a cheap clone of the `Bytes`).
@@ -397,9 +383,9 @@ fn tensor_json<'a>(
         chunks.push(data.clone());
         let size = data.len();
         (
-            Some(PlacedJson::Binary(BinarySizeJson {
+            Some(BinarySizeJson {
                 binary_data_size: size,
-            })),
+            }),
             None,
         )
     } else {
@@ -577,14 +563,14 @@ pub(super) fn encode_response_parts(
         .outputs
         .iter()
         .map(|o| match in_shm.iter().find(|s| s.output == o.name) {
-            Some(placed) => OutputJson {
+            // Written into shared memory: no data and, as Triton answers, no
+            // parameters (Triton's C++ client reads `binary_data_size` from any
+            // output that has parameters).
+            Some(_) => OutputJson {
                 name: &o.name,
                 datatype: o.dtype.as_str(),
                 shape: &o.shape,
-                parameters: Some(PlacedJson::InShm(InShmJson {
-                    shared_memory_region: placed.region,
-                    shared_memory_byte_size: placed.byte_size,
-                })),
+                parameters: None,
                 data: None,
             },
             None => {

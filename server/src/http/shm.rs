@@ -118,12 +118,9 @@ pub struct OutputPlacement {
     shared_memory: Vec<(String, ShmSlice)>,
 }
 
-/// An output written into shared memory, as the response reports it.
+/// An output written into shared memory (the response leaves its data out).
 pub(super) struct InShm<'a> {
     pub output: &'a str,
-    pub region: &'a str,
-    /// The bytes written.
-    pub byte_size: usize,
 }
 
 impl OutputPlacement {
@@ -179,8 +176,6 @@ impl OutputPlacement {
                 slice.write(&output.data)?;
                 Ok(InShm {
                     output: &output.name,
-                    region: slice.region(),
-                    byte_size: output.data.len(),
                 })
             })
             .collect()
