@@ -368,7 +368,6 @@ struct BinarySizeJson {
     binary_data_size: usize,
 }
 
-
 /// A tensor's JSON: its `data`, or when `binary` its `binary_data_size`, its bytes
 /// then appended to `chunks` (a cheap clone of the `Bytes`).
 fn tensor_json<'a>(
