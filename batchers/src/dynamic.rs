@@ -662,15 +662,7 @@ pub fn run_dynamic_batcher<R>(
             if !open {
                 return;
             }
-            match requests.recv_deadline(wake) {
-                Ok(request) => {
-                    if let Err((request, why)) = queue.admit(request, Instant::now()) {
-                        host.rejected(request, why);
-                    }
-                }
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => open = false,
-            }
+            open = receive(&mut queue, &requests, wake, &host);
             continue;
         }
         if spare.is_none() {
@@ -699,17 +691,28 @@ pub fn run_dynamic_batcher<R>(
             }
             Poll::Wait(until) => {
                 let wake = until.map_or(wake, |u| u.min(wake));
-                match requests.recv_deadline(wake) {
-                    Ok(request) => {
-                        if let Err((request, why)) = queue.admit(request, Instant::now()) {
-                            host.rejected(request, why);
-                        }
-                    }
-                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
-                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => open = false,
-                }
+                open = receive(&mut queue, &requests, wake, &host) && open;
             }
         }
+    }
+}
+
+/// Waits until `wake` for one request and admits it; `false` once the queue closed.
+fn receive<R>(
+    queue: &mut DynamicQueue<R>,
+    requests: &crossbeam_channel::Receiver<Request<R>>,
+    wake: Instant,
+    host: &impl DynamicHost<R>,
+) -> bool {
+    match requests.recv_deadline(wake) {
+        Ok(request) => {
+            if let Err((request, why)) = queue.admit(request, Instant::now()) {
+                host.rejected(request, why);
+            }
+            true
+        }
+        Err(crossbeam_channel::RecvTimeoutError::Timeout) => true,
+        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => false,
     }
 }
 

@@ -47,6 +47,16 @@ async fn wait_pending(c: &HttpClient, model: &str, n: f64) {
     panic!("model `{model}` never had {n} pending requests");
 }
 
+/// The model's Triton configuration (`GET /v2/models/{m}/config`).
+async fn triton_config(url: &str, model: &str) -> serde_json::Value {
+    reqwest::get(format!("{url}/v2/models/{model}/config"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 async fn outcome(c: &HttpClient, model: &str, outcome: &str) -> f64 {
     let text = c.metrics().await.unwrap();
     metric(
@@ -82,12 +92,7 @@ async fn preferred_size_goes_at_once_and_a_lone_request_after_the_delay() {
     let config = c.model_metadata("faulty").await.unwrap();
     assert_eq!(config["parameters"]["batcher"], "dynamic");
     // Triton's /config reports the dynamic batcher's real settings.
-    let config: serde_json::Value = reqwest::get(format!("{}/v2/models/faulty/config", kiln.url))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let config = triton_config(&kiln.url, "faulty").await;
     let db = &config["dynamic_batching"];
     assert_eq!(db["preferred_batch_size"], json!([4]), "{config}");
     assert_eq!(db["max_queue_delay_microseconds"], 2_000_000);
@@ -172,12 +177,7 @@ async fn timeouts_queue_limits_priority_and_cancellation() {
         finished.push(id);
     }
     let text = c.metrics().await.unwrap();
-    let config: serde_json::Value = reqwest::get(format!("{}/v2/models/faulty/config", kiln.url))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let config = triton_config(&kiln.url, "faulty").await;
     let db = &config["dynamic_batching"];
     assert_eq!(
         (
