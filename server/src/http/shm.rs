@@ -415,10 +415,10 @@ mod tests {
         shm.unregister("out");
         let encoded = encode_response_shm(&response(&[1, 2]), &placement).unwrap();
         let v: Value = serde_json::from_slice(&encoded.json).unwrap();
+        // In shared memory: no data and no parameters, as Triton answers.
         assert_eq!(
             v["outputs"][0],
-            json!({"name": "y", "datatype": "UINT32", "shape": [2], "parameters":
-                   {"shared_memory_region": "out", "shared_memory_byte_size": 8}})
+            json!({"name": "y", "datatype": "UINT32", "shape": [2]})
         );
         assert_eq!(
             v["outputs"][1]["parameters"],
