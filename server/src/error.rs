@@ -5,9 +5,14 @@ use std::time::Duration;
 /// Anything that can go wrong serving a request or changing the loaded workers.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ServerError {
-    /// The request is malformed or does not fit the model (HTTP 400).
+    /// The request is malformed or does not fit the model (HTTP 400, gRPC
+    /// INVALID_ARGUMENT).
     #[error("{0}")]
     InvalidRequest(String),
+    /// What the request would create exists already, e.g. a shared-memory region
+    /// registered twice (HTTP 400 as Triton answers, gRPC ALREADY_EXISTS).
+    #[error("{0}")]
+    AlreadyExists(String),
     /// The request body is larger than the configured limit (HTTP 413).
     #[error("{0}")]
     TooLarge(String),
@@ -35,7 +40,9 @@ impl ServerError {
     /// The HTTP status for this error.
     pub fn http_status(&self) -> u16 {
         match self {
-            ServerError::InvalidRequest(_) | ServerError::LoadFailed { .. } => 400,
+            ServerError::InvalidRequest(_)
+            | ServerError::AlreadyExists(_)
+            | ServerError::LoadFailed { .. } => 400,
             ServerError::NotFound(_) => 404,
             ServerError::TooLarge(_) => 413,
             ServerError::QueueFull { .. } => 429,
@@ -51,6 +58,7 @@ impl ServerError {
             | ServerError::LoadFailed { .. }
             | ServerError::TooLarge(_) => tonic::Code::InvalidArgument,
             ServerError::NotFound(_) => tonic::Code::NotFound,
+            ServerError::AlreadyExists(_) => tonic::Code::AlreadyExists,
             ServerError::QueueFull { .. } => tonic::Code::ResourceExhausted,
             ServerError::Unavailable(_) => tonic::Code::Unavailable,
             ServerError::WorkerFailed(_) | ServerError::Internal(_) => tonic::Code::Internal,

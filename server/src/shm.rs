@@ -312,7 +312,7 @@ fn object_path(key: &str) -> Result<PathBuf> {
 }
 
 fn already_registered(name: &str) -> ServerError {
-    ServerError::invalid(format!("shared memory region `{name}` already in manager"))
+    ServerError::AlreadyExists(format!("shared memory region `{name}` already in manager"))
 }
 
 fn not_registered(name: &str) -> ServerError {

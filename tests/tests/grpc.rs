@@ -771,7 +771,7 @@ async fn system_shared_memory_inputs_and_outputs() {
         c.register_system_shared_memory("io", &object.key, 0, 64)
             .await,
     );
-    assert_eq!(code, Code::InvalidArgument, "{text}");
+    assert_eq!(code, Code::AlreadyExists, "{text}");
     assert_eq!(
         code_of(
             c.register_system_shared_memory("big", &object.key, 0, 65)

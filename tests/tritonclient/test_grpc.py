@@ -266,7 +266,7 @@ def test_system_shared_memory(client):
         np.testing.assert_array_equal(got, values + 1)
         with pytest.raises(InferenceServerException) as e:
             client.register_system_shared_memory("io", "/" + shm.name, 64)
-        assert_code(e.value, "INVALID_ARGUMENT")
+        assert_code(e.value, "ALREADY_EXISTS")
         client.unregister_system_shared_memory("io")
         assert client.get_system_shared_memory_status(as_json=True).get("regions", {}) == {}
         with pytest.raises(InferenceServerException) as e:
