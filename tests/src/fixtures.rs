@@ -1,5 +1,5 @@
-//! Files the end-to-end tests make: temporary model repositories and POSIX
-//! shared-memory objects.
+//! What the end-to-end tests share: temporary model repositories, POSIX
+//! shared-memory objects, and the echo-multi request with its expected answer.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -93,4 +93,43 @@ impl Drop for ShmObject {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
     }
+}
+
+/// A request for echo-multi covering three datatypes: UINT32 [1, 3], FP32 [1, 2]
+/// and BYTES [1, 2] with an empty string.
+pub fn echo_multi_request(id: &str) -> kiln_client::InferRequest {
+    use kiln_client::{DataType, InputTensor};
+    kiln_client::InferRequest {
+        model: "echo-multi".into(),
+        id: Some(id.into()),
+        inputs: vec![
+            InputTensor::from_slice("INPUT0", DataType::Uint32, &[1, 3], &[1u32, 2, 3]),
+            InputTensor::from_slice("INPUT1", DataType::Fp32, &[1, 2], &[0.5f32, -1.0]),
+            InputTensor::from_slice(
+                "INPUT2",
+                DataType::Bytes,
+                &[1, 2],
+                &kiln_worker_sdk::encode_bytes(&["kiln", ""]),
+            ),
+        ],
+        ..Default::default()
+    }
+}
+
+/// Checks echo-multi's answer to [`echo_multi_request`]: input + 1, input × 2 as
+/// FP64, each string reversed.
+pub fn check_echo_multi(r: &kiln_client::InferResponse) {
+    use kiln_client::DataType;
+    assert_eq!(r.outputs.len(), 3);
+    assert_eq!(r.outputs[0].name, "OUTPUT0");
+    assert_eq!(r.outputs[0].dtype, DataType::Uint32);
+    assert_eq!(r.outputs[0].values::<u32>(), vec![2, 3, 4]);
+    assert_eq!(r.outputs[1].dtype, DataType::Fp64);
+    assert_eq!(r.outputs[1].shape, vec![1, 2]);
+    assert_eq!(r.outputs[1].values::<f64>(), vec![1.0, -2.0]);
+    assert_eq!(r.outputs[2].dtype, DataType::Bytes);
+    assert_eq!(
+        r.outputs[2].data.as_ref(),
+        kiln_worker_sdk::encode_bytes(&["nlik", ""]).as_slice()
+    );
 }

@@ -4,46 +4,13 @@
 // The helpers are test support: a failed step should fail the test loudly.
 #![allow(clippy::unwrap_used)]
 
-use kiln_client::{DataType, InferRequest, InferResponse, InputTensor};
+use kiln_client::InferResponse;
 use kiln_server::http::{
     decode_response_binary, encode_request_binary, INFERENCE_HEADER_CONTENT_LENGTH,
 };
+use kiln_tests::fixtures::{check_echo_multi, echo_multi_request};
 use kiln_tests::{metric, Kiln};
 use serde_json::{json, Value};
-
-/// Length-prefixed BYTES elements.
-fn echo_multi_request() -> InferRequest {
-    InferRequest {
-        model: "echo-multi".into(),
-        id: Some("b-1".into()),
-        inputs: vec![
-            InputTensor::from_slice("INPUT0", DataType::Uint32, &[1, 3], &[1u32, 2, 3]),
-            InputTensor::from_slice("INPUT1", DataType::Fp32, &[1, 2], &[0.5f32, -1.0]),
-            InputTensor::from_slice(
-                "INPUT2",
-                DataType::Bytes,
-                &[1, 2],
-                &kiln_worker_sdk::encode_bytes(&["kiln", ""]),
-            ),
-        ],
-        ..Default::default()
-    }
-}
-
-/// What echo-multi answers to [`echo_multi_request`].
-fn check_echo_multi(r: &InferResponse) {
-    assert_eq!(r.outputs.len(), 3);
-    assert_eq!(r.outputs[0].name, "OUTPUT0");
-    assert_eq!(r.outputs[0].values::<u32>(), vec![2, 3, 4]);
-    assert_eq!(r.outputs[1].dtype, DataType::Fp64);
-    assert_eq!(r.outputs[1].shape, vec![1, 2]);
-    assert_eq!(r.outputs[1].values::<f64>(), vec![1.0, -2.0]);
-    assert_eq!(r.outputs[2].dtype, DataType::Bytes);
-    assert_eq!(
-        r.outputs[2].data.as_ref(),
-        kiln_worker_sdk::encode_bytes(&["nlik", ""]).as_slice()
-    );
-}
 
 /// Posts `body` to `model`'s infer route, with the header when `json_length` is given.
 async fn post(
@@ -106,7 +73,7 @@ async fn read(response: reqwest::Response) -> (String, Value, InferResponse) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_request_and_binary_response() {
     let kiln = Kiln::start(&["--load", "echo-multi"]);
-    let request = echo_multi_request();
+    let request = echo_multi_request("b-1");
     let r = kiln.client.infer_binary(&request).await.unwrap();
     check_echo_multi(&r);
     assert_eq!(r.id.as_deref(), Some("b-1"));

@@ -14,7 +14,7 @@ use kiln_server::grpc::proto::{
     model_infer_request::InferInputTensor, model_repository_parameter, InferTensorContents,
     ModelInferRequest,
 };
-use kiln_tests::fixtures::{ShmObject, TempRepository};
+use kiln_tests::fixtures::{check_echo_multi, echo_multi_request, ShmObject, TempRepository};
 use kiln_tests::{metric, Kiln};
 use serde_json::Value;
 use tonic::Code;
@@ -204,32 +204,12 @@ async fn health_metadata_config_and_statistics() {
 async fn infer_raw_and_typed_contents_with_echo_multi() {
     let kiln = Kiln::start(&["--load", "echo-multi", "--load", "echo"]);
     let c = kiln.grpc().await;
-    let strings = kiln_worker_sdk::encode_bytes(&["kiln", ""]);
-    let mut request = InferRequest {
-        model: "echo-multi".into(),
-        id: Some("multi-1".into()),
-        inputs: vec![
-            InputTensor::from_slice("INPUT0", DataType::Uint32, &[1, 3], &[1u32, 2, 3]),
-            InputTensor::from_slice("INPUT1", DataType::Fp32, &[1, 2], &[0.5f32, -1.0]),
-            InputTensor::from_slice("INPUT2", DataType::Bytes, &[1, 2], &strings),
-        ],
-        ..Default::default()
-    };
+    let mut request = echo_multi_request("multi-1");
     let r = c.infer(&request).await.unwrap();
     assert_eq!(r.id.as_deref(), Some("multi-1"));
     assert_eq!(r.model_name, "echo-multi");
     assert_eq!(r.model_version, "1");
-    assert_eq!(r.outputs.len(), 3);
-    assert_eq!(r.outputs[0].dtype, DataType::Uint32);
-    assert_eq!(r.outputs[0].values::<u32>(), vec![2, 3, 4]);
-    assert_eq!(r.outputs[1].dtype, DataType::Fp64);
-    assert_eq!(r.outputs[1].shape, vec![1, 2]);
-    assert_eq!(r.outputs[1].values::<f64>(), vec![1.0, -2.0]);
-    assert_eq!(r.outputs[2].dtype, DataType::Bytes);
-    assert_eq!(
-        r.outputs[2].data.as_ref(),
-        kiln_worker_sdk::encode_bytes(&["nlik", ""]).as_slice()
-    );
+    check_echo_multi(&r);
     // Requested outputs only.
     request.outputs = Some(vec!["OUTPUT1".into()]);
     let r = c.infer(&request).await.unwrap();

@@ -349,23 +349,9 @@ async fn bad_requests_get_the_right_status_and_the_server_stays_healthy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_outputs_and_requested_outputs() {
     let kiln = Kiln::start(&["--load", "echo-multi"]);
-    let strings = kiln_worker_sdk::encode_bytes(&["kiln", ""]);
-    let mut request = InferRequest {
-        model: "echo-multi".into(),
-        inputs: vec![
-            InputTensor::from_slice("INPUT0", DataType::Uint32, &[1, 3], &[1u32, 2, 3]),
-            InputTensor::from_slice("INPUT1", DataType::Fp32, &[1, 2], &[0.5f32, -1.0]),
-            InputTensor::from_slice("INPUT2", DataType::Bytes, &[1, 2], &strings),
-        ],
-        ..Default::default()
-    };
+    let mut request = kiln_tests::fixtures::echo_multi_request("multi");
     let r = kiln.client.infer(&request).await.unwrap();
-    assert_eq!(r.outputs.len(), 3);
-    assert_eq!(r.outputs[0].values::<u32>(), vec![2, 3, 4]);
-    assert_eq!(r.outputs[1].dtype, DataType::Fp64);
-    assert_eq!(r.outputs[1].values::<f64>(), vec![1.0, -2.0]);
-    let reversed = kiln_worker_sdk::encode_bytes(&["nlik", ""]);
-    assert_eq!(r.outputs[2].data.as_ref(), reversed.as_slice());
+    kiln_tests::fixtures::check_echo_multi(&r);
     request.outputs = Some(vec!["OUTPUT1".into()]);
     let r = kiln.client.infer(&request).await.unwrap();
     assert_eq!(r.outputs.len(), 1);
