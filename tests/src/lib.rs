@@ -194,3 +194,13 @@ pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
             all.then(|| value.parse().ok()).flatten()
         })
 }
+
+/// `kiln_requests_total{model, outcome}`: how many requests for `model` ended with
+/// `outcome` (`success`, `invalid`, `rejected`, `timeout`, …); `None` when absent.
+pub fn requests_outcome(text: &str, model: &str, outcome: &str) -> Option<f64> {
+    metric(
+        text,
+        "kiln_requests_total",
+        &[("model", model), ("outcome", outcome)],
+    )
+}

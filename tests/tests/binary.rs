@@ -9,7 +9,7 @@ use kiln_server::http::{
     decode_response_binary, encode_request_binary, INFERENCE_HEADER_CONTENT_LENGTH,
 };
 use kiln_tests::fixtures::{check_echo_multi, echo_multi_request};
-use kiln_tests::{metric, Kiln};
+use kiln_tests::{requests_outcome, Kiln};
 use serde_json::{json, Value};
 
 /// Posts `body` to `model`'s infer route, with the header when `json_length` is given.
@@ -247,10 +247,6 @@ async fn mismatched_binary_requests_answer_400() {
     let (_, _, decoded) = read(response).await;
     assert_eq!(decoded.outputs[0].values::<u32>(), vec![1, 1]);
     let text = kiln.client.metrics().await.unwrap();
-    let invalid = metric(
-        &text,
-        "kiln_requests_total",
-        &[("model", "echo-multi"), ("outcome", "invalid")],
-    );
+    let invalid = requests_outcome(&text, "echo-multi", "invalid");
     assert_eq!(invalid, Some(8.0));
 }

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use kiln_client::{DataType, HttpClient, InferRequest, InputTensor, Param, ParamValue};
-use kiln_tests::{metric, Kiln};
+use kiln_tests::{metric, requests_outcome, Kiln};
 use serde_json::json;
 
 fn request(model: &str, values: &[i32], priority: Option<i64>) -> InferRequest {
@@ -59,12 +59,7 @@ async fn triton_config(url: &str, model: &str) -> serde_json::Value {
 
 async fn outcome(c: &HttpClient, model: &str, outcome: &str) -> f64 {
     let text = c.metrics().await.unwrap();
-    metric(
-        &text,
-        "kiln_requests_total",
-        &[("model", model), ("outcome", outcome)],
-    )
-    .unwrap_or(0.0)
+    requests_outcome(&text, model, outcome).unwrap_or(0.0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -236,14 +231,7 @@ async fn a_request_whose_caller_goes_away_is_removed_before_batching() {
     // The next request runs at once: nothing else was left in the queue.
     client.infer(request(&endpoint, &[8], None)).await.unwrap();
     let text = client.server().metrics_text();
-    let m = |o| {
-        metric(
-            &text,
-            "kiln_requests_total",
-            &[("model", "faulty"), ("outcome", o)],
-        )
-        .unwrap()
-    };
+    let m = |o| requests_outcome(&text, "faulty", o).unwrap();
     assert_eq!(m("cancelled"), 1.0, "{text}");
     assert_eq!(m("success"), 2.0, "the cancelled request never ran");
     client.shutdown().await;

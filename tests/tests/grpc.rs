@@ -15,7 +15,7 @@ use kiln_server::grpc::proto::{
     ModelInferRequest,
 };
 use kiln_tests::fixtures::{check_echo_multi, echo_multi_request, ShmObject, TempRepository};
-use kiln_tests::{metric, Kiln};
+use kiln_tests::{metric, requests_outcome, Kiln};
 use serde_json::Value;
 use tonic::Code;
 
@@ -495,15 +495,7 @@ async fn errors_map_to_grpc_codes() {
     let r = c.infer(&echo_request("echo", "ok", &[41])).await.unwrap();
     assert_eq!(r.outputs[0].values::<u32>(), vec![42]);
     let text = kiln.client.metrics().await.unwrap();
-    assert!(
-        metric(
-            &text,
-            "kiln_requests_total",
-            &[("model", "echo"), ("outcome", "invalid")]
-        )
-        .unwrap()
-            >= 7.0
-    );
+    assert!(requests_outcome(&text, "echo", "invalid").unwrap() >= 7.0);
 }
 
 fn code_of<T: std::fmt::Debug>(result: Result<T, ClientError>) -> Code {

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use kiln_client::{ClientError, DataType, InferRequest, InputTensor};
-use kiln_tests::{metric, Kiln};
+use kiln_tests::{metric, requests_outcome, Kiln};
 use serde_json::{json, Value};
 
 fn echo_request(model: &str, id: usize, values: &[u32]) -> InferRequest {
@@ -335,15 +335,7 @@ async fn bad_requests_get_the_right_status_and_the_server_stays_healthy() {
         .unwrap();
     assert_eq!(r.outputs[0].values::<u32>(), vec![42]);
     let text = kiln.client.metrics().await.unwrap();
-    assert!(
-        metric(
-            &text,
-            "kiln_requests_total",
-            &[("model", "echo"), ("outcome", "invalid")]
-        )
-        .unwrap()
-            >= 8.0
-    );
+    assert!(requests_outcome(&text, "echo", "invalid").unwrap() >= 8.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -401,14 +393,7 @@ async fn a_panicking_plugin_fails_only_its_batch() {
         "the plugin's panic reaches the server log"
     );
     let text = c.metrics().await.unwrap();
-    assert_eq!(
-        metric(
-            &text,
-            "kiln_requests_total",
-            &[("model", "faulty"), ("outcome", "failure")]
-        ),
-        Some(2.0)
-    );
+    assert_eq!(requests_outcome(&text, "faulty", "failure"), Some(2.0));
     assert_eq!(
         metric(&text, "kiln_worker_instances", &[("model", "faulty")]),
         Some(1.0)
@@ -475,20 +460,6 @@ async fn a_full_queue_answers_429_and_loses_nothing_accepted() {
         );
     }
     let text = c.metrics().await.unwrap();
-    assert_eq!(
-        metric(
-            &text,
-            "kiln_requests_total",
-            &[("model", "faulty"), ("outcome", "rejected")]
-        ),
-        Some(1.0)
-    );
-    assert_eq!(
-        metric(
-            &text,
-            "kiln_requests_total",
-            &[("model", "faulty"), ("outcome", "success")]
-        ),
-        Some(4.0)
-    );
+    assert_eq!(requests_outcome(&text, "faulty", "rejected"), Some(1.0));
+    assert_eq!(requests_outcome(&text, "faulty", "success"), Some(4.0));
 }
