@@ -177,12 +177,23 @@ impl WorkerGroup {
         request: InferRequest,
     ) -> Result<oneshot::Receiver<Result<InferResponse>>> {
         let metrics = &self.context.metrics;
-        let InferRequest { id, parameters, .. } = &request;
-        let (id, parameters) = (id.clone(), parameters.clone());
+        // Move the fields out: `validate` needs only the tensors, the rest travels on.
+        let InferRequest {
+            id,
+            inputs,
+            outputs,
+            parameters,
+            ..
+        } = request;
         let (priority, timeout) = scheduling(&parameters).inspect_err(|_| {
             metrics.invalid.inc();
         })?;
-        let valid = validate(&self.info, self.settings.batch_size, request).inspect_err(|_| {
+        let tensors = InferRequest {
+            inputs,
+            outputs,
+            ..InferRequest::default()
+        };
+        let valid = validate(&self.info, self.settings.batch_size, tensors).inspect_err(|_| {
             metrics.invalid.inc();
         })?;
         let queue = self.queue.load();
