@@ -2,42 +2,44 @@
 //! run time (`ort` with `load-dynamic`: the build downloads nothing).
 //!
 //! Inputs, outputs, datatypes and dynamic dims are read from the model. When every
-//! input and output has a dynamic first dimension, that is the batch dimension and the
-//! worker batches (up to `max_batch_size`, default 8); otherwise it does not batch
-//! (`max_batch_size` 0), as Triton does. Batches run straight from kiln's pooled batch
-//! memory (borrowed, no copy); outputs are split back per request.
+//! input and output has a dynamic batch dimension, the worker batches (up to
+//! `max_batch_size`, default 8); otherwise it does not batch (`max_batch_size` 0), as
+//! Triton does. The batch dimension is the first, unless `batch_axis.<tensor>` = k
+//! says it is axis k of that input or output: kiln still sees the tensor batch first
+//! (the axis moved to the front, and declared without it), and the worker moves the
+//! axis into place before running and back after (through per-instance scratch
+//! buffers for inputs, straight into kiln's output buffers for outputs). `input.<name>` = value makes an input constant: the worker feeds it
+//! itself (the model's static shape filled with the value) and does not declare it.
+//! Batches otherwise run straight from kiln's pooled batch memory (borrowed, no copy);
+//! outputs are split back per request.
 //!
 //! Load-time parameters: `model` (file inside the model's version folder, default
 //! `model.onnx`), `model_dir` (set by the server's model repository), `runtime` (the
 //! `libonnxruntime.so`; else `$KILN_ONNXRUNTIME`, else
 //! `$KILN_CACHE/onnxruntime/libonnxruntime.so.1.31.1`, else `./.cache/onnxruntime/…`),
 //! `intra_op_threads` (1), `inter_op_threads` (1), `optimization_level`
-//! (`disable`, `basic`, `extended`, `all`; default `all`), `max_batch_size`.
+//! (`disable`, `basic`, `extended`, `all`; default `all`), `max_batch_size`,
+//! `batch_axis.<tensor>`, `input.<name>`.
 //! The session is created in `acquire` and dropped in `release`.
 
+mod axes;
+mod constant;
 mod convert;
 mod runtime;
+mod signature;
 
 use std::path::{Component, Path, PathBuf};
 
 use kiln_worker_sdk::{
-    export_worker, Batch, BatcherKind, DataType, Params, Shape, TensorSpec, Worker, WorkerError,
-    WorkerInfo,
+    export_worker, Batch, BatcherKind, Params, Shape, TensorSpec, Worker, WorkerError, WorkerInfo,
 };
 use ort::environment::Environment;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::{Session, SessionInputValue};
+use ort::value::DynValue;
 
-/// Default largest batch for models with a batch dimension.
-const DEFAULT_MAX_BATCH: i64 = 8;
-
-/// One declared tensor of the model.
-struct Tensor {
-    name: String,
-    dtype: DataType,
-    /// Dims without the batch dimension when batching.
-    dims: Vec<i64>,
-}
+use axes::{AlignedBytes, Split};
+use signature::{Feed, ModelTensor, Signature, Tensor};
 
 /// The onnx worker.
 pub struct Onnx {
@@ -46,9 +48,10 @@ pub struct Onnx {
     intra_op_threads: usize,
     inter_op_threads: usize,
     level: GraphOptimizationLevel,
-    inputs: Vec<Tensor>,
-    outputs: Vec<Tensor>,
-    max_batch_size: u32,
+    signature: Signature,
+    /// Per served input: the model's layout of a batch whose batch axis is not the
+    /// first, reused from batch to batch.
+    scratch: Vec<AlignedBytes>,
     session: Option<Session>,
 }
 
@@ -131,6 +134,194 @@ impl Onnx {
     }
 }
 
+/// The model's inputs or outputs as it declares them.
+fn describe(outlets: &[ort::value::Outlet]) -> Result<Vec<ModelTensor>, WorkerError> {
+    outlets
+        .iter()
+        .map(|o| {
+            let (dtype, dims) = convert::tensor_type(o.name(), o.dtype())?;
+            Ok(ModelTensor {
+                name: o.name().to_owned(),
+                dtype,
+                dims,
+            })
+        })
+        .collect()
+}
+
+fn rank_error() -> WorkerError {
+    WorkerError::new("output rank above 8")
+}
+
+impl Onnx {
+    fn batching(&self) -> bool {
+        self.signature.max_batch_size > 0
+    }
+
+    /// Lays out, in the scratch buffers, every batched input whose batch axis is not
+    /// the first, as the model holds it.
+    fn move_inputs(&mut self, batch: &Batch<'_, '_>, rows: usize) -> Result<(), WorkerError> {
+        if !self.batching() {
+            return Ok(());
+        }
+        for (i, (spec, scratch)) in self
+            .signature
+            .inputs
+            .iter()
+            .zip(self.scratch.iter_mut())
+            .enumerate()
+        {
+            if spec.axis == 0 {
+                continue;
+            }
+            let input = batch.input(i)?;
+            let shape = model_shape(spec, &input, rows)?;
+            let split = Split::new(&spec.name, spec.dtype, &shape, spec.axis)?;
+            let len = split
+                .len()
+                .filter(|&n| n == input.bytes().len())
+                .ok_or_else(|| {
+                    WorkerError::new(format!(
+                        "input `{}`: {} bytes for shape {shape:?}",
+                        spec.name,
+                        input.bytes().len()
+                    ))
+                })?;
+            split.kiln_to_model(input.bytes(), scratch.resize(len))?;
+        }
+        Ok(())
+    }
+
+    /// The value of model input `feed` for this batch: a constant, a scratch buffer
+    /// (see [`Onnx::move_inputs`]), or kiln's batch memory.
+    fn input_value<'v, 'a: 'v>(
+        &'v self,
+        feed: Feed,
+        batch: &Batch<'_, 'a>,
+        rows: usize,
+    ) -> Result<SessionInputValue<'v>, WorkerError> {
+        let i = match feed {
+            Feed::Constant(c) => {
+                let constant = self
+                    .signature
+                    .constants
+                    .get(c)
+                    .ok_or_else(|| WorkerError::new(format!("no constant #{c}")))?;
+                return convert::input_value(
+                    constant.dtype,
+                    &constant.dims,
+                    constant.data.as_slice(),
+                );
+            }
+            Feed::Request(i) => i,
+        };
+        let spec = self
+            .signature
+            .inputs
+            .get(i)
+            .ok_or_else(|| WorkerError::new(format!("no input #{i}")))?;
+        let input = batch.input(i)?;
+        if !self.batching() {
+            let first = input
+                .shapes()
+                .first()
+                .ok_or_else(|| WorkerError::new("an empty batch"))?;
+            return convert::input_value(spec.dtype, first.dims(), input.bytes());
+        }
+        let shape = model_shape(spec, &input, rows)?;
+        let bytes = match (spec.axis, self.scratch.get(i)) {
+            (0, _) => input.bytes(),
+            (_, Some(scratch)) => scratch.as_slice(),
+            (_, None) => return Err(WorkerError::new(format!("no scratch for input #{i}"))),
+        };
+        convert::input_value(spec.dtype, &shape, bytes)
+    }
+
+    /// Runs `session` on the batch and writes its outputs.
+    fn run_session(
+        &self,
+        session: &mut Session,
+        batch: &mut Batch<'_, '_>,
+        request_rows: &[usize],
+        rows: usize,
+    ) -> Result<(), WorkerError> {
+        let outputs = {
+            let view: &Batch<'_, '_> = batch;
+            let values = self
+                .signature
+                .feeds
+                .iter()
+                .map(|&feed| self.input_value(feed, view, rows))
+                .collect::<Result<Vec<_>, _>>()?;
+            session
+                .run(values.as_slice())
+                .map_err(ort_error("inference"))?
+        };
+        for (k, spec) in self.signature.outputs.iter().enumerate() {
+            let value = outputs.get(&spec.name).ok_or_else(|| {
+                WorkerError::new(format!("the model gave no output `{}`", spec.name))
+            })?;
+            self.write_output(k, value, batch, request_rows, rows)?;
+        }
+        Ok(())
+    }
+
+    /// Writes output `k` of the model, `value`, into the batch: batch first, split into
+    /// each request's rows.
+    fn write_output(
+        &self,
+        k: usize,
+        value: &DynValue,
+        batch: &mut Batch<'_, '_>,
+        request_rows: &[usize],
+        rows: usize,
+    ) -> Result<(), WorkerError> {
+        let spec = self
+            .signature
+            .outputs
+            .get(k)
+            .ok_or_else(|| WorkerError::new(format!("no output #{k}")))?;
+        let (shape, bytes) = convert::output_bytes(spec.dtype, value)?;
+        if !self.batching() {
+            let shapes = [Shape::new(&shape).ok_or_else(rank_error)?];
+            batch
+                .output(k)?
+                .allocate_bytes(&shapes, bytes.len())?
+                .copy_from_slice(bytes);
+            return Ok(());
+        }
+        if shape.get(spec.axis) != Some(&(rows as i64)) {
+            return Err(WorkerError::new(format!(
+                "output `{}` has shape {shape:?}, not {rows} rows on axis {}",
+                spec.name, spec.axis
+            )));
+        }
+        let whole = Shape::new(&axes::batch_first(&shape, spec.axis)).ok_or_else(rank_error)?;
+        let shapes: Vec<Shape> = request_rows.iter().map(|&r| whole.with_rows(r)).collect();
+        let mut output = batch.output(k)?;
+        let out = output.allocate_bytes(&shapes, bytes.len())?;
+        if spec.axis == 0 {
+            out.copy_from_slice(bytes);
+            return Ok(());
+        }
+        Split::new(&spec.name, spec.dtype, &shape, spec.axis)?.model_to_kiln(bytes, out)
+    }
+}
+
+/// The model's shape of a batched input of `rows` rows: kiln's non-batch dims with
+/// the rows at the model's batch axis.
+fn model_shape(
+    spec: &Tensor,
+    input: &kiln_worker_sdk::Input<'_>,
+    rows: usize,
+) -> Result<Vec<i64>, WorkerError> {
+    let first = input
+        .shapes()
+        .first()
+        .ok_or_else(|| WorkerError::new("an empty batch"))?;
+    Ok(axes::with_batch_at(first.inner().dims(), spec.axis, rows))
+}
+
 impl Worker for Onnx {
     fn init(params: Params<'_>) -> Result<Self, WorkerError> {
         let path = model_path(&params)?;
@@ -141,62 +332,28 @@ impl Worker for Onnx {
             intra_op_threads: count(&params, "intra_op_threads", 1)?,
             inter_op_threads: count(&params, "inter_op_threads", 1)?,
             level: optimization_level(&params)?,
-            inputs: Vec::new(),
-            outputs: Vec::new(),
-            max_batch_size: 0,
+            signature: Signature::default(),
+            scratch: Vec::new(),
             session: None,
         };
         // Read the model's signature from a session made only for that.
         let session = worker.session()?;
-        let describe = |outlets: &[ort::value::Outlet]| -> Result<Vec<Tensor>, WorkerError> {
-            outlets
-                .iter()
-                .map(|o| {
-                    let (dtype, dims) = convert::tensor_type(o.name(), o.dtype())?;
-                    Ok(Tensor {
-                        name: o.name().to_owned(),
-                        dtype,
-                        dims,
-                    })
-                })
-                .collect()
-        };
-        let mut inputs = describe(session.inputs())?;
-        let mut outputs = describe(session.outputs())?;
-        let batchable = inputs
+        let inputs = describe(session.inputs())?;
+        let outputs = describe(session.outputs())?;
+        worker.signature = Signature::new(&inputs, &outputs, &params)?;
+        worker.scratch = worker
+            .signature
+            .inputs
             .iter()
-            .chain(&outputs)
-            .all(|t| t.dims.first() == Some(&-1));
-        let max = match params.int("max_batch_size")? {
-            Some(n) if !(0..=4096).contains(&n) => {
-                return Err(WorkerError::new(format!(
-                    "`max_batch_size` must be in 0..=4096, got {n}"
-                )))
-            }
-            Some(n) => n,
-            None if batchable => DEFAULT_MAX_BATCH,
-            None => 0,
-        };
-        if max > 0 {
-            if !batchable {
-                return Err(WorkerError::new(
-                    "this model has no batch dimension (a dynamic first dim on every input and output): \
-                     set max_batch_size 0",
-                ));
-            }
-            for t in inputs.iter_mut().chain(outputs.iter_mut()) {
-                t.dims.remove(0);
-            }
-        }
-        worker.max_batch_size = max as u32;
-        worker.inputs = inputs;
-        worker.outputs = outputs;
+            .map(|_| AlignedBytes::default())
+            .collect();
         log::info!(
-            "onnx: {} — {} input(s), {} output(s), max_batch_size {}",
+            "onnx: {} — {} input(s), {} output(s), max_batch_size {}{}",
             worker.path.display(),
-            worker.inputs.len(),
-            worker.outputs.len(),
-            worker.max_batch_size
+            worker.signature.inputs.len(),
+            worker.signature.outputs.len(),
+            worker.signature.max_batch_size,
+            worker.signature.describe_options()
         );
         Ok(worker)
     }
@@ -210,9 +367,9 @@ impl Worker for Onnx {
                 .into()
         };
         WorkerInfo {
-            inputs: specs(&self.inputs),
-            outputs: specs(&self.outputs),
-            max_batch_size: self.max_batch_size,
+            inputs: specs(&self.signature.inputs),
+            outputs: specs(&self.signature.outputs),
+            max_batch_size: self.signature.max_batch_size,
             batcher: BatcherKind::Soft,
             allow_ragged_batch: false,
         }
@@ -229,68 +386,26 @@ impl Worker for Onnx {
     }
 
     fn run(&mut self, batch: &mut Batch<'_, '_>) -> Result<(), WorkerError> {
-        let batching = self.max_batch_size > 0;
         let requests = batch.request_count();
-        if !batching && requests != 1 {
+        if !self.batching() && requests != 1 {
             return Err(WorkerError::new(format!(
                 "{requests} requests in a batch for a model that does not batch"
             )));
         }
-        let total_rows = batch.rows();
-        let mut request_rows = Vec::with_capacity(requests);
-        let mut values: Vec<SessionInputValue<'_>> = Vec::with_capacity(self.inputs.len());
-        for (i, spec) in self.inputs.iter().enumerate() {
-            let input = batch.input(i)?;
-            let first = input
-                .shapes()
-                .first()
-                .ok_or_else(|| WorkerError::new("an empty batch"))?;
-            let shape: Vec<i64> = if batching {
-                std::iter::once(total_rows as i64)
-                    .chain(first.inner().dims().iter().copied())
-                    .collect()
-            } else {
-                first.dims().to_vec()
-            };
-            if i == 0 {
-                request_rows.extend(input.shapes().iter().map(Shape::rows));
-            }
-            values.push(convert::input_value(spec.dtype, &shape, input.bytes())?);
-        }
-        let session = self
+        let rows = batch.rows();
+        let request_rows: Vec<usize> = if self.signature.inputs.is_empty() {
+            vec![1; requests]
+        } else {
+            batch.input(0)?.shapes().iter().map(Shape::rows).collect()
+        };
+        self.move_inputs(batch, rows)?;
+        let mut session = self
             .session
-            .as_mut()
+            .take()
             .ok_or_else(|| WorkerError::new("run before acquire"))?;
-        let outputs = session
-            .run(values.as_slice())
-            .map_err(ort_error("inference"))?;
-        for (k, spec) in self.outputs.iter().enumerate() {
-            let value = outputs.get(&spec.name).ok_or_else(|| {
-                WorkerError::new(format!("the model gave no output `{}`", spec.name))
-            })?;
-            let (shape, bytes) = convert::output_bytes(spec.dtype, value)?;
-            let shapes: Vec<Shape> = if batching {
-                if shape.first() != Some(&(total_rows as i64)) {
-                    return Err(WorkerError::new(format!(
-                        "output `{}` has shape {shape:?}, not {total_rows} rows",
-                        spec.name
-                    )));
-                }
-                let whole =
-                    Shape::new(&shape).ok_or_else(|| WorkerError::new("output rank above 8"))?;
-                request_rows
-                    .iter()
-                    .map(|&rows| whole.with_rows(rows))
-                    .collect()
-            } else {
-                vec![Shape::new(&shape).ok_or_else(|| WorkerError::new("output rank above 8"))?]
-            };
-            batch
-                .output(k)?
-                .allocate_bytes(&shapes, bytes.len())?
-                .copy_from_slice(bytes);
-        }
-        Ok(())
+        let result = self.run_session(&mut session, batch, &request_rows, rows);
+        self.session = Some(session);
+        result
     }
 }
 
