@@ -29,6 +29,7 @@ fn requests() -> Vec<Request<u32>> {
             arrived: Instant::now(),
             priority: None,
             timeout: None,
+            sequence: None,
             reply: i,
         })
         .collect()

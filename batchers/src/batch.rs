@@ -13,6 +13,9 @@ pub struct Member<R> {
     pub rows: usize,
     pub params: Vec<Param>,
     pub arrived: Instant,
+    /// The sequence batcher's handle of the request's sequence: the instance reports
+    /// the sequence's new state under it.
+    pub sequence: Option<u64>,
     pub reply: R,
 }
 
@@ -83,6 +86,7 @@ impl<R> Batch<R> {
             rows: request.rows,
             params: request.params,
             arrived: request.arrived,
+            sequence: request.sequence.map(|s| s.handle),
             reply: request.reply,
         });
     }

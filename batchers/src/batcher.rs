@@ -53,9 +53,11 @@ pub fn run_batcher<R>(
                     BatcherKind::Hard => {
                         requests.recv().map_err(|_| RecvTimeoutError::Disconnected)
                     }
-                    // The dynamic batcher has its own loop (`dynamic::run_dynamic_batcher`);
-                    // given to this one, it behaves as soft.
-                    BatcherKind::Soft | BatcherKind::Dynamic => recv_until(&requests, deadline),
+                    // The dynamic and sequence batchers have their own loops; given to
+                    // this one, they behave as soft.
+                    BatcherKind::Soft | BatcherKind::Dynamic | BatcherKind::Sequence => {
+                        recv_until(&requests, deadline)
+                    }
                 },
             };
             match next {
@@ -107,6 +109,7 @@ mod tests {
             arrived: Instant::now(),
             priority: None,
             timeout: None,
+            sequence: None,
             reply: id,
         }
     }

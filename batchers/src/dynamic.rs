@@ -169,6 +169,9 @@ impl<R> DynamicQueue<R> {
 
     /// Queues `request` at its priority level (`request.priority`, or the default),
     /// with its deadline from the level's policy and the request's own timeout.
+    // A refused request goes back whole, so its host can answer it: the large `Err`
+    // is the request itself, moved, not a copy or an allocation.
+    #[allow(clippy::result_large_err)]
     pub fn admit(
         &mut self,
         request: Request<R>,
@@ -363,6 +366,7 @@ mod tests {
             arrived,
             priority: None,
             timeout: None,
+            sequence: None,
             reply: id,
         }
     }
@@ -755,6 +759,7 @@ mod thread_tests {
             arrived: Instant::now(),
             priority: None,
             timeout: None,
+            sequence: None,
             reply: id,
         }
     }

@@ -7,7 +7,9 @@
 //!
 //! - **hard**: exactly `batch_size` rows;
 //! - **soft**: up to `batch_size` rows, or what has arrived when `timeout` after the
-//!   first request (counted from its arrival) expires.
+//!   first request (counted from its arrival) expires;
+//! - **dynamic** ([`dynamic`]): Triton's dynamic batcher;
+//! - **sequence** ([`sequence`]): Triton's sequence batcher, for stateful models.
 //!
 //! A request whose first dimension is a batch of its own counts with that many rows
 //! and is never split. Unless the worker allows ragged batches, a batch only holds
@@ -18,6 +20,7 @@ mod batch;
 mod batcher;
 pub mod dynamic;
 mod request;
+pub mod sequence;
 
 pub use batch::{Batch, Member};
 pub use batcher::{run_batcher, BatcherConfig};

@@ -5,6 +5,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use kiln_worker_sdk::{DataType, Param, Shape};
 
+use crate::sequence::SequenceFlags;
+
 /// One input tensor of one request.
 #[derive(Debug, Clone)]
 pub struct Tensor {
@@ -30,6 +32,8 @@ pub struct Request<R> {
     /// The request's own queue timeout (the dynamic batcher's policy decides whether
     /// it may apply; it can only shorten the default).
     pub timeout: Option<Duration>,
+    /// The sequence the request belongs to (sequence batcher only).
+    pub sequence: Option<SequenceFlags>,
     pub reply: R,
 }
 

@@ -22,6 +22,11 @@ pub enum ServerError {
     /// The model's queue is full; retry later (HTTP 429 with `Retry-After`).
     #[error("model `{model}` is overloaded: its request queue of {capacity} is full")]
     QueueFull { model: String, capacity: usize },
+    /// A capacity other than the queue is used up, e.g. every sequence slot of a
+    /// stateful model; retry later (HTTP 429 with `Retry-After`, gRPC
+    /// RESOURCE_EXHAUSTED).
+    #[error("{0}")]
+    Exhausted(String),
     /// The server or model cannot take requests now (HTTP 503).
     #[error("{0}")]
     Unavailable(String),
@@ -45,7 +50,7 @@ impl ServerError {
             | ServerError::LoadFailed { .. } => 400,
             ServerError::NotFound(_) => 404,
             ServerError::TooLarge(_) => 413,
-            ServerError::QueueFull { .. } => 429,
+            ServerError::QueueFull { .. } | ServerError::Exhausted(_) => 429,
             ServerError::Unavailable(_) => 503,
             ServerError::WorkerFailed(_) | ServerError::Internal(_) => 500,
         }
@@ -59,7 +64,9 @@ impl ServerError {
             | ServerError::TooLarge(_) => tonic::Code::InvalidArgument,
             ServerError::NotFound(_) => tonic::Code::NotFound,
             ServerError::AlreadyExists(_) => tonic::Code::AlreadyExists,
-            ServerError::QueueFull { .. } => tonic::Code::ResourceExhausted,
+            ServerError::QueueFull { .. } | ServerError::Exhausted(_) => {
+                tonic::Code::ResourceExhausted
+            }
             ServerError::Unavailable(_) => tonic::Code::Unavailable,
             ServerError::WorkerFailed(_) | ServerError::Internal(_) => tonic::Code::Internal,
         }
@@ -68,9 +75,9 @@ impl ServerError {
     /// How long a refused client should wait before retrying, when that applies.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            ServerError::QueueFull { .. } | ServerError::Unavailable(_) => {
-                Some(Duration::from_secs(1))
-            }
+            ServerError::QueueFull { .. }
+            | ServerError::Exhausted(_)
+            | ServerError::Unavailable(_) => Some(Duration::from_secs(1)),
             _ => None,
         }
     }

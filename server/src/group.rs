@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwapOption;
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TrySendError};
 use kiln_batchers::dynamic::{run_dynamic_batcher, DynamicHost, Rejection};
+use kiln_batchers::sequence::{run_sequence_batcher, SequenceEvent};
 use kiln_batchers::{run_batcher, Batch, BatcherConfig, Request};
 use kiln_buffers::{BufferSet, Pool};
 use kiln_worker_sdk::{BatcherKind, Shape, WorkerBox, WorkerInfo};
@@ -21,6 +22,7 @@ use crate::infer::{validate, InferRequest, InferResponse, MAX_OUTPUTS};
 use crate::instance::{run_instance, InstanceContext};
 use crate::metrics::ModelMetrics;
 use crate::params::GroupParams;
+use crate::sequence::{SequenceGroupHost, SequenceLink, SequenceModel, SequenceParams};
 use crate::stats::ModelStats;
 
 /// How a request is answered once its batch has run.
@@ -42,6 +44,8 @@ pub struct GroupSettings {
     pub queue_size: usize,
     /// The dynamic batcher's settings (used when `batcher` is dynamic).
     pub dynamic: crate::params::DynamicParams,
+    /// The sequence batcher's settings (used when `batcher` is sequence).
+    pub sequence: SequenceParams,
 }
 
 /// What names a group: its endpoint, the worker behind it, the identity of its
@@ -58,7 +62,11 @@ pub struct GroupName {
 pub struct WorkerGroup {
     pub endpoint: String,
     pub worker: String,
+    /// The model as clients see it (a stateful model's control and state tensors,
+    /// which the server fills and keeps, are not part of it).
     pub info: Arc<WorkerInfo>,
+    /// The worker's own description.
+    pub worker_info: Arc<WorkerInfo>,
     pub settings: GroupSettings,
     /// The load-time parameters' identity (see [`crate::params::identity`]).
     pub identity: String,
@@ -69,6 +77,19 @@ pub struct WorkerGroup {
     pool: Arc<Pool<BufferSet>>,
     context: Arc<InstanceContext>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Batcher threads (the rest of `threads` run instances).
+    batcher_threads: usize,
+    sequence: Option<SequenceRuntime>,
+}
+
+/// A stateful group's link to its sequence batcher.
+struct SequenceRuntime {
+    model: SequenceModel,
+    events: Sender<SequenceEvent<Reply>>,
+    /// Instances started so far (the next one's index).
+    instances: AtomicUsize,
+    /// Whether requests carry a batch dimension.
+    batched: bool,
 }
 
 impl WorkerGroup {
@@ -87,6 +108,16 @@ impl WorkerGroup {
             identity,
             version,
         } = name;
+        let sequence_model = match settings.batcher {
+            BatcherKind::Sequence => Some(SequenceModel::new(&info, &settings.sequence)?),
+            _ => None,
+        };
+        let (events_tx, events_rx) = unbounded::<SequenceEvent<Reply>>();
+        let client_info = Arc::new(
+            sequence_model
+                .as_ref()
+                .map_or_else(|| info.clone(), |m| m.client_info.clone()),
+        );
         let info = Arc::new(info);
         let (queue_tx, queue_rx) = bounded::<Request<Reply>>(settings.queue_size);
         let (batch_tx, batch_rx) = unbounded::<Batch<Reply>>();
@@ -103,6 +134,11 @@ impl WorkerGroup {
             stats: ModelStats::default(),
             healthy: AtomicUsize::new(0),
             compute_estimate_ns: std::sync::atomic::AtomicU64::new(0),
+            sequence: sequence_model.as_ref().map(|m| SequenceLink {
+                events: events_tx.clone(),
+                state_outputs: m.state_outputs.clone(),
+                state_bytes: m.state_bytes.clone(),
+            }),
         });
         let config = BatcherConfig {
             kind: settings.batcher,
@@ -112,7 +148,26 @@ impl WorkerGroup {
             inputs: info.inputs.len(),
         };
         let mut threads = Vec::new();
-        if settings.batcher == BatcherKind::Dynamic {
+        if let Some(model) = &sequence_model {
+            let config = model.config(
+                &settings.sequence,
+                &settings.dynamic,
+                settings.batch_size,
+                instances.len(),
+                settings.queue_size,
+            );
+            let host = SequenceGroupHost {
+                ctx: Arc::clone(&context),
+                max_sequences: config.max_sequences,
+                max_queued: config.max_queued,
+                max_idle: config.max_idle,
+            };
+            let (rx, pool) = (queue_rx.clone(), Arc::clone(&pool));
+            let inputs = info.inputs.len();
+            threads.push(spawn(format!("sequence-{endpoint}"), move || {
+                run_sequence_batcher(config, inputs, rx, events_rx, pool, host)
+            })?);
+        } else if settings.batcher == BatcherKind::Dynamic {
             // One scheduler: the queue's order and priorities are one thread's.
             let dynamic = settings
                 .dynamic
@@ -135,10 +190,12 @@ impl WorkerGroup {
                 })?);
             }
         }
+        let batcher_threads = threads.len();
         let group = Arc::new(WorkerGroup {
             endpoint,
             worker,
-            info,
+            info: client_info,
+            worker_info: info,
             settings,
             identity,
             version,
@@ -147,6 +204,13 @@ impl WorkerGroup {
             pool,
             context,
             threads: Mutex::new(threads),
+            batcher_threads,
+            sequence: sequence_model.map(|model| SequenceRuntime {
+                batched: model.layout.batched,
+                model,
+                events: events_tx,
+                instances: AtomicUsize::new(0),
+            }),
         });
         for instance in instances {
             group.add_instance(instance)?;
@@ -156,7 +220,20 @@ impl WorkerGroup {
 
     /// Starts one more worker instance on this group's batch queue.
     pub fn add_instance(&self, worker: WorkerBox) -> Result<()> {
-        let (ctx, rx) = (Arc::clone(&self.context), self.batches.clone());
+        // A stateful group's instances each get their own batches (sequences are
+        // pinned to one instance); the others share the group's batch queue.
+        let (rx, index) = match &self.sequence {
+            Some(seq) => {
+                let (tx, rx) = unbounded();
+                let index = seq.instances.fetch_add(1, Ordering::SeqCst);
+                seq.events
+                    .send(SequenceEvent::Instance { index, batches: tx })
+                    .map_err(|_| ServerError::Internal("the sequence batcher is gone".into()))?;
+                (rx, index)
+            }
+            None => (self.batches.clone(), 0),
+        };
+        let ctx = Arc::clone(&self.context);
         self.context.healthy.fetch_add(1, Ordering::SeqCst);
         self.context
             .metrics
@@ -164,7 +241,7 @@ impl WorkerGroup {
             .set(self.context.healthy.load(Ordering::SeqCst) as i64);
         let n = self.threads.lock().len();
         let handle = spawn(format!("worker-{}-{n}", self.endpoint), move || {
-            run_instance(worker, ctx, rx)
+            run_instance(worker, ctx, rx, index)
         })?;
         self.threads.lock().push(handle);
         Ok(())
@@ -193,9 +270,28 @@ impl WorkerGroup {
             outputs,
             ..InferRequest::default()
         };
-        let valid = validate(&self.info, self.settings.batch_size, tensors).inspect_err(|_| {
-            metrics.invalid.inc();
-        })?;
+        let mut valid =
+            validate(&self.info, self.settings.batch_size, tensors).inspect_err(|_| {
+                metrics.invalid.inc();
+            })?;
+        let sequence = match &self.sequence {
+            None => None,
+            Some(seq) => {
+                let flags = crate::sequence::request_flags(&self.endpoint, &parameters)
+                    .and_then(|flags| match (seq.batched, valid.rows) {
+                        (true, rows) if rows != 1 => Err(ServerError::invalid(format!(
+                            "model `{}` is stateful: each request of a sequence is one row, got {rows}",
+                            self.endpoint
+                        ))),
+                        _ => Ok(flags),
+                    })
+                    .inspect_err(|_| {
+                        metrics.invalid.inc();
+                    })?;
+                valid.output_mask = seq.model.worker_mask(valid.output_mask);
+                Some(flags)
+            }
+        };
         let queue = self.queue.load();
         let Some(tx) = queue.as_ref() else {
             return Err(self.gone());
@@ -215,6 +311,7 @@ impl WorkerGroup {
             arrived: Instant::now(),
             priority,
             timeout,
+            sequence,
             reply: Reply {
                 tx: reply_tx,
                 id,
@@ -264,7 +361,7 @@ impl WorkerGroup {
         self.threads
             .lock()
             .len()
-            .saturating_sub(self.settings.batchers)
+            .saturating_sub(self.batcher_threads)
     }
 
     /// Refreshes gauges that are read rather than counted.
@@ -404,6 +501,7 @@ pub fn resolve(info: &WorkerInfo, params: &GroupParams, instances: usize) -> Res
         max_buffers: params.max_buffers.unwrap_or(2 * instances + 1),
         queue_size: params.queue_size,
         dynamic: params.dynamic.clone(),
+        sequence: params.sequence.clone(),
     })
 }
 

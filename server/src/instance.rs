@@ -21,6 +21,7 @@ use crate::error::ServerError;
 use crate::group::Reply;
 use crate::infer::{InferResponse, OutputTensor};
 use crate::metrics::ModelMetrics;
+use crate::sequence::SequenceLink;
 use crate::stats::{nanos, BatchTiming, ModelStats};
 
 /// What every instance of a group shares.
@@ -36,6 +37,8 @@ pub struct InstanceContext {
     /// Moving average of a batch's run time in nanoseconds (the dynamic batcher's
     /// deadline-aware sending reads it).
     pub compute_estimate_ns: AtomicU64,
+    /// A stateful model's link to its sequence batcher.
+    pub sequence: Option<SequenceLink>,
 }
 
 impl InstanceContext {
@@ -53,10 +56,12 @@ impl InstanceContext {
 }
 
 /// Runs batches until the batch queue closes, then ends the instance's lifecycle.
+/// `index` numbers the instance for a stateful model's sequence batcher.
 pub fn run_instance(
     mut worker: WorkerBox,
     ctx: Arc<InstanceContext>,
     batches: Receiver<Batch<Reply>>,
+    index: usize,
 ) {
     let mut healthy = true;
     for mut batch in batches.iter() {
@@ -65,6 +70,7 @@ pub fn run_instance(
             if healthy {
                 ctx.healthy.fetch_add(1, Ordering::SeqCst);
             } else {
+                report_failed(&ctx, index, &batch);
                 fail_all(
                     &ctx,
                     batch,
@@ -88,9 +94,16 @@ pub fn run_instance(
         let result = run_batch(&mut worker, &ctx.info, &mut batch);
         m.compute_seconds.observe(started.elapsed().as_secs_f64());
         ctx.record_compute(started.elapsed());
+        // A stateful model's batcher hears of the new states before the clients
+        // do, so a sequence's next request can be batched as soon as it arrives.
+        let result = result.and_then(|ran| {
+            report_states(&ctx, index, &batch, Some(&ran))?;
+            Ok(ran)
+        });
         match result {
             Ok(ran) => answer(&ctx, batch, ran, queue_ns),
             Err(message) => {
+                report_failed(&ctx, index, &batch);
                 spdlog::error!(
                     "model `{}`: batch of {} failed: {message}",
                     ctx.endpoint,
@@ -113,6 +126,51 @@ pub fn run_instance(
     }
     let _ = worker.deallocate();
     worker.destroy();
+}
+
+/// Tells a stateful model's sequence batcher that `batch` is done, with each
+/// sequence's new state taken from the state outputs of `ran` (`None`: the batch
+/// failed, the states stay). A state output of the wrong size fails the batch.
+fn report_states(
+    ctx: &InstanceContext,
+    index: usize,
+    batch: &Batch<Reply>,
+    ran: Option<&Ran>,
+) -> Result<(), String> {
+    let Some(link) = &ctx.sequence else {
+        return Ok(());
+    };
+    let parts: Option<Vec<&[Bytes]>> = ran.map(|ran| {
+        link.state_outputs
+            .iter()
+            .map(|&o| ran.outputs.get(o).map_or(&[][..], |out| &out.parts[..]))
+            .collect()
+    });
+    let mut sequences = Vec::with_capacity(batch.members.len());
+    for (j, member) in batch.members.iter().enumerate() {
+        let Some(handle) = member.sequence else {
+            continue;
+        };
+        let state = match &parts {
+            Some(parts) => Some(link.states_of(parts, j)?),
+            None => None,
+        };
+        sequences.push((handle, state));
+    }
+    // The batcher is gone only when the group is unloaded.
+    let _ = link
+        .events
+        .send(kiln_batchers::sequence::SequenceEvent::Done {
+            instance: index,
+            sequences,
+        });
+    Ok(())
+}
+
+/// Tells a stateful model's sequence batcher that `batch` failed (states stay).
+fn report_failed(ctx: &InstanceContext, index: usize, batch: &Batch<Reply>) {
+    // Without outputs there is no state to check: this cannot fail.
+    let _ = report_states(ctx, index, batch, None);
 }
 
 /// One output of a run: each request's slice (sharing one allocation) and shape.

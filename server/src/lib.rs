@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod params;
 pub mod plugin;
 pub mod repository;
+pub mod sequence;
 pub mod server;
 pub mod shm;
 pub mod stats;

@@ -203,7 +203,7 @@ impl State {
             if !group_params.share {
                 let module = self.plugins.load(worker)?;
                 let (instances, info) = init_instances(module, worker, &params, 1)?;
-                if info != *group.info {
+                if info != *group.worker_info {
                     teardown(instances, Stage::Initialized);
                     return Err(load_failed(
                         worker,

@@ -56,6 +56,8 @@ pub struct Metrics {
     pool_in_use: Family<ModelLabels, Gauge>,
     pool_size: Family<ModelLabels, Gauge>,
     instances: Family<ModelLabels, Gauge>,
+    sequences: Family<ModelLabels, Gauge>,
+    sequence_backlog: Family<ModelLabels, Gauge>,
 }
 
 /// One model's metric handles.
@@ -75,6 +77,10 @@ pub struct ModelMetrics {
     pub pool_in_use: Gauge,
     pub pool_size: Gauge,
     pub instances: Gauge,
+    /// Live sequences (sequence batcher).
+    pub sequences: Gauge,
+    /// Sequences waiting for a live one to end (sequence batcher).
+    pub sequence_backlog: Gauge,
 }
 
 impl Default for Metrics {
@@ -96,6 +102,8 @@ impl Metrics {
             pool_in_use: Family::default(),
             pool_size: Family::default(),
             instances: Family::default(),
+            sequences: Family::default(),
+            sequence_backlog: Family::default(),
         };
         {
             let mut r = metrics.registry.lock();
@@ -139,6 +147,16 @@ impl Metrics {
                 "Worker instances able to run batches",
                 metrics.instances.clone(),
             );
+            r.register(
+                "kiln_sequences_active",
+                "Live sequences of a stateful model (sequence batcher)",
+                metrics.sequences.clone(),
+            );
+            r.register(
+                "kiln_sequence_backlog",
+                "Sequences waiting for a live one to end (sequence batcher)",
+                metrics.sequence_backlog.clone(),
+            );
         }
         metrics
     }
@@ -169,6 +187,8 @@ impl Metrics {
             pool_in_use: self.pool_in_use.get_or_create_owned(&m),
             pool_size: self.pool_size.get_or_create_owned(&m),
             instances: self.instances.get_or_create_owned(&m),
+            sequences: self.sequences.get_or_create_owned(&m),
+            sequence_backlog: self.sequence_backlog.get_or_create_owned(&m),
         }
     }
 
@@ -191,6 +211,8 @@ impl Metrics {
             &self.pool_in_use,
             &self.pool_size,
             &self.instances,
+            &self.sequences,
+            &self.sequence_backlog,
         ] {
             family.remove(&m);
         }

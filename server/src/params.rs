@@ -29,6 +29,8 @@ pub struct GroupParams {
     pub queue_size: usize,
     /// The dynamic batcher's settings (`batcher=dynamic`), with Triton's names.
     pub dynamic: DynamicParams,
+    /// The sequence batcher's settings (`batcher=sequence`).
+    pub sequence: crate::sequence::SequenceParams,
 }
 
 /// `dynamic_batching` settings as load-time parameters (Triton's names).
@@ -225,9 +227,10 @@ impl GroupParams {
             Some(s) if s == "hard" => Some(BatcherKind::Hard),
             Some(s) if s == "soft" => Some(BatcherKind::Soft),
             Some(s) if s == "dynamic" => Some(BatcherKind::Dynamic),
+            Some(s) if s == "sequence" => Some(BatcherKind::Sequence),
             Some(s) => {
                 return Err(ServerError::invalid(format!(
-                    "parameter `batcher` must be `hard`, `soft` or `dynamic`, got `{s}`"
+                    "parameter `batcher` must be `hard`, `soft`, `dynamic` or `sequence`, got `{s}`"
                 )))
             }
         };
@@ -241,6 +244,7 @@ impl GroupParams {
             batcher,
             queue_size: count("queue_size", 4096, 1 << 20)?,
             dynamic: DynamicParams::parse(params)?,
+            sequence: crate::sequence::SequenceParams::parse(params)?,
         })
     }
 }

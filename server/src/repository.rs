@@ -104,7 +104,7 @@ impl Repository {
         let config: ModelConfig = toml::from_str(&text)
             .map_err(|e| ServerError::invalid(format!("{}: {e}", file.display())))?;
         let mut params = Vec::with_capacity(config.parameters.len() + 1);
-        for (key, value) in &config.parameters {
+        for (key, value) in flatten(&config.parameters) {
             params.push(Param {
                 key: key.as_str().into(),
                 value: param_value(value).ok_or_else(|| {
@@ -151,6 +151,26 @@ impl Repository {
             params,
         })
     }
+}
+
+/// The parameters with nested tables flattened to dotted keys: TOML's
+/// `control.start = "START"` (or a `[parameters.control]` table) is the parameter
+/// `control.start`.
+fn flatten<'a>(
+    table: impl IntoIterator<Item = (&'a String, &'a toml::Value)>,
+) -> Vec<(String, &'a toml::Value)> {
+    let mut out = Vec::new();
+    for (key, value) in table {
+        match value {
+            toml::Value::Table(inner) => {
+                for (k, v) in flatten(inner) {
+                    out.push((format!("{key}.{k}"), v));
+                }
+            }
+            other => out.push((key.clone(), other)),
+        }
+    }
+    out
 }
 
 fn param_value(value: &toml::Value) -> Option<ParamValue> {

@@ -113,6 +113,79 @@ pub struct DynamicBatching {
     pub priority_queue_policy: Vec<(u64, QueuePolicyView)>,
 }
 
+/// One control input of a stateful model (Triton's `ControlInput`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlView {
+    pub name: String,
+    pub kind: kiln_batchers::sequence::Control,
+    pub dtype: kiln_worker_sdk::DataType,
+}
+
+/// One implicit state of a stateful model (Triton's `State`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateView {
+    pub input_name: String,
+    pub output_name: String,
+    pub dtype: kiln_worker_sdk::DataType,
+    pub dims: Vec<i64>,
+}
+
+/// The sequence batcher's settings in the shape of Triton's `sequence_batching`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SequenceBatching {
+    pub strategy: kiln_batchers::sequence::Strategy,
+    pub max_sequence_idle_microseconds: u64,
+    pub max_queue_delay_microseconds: u64,
+    /// `oldest`: live sequences.
+    pub max_candidate_sequences: usize,
+    /// `oldest`: preferred sizes.
+    pub preferred_batch_sizes: Vec<usize>,
+    pub controls: Vec<ControlView>,
+    pub states: Vec<StateView>,
+}
+
+impl SequenceBatching {
+    /// The view of a stateful group's settings; `worker` is the worker's own info
+    /// (control and state tensors included).
+    pub fn of(settings: &GroupSettings, worker: &WorkerInfo, instances: usize) -> SequenceBatching {
+        let q = &settings.sequence;
+        let input = |name: &str| worker.inputs.iter().find(|s| s.name.as_str() == name);
+        let micros = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        SequenceBatching {
+            strategy: q.strategy,
+            max_sequence_idle_microseconds: micros(q.max_idle),
+            max_queue_delay_microseconds: micros(settings.dynamic.max_queue_delay),
+            max_candidate_sequences: q
+                .max_sequences
+                .unwrap_or(settings.batch_size.max(1) * instances.max(1)),
+            preferred_batch_sizes: settings.dynamic.preferred_batch_sizes.clone(),
+            controls: q
+                .controls
+                .iter()
+                .filter_map(|(kind, name)| {
+                    input(name).map(|spec| ControlView {
+                        name: name.clone(),
+                        kind: *kind,
+                        dtype: spec.dtype,
+                    })
+                })
+                .collect(),
+            states: q
+                .states
+                .iter()
+                .filter_map(|state| {
+                    input(&state.input).map(|spec| StateView {
+                        input_name: state.input.clone(),
+                        output_name: state.output.clone(),
+                        dtype: spec.dtype,
+                        dims: spec.dims.to_vec(),
+                    })
+                })
+                .collect(),
+        }
+    }
+}
+
 /// A loaded group's configuration in the shape of Triton's `ModelConfig`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -129,8 +202,10 @@ pub struct ModelConfig {
     pub allow_ragged_batch: bool,
     /// One `KIND_CPU` instance group: its name and count.
     pub instance_group: (String, usize),
-    /// Present when the worker batches.
+    /// Present when the worker batches (and is not stateful).
     pub dynamic_batching: Option<DynamicBatching>,
+    /// Present for a stateful model (sequence batcher).
+    pub sequence_batching: Option<SequenceBatching>,
     /// kiln's settings, as Triton's string parameters.
     pub parameters: Vec<(&'static str, String)>,
 }
@@ -221,6 +296,7 @@ impl ModelConfig {
             allow_ragged_batch: info.allow_ragged_batch,
             instance_group: (format!("{name}_0"), instances),
             dynamic_batching,
+            sequence_batching: None,
             parameters: vec![
                 ("batcher", settings.batcher.as_str().to_owned()),
                 ("batch_size", settings.batch_size.to_string()),
@@ -234,14 +310,24 @@ impl ModelConfig {
 
     /// The configuration of a loaded group.
     pub fn of(group: &WorkerGroup) -> ModelConfig {
-        ModelConfig::new(
+        let instances = group.instance_count();
+        let mut config = ModelConfig::new(
             &group.endpoint,
             &group.worker,
             &group.version,
             &group.info,
             &group.settings,
-            group.instance_count(),
-        )
+            instances,
+        );
+        if group.settings.batcher == BatcherKind::Sequence {
+            config.dynamic_batching = None;
+            config.sequence_batching = Some(SequenceBatching::of(
+                &group.settings,
+                &group.worker_info,
+                instances,
+            ));
+        }
+        config
     }
 }
 

@@ -211,15 +211,19 @@ pub enum BatcherKind {
     Soft,
     /// Triton's dynamic batcher: preferred sizes, queue delay, priorities, queue policy.
     Dynamic,
+    /// Triton's sequence batcher, for stateful models: requests carry a sequence id,
+    /// each sequence is pinned to one instance and runs in order.
+    Sequence,
 }
 
 impl BatcherKind {
-    /// The name used in parameters (`hard`, `soft`).
+    /// The name used in parameters (`hard`, `soft`, `dynamic`, `sequence`).
     pub const fn as_str(self) -> &'static str {
         match self {
             BatcherKind::Hard => "hard",
             BatcherKind::Soft => "soft",
             BatcherKind::Dynamic => "dynamic",
+            BatcherKind::Sequence => "sequence",
         }
     }
 }

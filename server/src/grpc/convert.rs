@@ -501,7 +501,6 @@ pub fn model_config(c: &triton::ModelConfig) -> proto::ModelConfig {
         Some(v) => PolicyChoice::Specific(Specific { versions: vec![v] }),
         None => PolicyChoice::Latest(Latest { num_versions: 1 }),
     };
-    let saturate = |v: usize| i32::try_from(v).unwrap_or(i32::MAX);
     proto::ModelConfig {
         name: c.name.clone(),
         platform: c.platform.clone(),
@@ -537,35 +536,12 @@ pub fn model_config(c: &triton::ModelConfig) -> proto::ModelConfig {
             count: saturate(c.instance_group.1),
             ..Default::default()
         }],
-        scheduling_choice: c.dynamic_batching.as_ref().map(|d| {
-            let policy = |p: &crate::triton::QueuePolicyView| proto::ModelQueuePolicy {
-                timeout_action: if p.delay {
-                    proto::model_queue_policy::TimeoutAction::Delay as i32
-                } else {
-                    proto::model_queue_policy::TimeoutAction::Reject as i32
-                },
-                default_timeout_microseconds: p.default_timeout_microseconds,
-                allow_timeout_override: p.allow_timeout_override,
-                max_queue_size: u32::try_from(p.max_queue_size).unwrap_or(u32::MAX),
-            };
-            proto::model_config::SchedulingChoice::DynamicBatching(proto::ModelDynamicBatching {
-                preferred_batch_size: d
-                    .preferred_batch_sizes
-                    .iter()
-                    .map(|&n| saturate(n))
-                    .collect(),
-                max_queue_delay_microseconds: d.max_queue_delay_microseconds,
-                priority_levels: d.priority_levels,
-                default_priority_level: d.default_priority_level,
-                default_queue_policy: Some(policy(&d.default_queue_policy)),
-                priority_queue_policy: d
-                    .priority_queue_policy
-                    .iter()
-                    .map(|(level, p)| (*level, policy(p)))
-                    .collect(),
-                ..Default::default()
-            })
-        }),
+        scheduling_choice: match &c.sequence_batching {
+            Some(q) => Some(proto::model_config::SchedulingChoice::SequenceBatching(
+                sequence_batching(q),
+            )),
+            None => dynamic_batching(c),
+        },
         parameters: c
             .parameters
             .iter()
@@ -578,6 +554,113 @@ pub fn model_config(c: &triton::ModelConfig) -> proto::ModelConfig {
                 )
             })
             .collect(),
+    }
+}
+
+fn saturate(v: usize) -> i32 {
+    i32::try_from(v).unwrap_or(i32::MAX)
+}
+
+/// The dynamic batcher's settings as the protocol's scheduling choice.
+fn dynamic_batching(
+    c: &crate::triton::ModelConfig,
+) -> Option<proto::model_config::SchedulingChoice> {
+    c.dynamic_batching.as_ref().map(|d| {
+        let policy = |p: &crate::triton::QueuePolicyView| proto::ModelQueuePolicy {
+            timeout_action: if p.delay {
+                proto::model_queue_policy::TimeoutAction::Delay as i32
+            } else {
+                proto::model_queue_policy::TimeoutAction::Reject as i32
+            },
+            default_timeout_microseconds: p.default_timeout_microseconds,
+            allow_timeout_override: p.allow_timeout_override,
+            max_queue_size: u32::try_from(p.max_queue_size).unwrap_or(u32::MAX),
+        };
+        proto::model_config::SchedulingChoice::DynamicBatching(proto::ModelDynamicBatching {
+            preferred_batch_size: d
+                .preferred_batch_sizes
+                .iter()
+                .map(|&n| saturate(n))
+                .collect(),
+            max_queue_delay_microseconds: d.max_queue_delay_microseconds,
+            priority_levels: d.priority_levels,
+            default_priority_level: d.default_priority_level,
+            default_queue_policy: Some(policy(&d.default_queue_policy)),
+            priority_queue_policy: d
+                .priority_queue_policy
+                .iter()
+                .map(|(level, p)| (*level, policy(p)))
+                .collect(),
+            ..Default::default()
+        })
+    })
+}
+
+/// The sequence batcher's settings as the protocol's `ModelSequenceBatching`.
+fn sequence_batching(q: &crate::triton::SequenceBatching) -> proto::ModelSequenceBatching {
+    use kiln_batchers::sequence::{Control, Strategy};
+    use proto::model_sequence_batching as seq;
+    let micros = q.max_queue_delay_microseconds;
+    proto::ModelSequenceBatching {
+        max_sequence_idle_microseconds: q.max_sequence_idle_microseconds,
+        control_input: q
+            .controls
+            .iter()
+            .map(|c| {
+                let kind = match c.kind {
+                    Control::Start => seq::control::Kind::ControlSequenceStart,
+                    Control::End => seq::control::Kind::ControlSequenceEnd,
+                    Control::Ready => seq::control::Kind::ControlSequenceReady,
+                    Control::CorrId => seq::control::Kind::ControlSequenceCorrid,
+                };
+                let mut control = seq::Control {
+                    kind: kind as i32,
+                    ..Default::default()
+                };
+                match (c.kind, c.dtype) {
+                    (Control::CorrId, dtype) => control.data_type = data_type(dtype),
+                    (_, kiln_worker_sdk::DataType::Fp32) => {
+                        control.fp32_false_true = vec![0.0, 1.0]
+                    }
+                    (_, kiln_worker_sdk::DataType::Bool) => {
+                        control.bool_false_true = vec![false, true]
+                    }
+                    _ => control.int32_false_true = vec![0, 1],
+                }
+                seq::ControlInput {
+                    name: c.name.clone(),
+                    control: vec![control],
+                }
+            })
+            .collect(),
+        state: q
+            .states
+            .iter()
+            .map(|s| seq::State {
+                input_name: s.input_name.clone(),
+                output_name: s.output_name.clone(),
+                data_type: data_type(s.dtype),
+                dims: s.dims.clone(),
+                ..Default::default()
+            })
+            .collect(),
+        strategy_choice: Some(match q.strategy {
+            Strategy::Direct => seq::StrategyChoice::Direct(seq::StrategyDirect {
+                max_queue_delay_microseconds: micros,
+                minimum_slot_utilization: 0.0,
+            }),
+            Strategy::Oldest => seq::StrategyChoice::Oldest(seq::StrategyOldest {
+                max_candidate_sequences: saturate(q.max_candidate_sequences),
+                preferred_batch_size: q
+                    .preferred_batch_sizes
+                    .iter()
+                    .map(|&n| saturate(n))
+                    .collect(),
+                max_queue_delay_microseconds: micros,
+                preserve_ordering: false,
+            }),
+        }),
+        iterative_sequence: false,
     }
 }
 

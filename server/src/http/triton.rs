@@ -100,7 +100,69 @@ pub fn config_json(c: &ModelConfig) -> Value {
             "priority_queue_policy": per_level,
         });
     }
+    if let Some(q) = &c.sequence_batching {
+        config["sequence_batching"] = sequence_json(q);
+    }
     config
+}
+
+/// Triton's JSON form of `sequence_batching`.
+fn sequence_json(q: &crate::triton::SequenceBatching) -> Value {
+    use kiln_batchers::sequence::{Control, Strategy};
+    let controls: Vec<Value> = q
+        .controls
+        .iter()
+        .map(|c| {
+            let mut control = json!({ "kind": c.kind.triton_kind() });
+            match (c.kind, c.dtype) {
+                (Control::CorrId, dtype) => control["data_type"] = json!(triton_type(dtype)),
+                (_, kiln_worker_sdk::DataType::Fp32) => control["fp32_false_true"] = json!([0, 1]),
+                (_, kiln_worker_sdk::DataType::Bool) => {
+                    control["bool_false_true"] = json!([false, true])
+                }
+                _ => control["int32_false_true"] = json!([0, 1]),
+            }
+            json!({ "name": c.name, "control": [control] })
+        })
+        .collect();
+    let states: Vec<Value> = q
+        .states
+        .iter()
+        .map(|s| {
+            json!({
+                "input_name": s.input_name,
+                "output_name": s.output_name,
+                "data_type": triton_type(s.dtype),
+                "dims": s.dims,
+                "initial_state": [],
+                "use_same_buffer_for_input_output": false,
+                "use_growable_memory": false,
+            })
+        })
+        .collect();
+    let mut out = json!({
+        "max_sequence_idle_microseconds": q.max_sequence_idle_microseconds,
+        "control_input": controls,
+        "state": states,
+        "iterative_sequence": false,
+    });
+    match q.strategy {
+        Strategy::Direct => {
+            out["direct"] = json!({
+                "max_queue_delay_microseconds": q.max_queue_delay_microseconds,
+                "minimum_slot_utilization": 0.0,
+            })
+        }
+        Strategy::Oldest => {
+            out["oldest"] = json!({
+                "max_candidate_sequences": q.max_candidate_sequences,
+                "preferred_batch_size": q.preferred_batch_sizes,
+                "max_queue_delay_microseconds": q.max_queue_delay_microseconds,
+                "preserve_ordering": false,
+            })
+        }
+    }
+    out
 }
 
 fn group_config(group: &WorkerGroup) -> Value {
@@ -150,6 +212,7 @@ mod tests {
             max_buffers: 5,
             queue_size: 4096,
             dynamic: Default::default(),
+            sequence: Default::default(),
         }
     }
 

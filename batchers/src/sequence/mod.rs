@@ -1,0 +1,105 @@
+//! Triton's sequence batcher, for stateful models.
+//!
+//! Requests carry a sequence id with start and end flags. Each live sequence is
+//! pinned to one worker instance (and, with the `direct` strategy, to one batch slot
+//! of it); a batch for an instance is formed only while that instance is idle, holds
+//! at most one request per sequence, and each sequence's requests run in arrival
+//! order. The server keeps each sequence's state tensors: a batch's state inputs are
+//! the sequences' states, and the state outputs of a run become the next states, so a
+//! stateful model runs as a stateless worker. Control inputs (START, END, READY,
+//! CORRID) are filled in for workers that declare them.
+//!
+//! [`SequenceScheduler`] is the policy as a pure structure (every decision takes
+//! `now`); [`run_sequence_batcher`] is the thread that feeds it.
+
+mod layout;
+mod run;
+mod scheduler;
+
+pub use layout::{repeat, scalar_bytes, Control, InputLayout, InputSource, StateSpec};
+pub use run::{run_sequence_batcher, SequenceEvent, SequenceHost};
+pub use scheduler::{SequencePoll, SequenceRejection, SequenceScheduler};
+
+use std::fmt;
+use std::time::Duration;
+
+/// A sequence's correlation id as the client gives it: an unsigned integer or a string.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum SequenceId {
+    Number(u64),
+    Text(String),
+}
+
+impl fmt::Display for SequenceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SequenceId::Number(n) => write!(f, "{n}"),
+            SequenceId::Text(s) => write!(f, "\"{s}\""),
+        }
+    }
+}
+
+/// What a request says about its sequence (`sequence_id`, `sequence_start`,
+/// `sequence_end` request parameters).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SequenceFlags {
+    pub id: SequenceId,
+    pub start: bool,
+    pub end: bool,
+    /// The scheduler's handle of the live sequence, set when the request is batched.
+    pub handle: u64,
+}
+
+impl SequenceFlags {
+    /// Flags for a request of sequence `id`.
+    pub fn new(id: SequenceId, start: bool, end: bool) -> SequenceFlags {
+        SequenceFlags {
+            id,
+            start,
+            end,
+            handle: 0,
+        }
+    }
+}
+
+/// How batches are formed from the live sequences of an instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// Each sequence holds one batch slot of its instance; batch rows are in slot order.
+    Direct,
+    /// The sequences whose next requests are oldest go first; preferred sizes apply.
+    Oldest,
+}
+
+impl Strategy {
+    /// The name used in parameters and in Triton's configuration.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Strategy::Direct => "direct",
+            Strategy::Oldest => "oldest",
+        }
+    }
+}
+
+/// The sequence batcher's settings (Triton's `sequence_batching`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SequenceConfig {
+    pub strategy: Strategy,
+    /// Most requests (one row each) per batch; with `direct`, the slots per instance.
+    pub max_batch_size: usize,
+    /// `oldest`: batch sizes worth sending at once, ascending.
+    pub preferred_batch_sizes: Vec<usize>,
+    /// How long a partial batch may wait, counted from its oldest request, for every
+    /// live sequence of the instance to have a request ready.
+    pub max_queue_delay: Duration,
+    /// A sequence with nothing queued or running for this long is freed.
+    pub max_idle: Duration,
+    /// Live sequences across all instances.
+    pub max_sequences: usize,
+    /// New sequences that may wait for a live one to end (beyond: refused).
+    pub max_backlog: usize,
+    /// Requests queued across all sequences (beyond: refused as queue full).
+    pub max_queued: usize,
+    /// Where each worker input comes from.
+    pub layout: InputLayout,
+}

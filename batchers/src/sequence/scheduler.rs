@@ -1,0 +1,850 @@
+//! The sequence batching policy as a pure structure: every decision takes `now`, so
+//! each rule is tested with a fake clock.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use super::{SequenceConfig, SequenceId, Strategy};
+use crate::request::Request;
+
+/// Why a request leaves the scheduler without being batched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SequenceRejection {
+    /// The request names no sequence.
+    MissingId,
+    /// No live sequence has this id and the request does not start one; `expired`
+    /// when the id belonged to a sequence freed after being idle.
+    NotActive { expired: bool },
+    /// The sequence's end request is already queued; only a new start may follow.
+    Ended,
+    /// Every live-sequence place and backlog place is taken.
+    TooManySequences,
+    /// Too many requests are queued across sequences.
+    QueueFull,
+    /// The id does not fit the worker's CORRID datatype.
+    BadCorrId,
+    /// The client went away while the request was queued.
+    Cancelled,
+}
+
+/// What the scheduler decided.
+#[derive(Debug)]
+pub enum SequencePoll<R> {
+    /// Run these requests (worker inputs assembled) as one batch on `instance`.
+    Batch {
+        instance: usize,
+        requests: Vec<Request<R>>,
+    },
+    /// Nothing to send; look again at the instant given, or when something happens.
+    Wait(Option<Instant>),
+}
+
+/// One live (or backlogged) sequence.
+struct Sequence<R> {
+    id: SequenceId,
+    /// `None` while in the backlog.
+    instance: Option<usize>,
+    slot: usize,
+    queue: VecDeque<Request<R>>,
+    in_flight: bool,
+    last_active: Instant,
+    state: Vec<Bytes>,
+    corrid: Bytes,
+    /// An end request is queued: later requests need a new start.
+    ending: bool,
+    /// The end request is running: the sequence is freed when it completes.
+    closing: bool,
+}
+
+/// One worker instance's share of the sequences.
+struct Instance {
+    busy: bool,
+    members: Vec<u64>,
+    /// Free batch slots (`direct`), lowest first.
+    free_slots: BinaryHeap<Reverse<usize>>,
+}
+
+/// How many recently expired ids are remembered for a precise error.
+const EXPIRED_MEMORY: usize = 1024;
+
+/// Live sequences, their queued requests and states, and the instances they are
+/// pinned to.
+pub struct SequenceScheduler<R> {
+    config: SequenceConfig,
+    sequences: HashMap<u64, Sequence<R>>,
+    ids: HashMap<SequenceId, u64>,
+    next_handle: u64,
+    instances: Vec<Instance>,
+    backlog: VecDeque<u64>,
+    live: usize,
+    queued: usize,
+    expired: VecDeque<SequenceId>,
+    expired_set: HashSet<SequenceId>,
+    /// No idle sequence expires before this (a lower bound; `None`: none is idle).
+    next_expiry: Option<Instant>,
+    /// The instance looked at first by the next poll (round robin).
+    cursor: usize,
+    closed: bool,
+}
+
+impl<R> SequenceScheduler<R> {
+    /// A scheduler with no instance yet (see [`SequenceScheduler::add_instance`]).
+    pub fn new(config: SequenceConfig) -> SequenceScheduler<R> {
+        SequenceScheduler {
+            config,
+            sequences: HashMap::new(),
+            ids: HashMap::new(),
+            next_handle: 1,
+            instances: Vec::new(),
+            backlog: VecDeque::new(),
+            live: 0,
+            queued: 0,
+            expired: VecDeque::new(),
+            expired_set: HashSet::new(),
+            next_expiry: None,
+            cursor: 0,
+            closed: false,
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &SequenceConfig {
+        &self.config
+    }
+
+    /// Adds a worker instance; returns its index. Backlogged sequences may move in.
+    pub fn add_instance(&mut self, now: Instant) -> usize {
+        let slots = match self.config.strategy {
+            Strategy::Direct => (0..self.config.max_batch_size).map(Reverse).collect(),
+            Strategy::Oldest => BinaryHeap::new(),
+        };
+        self.instances.push(Instance {
+            busy: false,
+            members: Vec::new(),
+            free_slots: slots,
+        });
+        self.promote(now);
+        self.instances.len() - 1
+    }
+
+    /// Live sequences (pinned to an instance).
+    pub fn live(&self) -> usize {
+        self.live
+    }
+
+    /// Sequences waiting in the backlog.
+    pub fn backlogged(&self) -> usize {
+        self.backlog.len()
+    }
+
+    /// Requests queued across sequences.
+    pub fn queued(&self) -> usize {
+        self.queued
+    }
+
+    /// Whether nothing is queued and no batch is running.
+    pub fn is_drained(&self) -> bool {
+        self.queued == 0 && self.instances.iter().all(|i| !i.busy)
+    }
+
+    /// Takes `request` into its sequence's queue, starting a sequence if it says so.
+    // A refused request goes back whole, so its host can answer it: the large `Err`
+    // is the request itself, moved, not a copy or an allocation.
+    #[allow(clippy::result_large_err)]
+    pub fn admit(
+        &mut self,
+        request: Request<R>,
+        now: Instant,
+    ) -> Result<(), (Request<R>, SequenceRejection)> {
+        let Some(flags) = request.sequence.as_ref() else {
+            return Err((request, SequenceRejection::MissingId));
+        };
+        if self.queued >= self.config.max_queued {
+            return Err((request, SequenceRejection::QueueFull));
+        }
+        let (start, end) = (flags.start, flags.end);
+        let current = self.ids.get(&flags.id).copied();
+        let handle = match current.and_then(|h| self.sequences.get(&h).map(|s| (h, s.ending))) {
+            Some((h, false)) => h,
+            Some((_, true)) if !start => return Err((request, SequenceRejection::Ended)),
+            _ if !start => {
+                let expired = self.expired_set.contains(&flags.id);
+                return Err((request, SequenceRejection::NotActive { expired }));
+            }
+            _ => {
+                let corrid = match self.config.layout.corrid_dtype() {
+                    None => Bytes::new(),
+                    Some(dtype) => match super::InputLayout::corrid(dtype, &flags.id) {
+                        Some(bytes) => bytes,
+                        None => return Err((request, SequenceRejection::BadCorrId)),
+                    },
+                };
+                let id = flags.id.clone();
+                match self.create(id, corrid, now) {
+                    Some(h) => h,
+                    None => return Err((request, SequenceRejection::TooManySequences)),
+                }
+            }
+        };
+        let Some(sequence) = self.sequences.get_mut(&handle) else {
+            return Err((request, SequenceRejection::NotActive { expired: false }));
+        };
+        sequence.ending |= end;
+        sequence.last_active = now;
+        sequence.queue.push_back(request);
+        self.queued += 1;
+        Ok(())
+    }
+
+    /// A new sequence, live if there is room, else backlogged if the backlog has room.
+    fn create(&mut self, id: SequenceId, corrid: Bytes, now: Instant) -> Option<u64> {
+        let place = self.place();
+        if place.is_none() && self.backlog.len() >= self.config.max_backlog {
+            return None;
+        }
+        let handle = self.next_handle;
+        self.next_handle += 1;
+        self.expired_set.remove(&id);
+        self.ids.insert(id.clone(), handle);
+        self.sequences.insert(
+            handle,
+            Sequence {
+                id,
+                instance: None,
+                slot: 0,
+                queue: VecDeque::new(),
+                in_flight: false,
+                last_active: now,
+                state: self.config.layout.initial_states(),
+                corrid,
+                ending: false,
+                closing: false,
+            },
+        );
+        match place {
+            Some(instance) => self.pin(handle, instance),
+            None => self.backlog.push_back(handle),
+        }
+        Some(handle)
+    }
+
+    /// The instance a new sequence would go to: the least loaded one with room.
+    fn place(&self) -> Option<usize> {
+        if self.live >= self.config.max_sequences {
+            return None;
+        }
+        self.instances
+            .iter()
+            .enumerate()
+            .filter(|(_, i)| match self.config.strategy {
+                Strategy::Direct => !i.free_slots.is_empty(),
+                Strategy::Oldest => true,
+            })
+            .min_by_key(|(_, i)| i.members.len())
+            .map(|(index, _)| index)
+    }
+
+    fn pin(&mut self, handle: u64, instance: usize) {
+        let (Some(inst), Some(sequence)) = (
+            self.instances.get_mut(instance),
+            self.sequences.get_mut(&handle),
+        ) else {
+            return;
+        };
+        sequence.instance = Some(instance);
+        sequence.slot = inst.free_slots.pop().map_or(0, |Reverse(s)| s);
+        inst.members.push(handle);
+        self.live += 1;
+    }
+
+    /// Moves backlogged sequences in while there is room.
+    fn promote(&mut self, now: Instant) {
+        while !self.backlog.is_empty() {
+            let Some(instance) = self.place() else { return };
+            let Some(handle) = self.backlog.pop_front() else {
+                return;
+            };
+            if let Some(sequence) = self.sequences.get_mut(&handle) {
+                // Time in the backlog does not count as idle time.
+                sequence.last_active = now;
+            }
+            self.pin(handle, instance);
+        }
+    }
+
+    /// Frees a sequence: its slot, its place on its instance, its id.
+    fn free(&mut self, handle: u64, now: Instant) {
+        let Some(sequence) = self.sequences.remove(&handle) else {
+            return;
+        };
+        if self.ids.get(&sequence.id) == Some(&handle) {
+            self.ids.remove(&sequence.id);
+        }
+        self.queued -= sequence.queue.len();
+        match sequence.instance {
+            Some(index) => {
+                if let Some(inst) = self.instances.get_mut(index) {
+                    inst.members.retain(|&h| h != handle);
+                    if self.config.strategy == Strategy::Direct {
+                        inst.free_slots.push(Reverse(sequence.slot));
+                    }
+                }
+                self.live -= 1;
+                self.promote(now);
+            }
+            None => self.backlog.retain(|&h| h != handle),
+        }
+    }
+
+    /// A batch `instance` ran has finished; `done` gives each sequence's new state
+    /// (`None`: the batch failed and the state stays as it was).
+    pub fn complete(
+        &mut self,
+        instance: usize,
+        done: Vec<(u64, Option<Vec<Bytes>>)>,
+        now: Instant,
+    ) {
+        if let Some(inst) = self.instances.get_mut(instance) {
+            inst.busy = false;
+        }
+        for (handle, state) in done {
+            let Some(sequence) = self.sequences.get_mut(&handle) else {
+                continue;
+            };
+            sequence.in_flight = false;
+            sequence.last_active = now;
+            if let Some(state) = state {
+                sequence.state = state;
+            }
+            let idle = sequence.queue.is_empty();
+            if sequence.closing || (self.closed && idle) {
+                self.free(handle, now);
+            } else if idle {
+                self.note_idle(now);
+            }
+        }
+    }
+
+    fn note_idle(&mut self, now: Instant) {
+        let at = now + self.config.max_idle;
+        self.next_expiry = Some(self.next_expiry.map_or(at, |n| n.min(at)));
+    }
+
+    /// Frees every sequence idle for `max_idle`; returns how many.
+    pub fn expire(&mut self, now: Instant) -> usize {
+        if self.next_expiry.is_none_or(|at| at > now) {
+            return 0;
+        }
+        let mut next: Option<Instant> = None;
+        let mut gone = Vec::new();
+        for (&handle, s) in &self.sequences {
+            if s.in_flight || !s.queue.is_empty() {
+                continue;
+            }
+            let at = s.last_active + self.config.max_idle;
+            if at <= now {
+                gone.push(handle);
+            } else {
+                next = Some(next.map_or(at, |n| n.min(at)));
+            }
+        }
+        self.next_expiry = next;
+        for &handle in &gone {
+            if let Some(id) = self.sequences.get(&handle).map(|s| s.id.clone()) {
+                self.remember_expired(id);
+            }
+            self.free(handle, now);
+        }
+        gone.len()
+    }
+
+    fn remember_expired(&mut self, id: SequenceId) {
+        if self.expired.len() >= EXPIRED_MEMORY {
+            if let Some(old) = self.expired.pop_front() {
+                self.expired_set.remove(&old);
+            }
+        }
+        self.expired_set.insert(id.clone());
+        self.expired.push_back(id);
+    }
+
+    /// Takes out the queued requests whose client went away.
+    pub fn cancel(&mut self, now: Instant, is_cancelled: impl Fn(&R) -> bool) -> Vec<Request<R>> {
+        let mut out = Vec::new();
+        for sequence in self.sequences.values_mut() {
+            if sequence.queue.iter().any(|r| is_cancelled(&r.reply)) {
+                let (gone, kept): (VecDeque<_>, VecDeque<_>) = sequence
+                    .queue
+                    .drain(..)
+                    .partition(|r| is_cancelled(&r.reply));
+                sequence.queue = kept;
+                out.extend(gone);
+            }
+        }
+        if !out.is_empty() {
+            self.queued -= out.len();
+            // A sequence left with nothing queued is idle from now.
+            self.note_idle(now);
+        }
+        out
+    }
+
+    /// No more requests will come (unload): idle sequences are freed now, the others
+    /// once their queues empty, and batches no longer wait.
+    pub fn close(&mut self, now: Instant) {
+        self.closed = true;
+        let idle: Vec<u64> = self
+            .sequences
+            .iter()
+            .filter(|(_, s)| !s.in_flight && s.queue.is_empty())
+            .map(|(&h, _)| h)
+            .collect();
+        for handle in idle {
+            self.free(handle, now);
+        }
+    }
+
+    /// The next instant something is due: a partial batch's delay or an expiry.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.next_expiry
+    }
+
+    /// Forms the next batch for an idle instance, if one is due.
+    pub fn poll(&mut self, now: Instant) -> SequencePoll<R> {
+        let mut wake: Option<Instant> = None;
+        let count = self.instances.len();
+        for step in 0..count {
+            let index = (self.cursor + step) % count;
+            match self.due(index, now) {
+                Ok(chosen) => {
+                    self.cursor = (index + 1) % count;
+                    return SequencePoll::Batch {
+                        instance: index,
+                        requests: self.take(index, chosen),
+                    };
+                }
+                Err(Some(at)) => wake = Some(wake.map_or(at, |w: Instant| w.min(at))),
+                Err(None) => {}
+            }
+        }
+        SequencePoll::Wait(wake)
+    }
+
+    /// The sequences whose next requests form `instance`'s batch now, in row order;
+    /// else when to look again (`None`: nothing waits for time).
+    fn due(&self, index: usize, now: Instant) -> Result<Vec<u64>, Option<Instant>> {
+        let Some(inst) = self.instances.get(index) else {
+            return Err(None);
+        };
+        if inst.busy {
+            return Err(None);
+        }
+        // (arrival of the next request, slot, handle) of every ready sequence.
+        let mut ready: Vec<(Instant, usize, u64)> = inst
+            .members
+            .iter()
+            .filter_map(|&h| {
+                let s = self.sequences.get(&h)?;
+                let head = s.queue.front()?;
+                (!s.in_flight).then_some((head.arrived, s.slot, h))
+            })
+            .collect();
+        if ready.is_empty() {
+            return Err(None);
+        }
+        match self.config.strategy {
+            Strategy::Direct => ready.sort_unstable_by_key(|&(_, slot, _)| slot),
+            Strategy::Oldest => ready.sort_unstable_by_key(|&(at, _, h)| (at, h)),
+        }
+        // Requests of one batch share their non-batch dimensions.
+        let first = ready.first().and_then(|&(_, _, h)| self.head(h));
+        ready.retain(|&(_, _, h)| match (first, self.head(h)) {
+            (Some(a), Some(b)) => a.same_inner_shapes(b),
+            _ => false,
+        });
+        let max = self.config.max_batch_size.max(1);
+        let oldest = ready.iter().map(|&(at, _, _)| at).min().unwrap_or(now);
+        let all_ready = ready.len() == inst.members.len();
+        let waited = self.closed || oldest + self.config.max_queue_delay <= now;
+        let take = if ready.len() >= max || all_ready || waited {
+            ready.len().min(max)
+        } else {
+            match self.config.strategy {
+                Strategy::Oldest => self
+                    .config
+                    .preferred_batch_sizes
+                    .iter()
+                    .rev()
+                    .copied()
+                    .find(|&p| p <= ready.len())
+                    .unwrap_or(0),
+                Strategy::Direct => 0,
+            }
+        };
+        if take == 0 {
+            return Err(Some(oldest + self.config.max_queue_delay));
+        }
+        ready.truncate(take);
+        Ok(ready.into_iter().map(|(_, _, h)| h).collect())
+    }
+
+    fn head(&self, handle: u64) -> Option<&Request<R>> {
+        self.sequences.get(&handle)?.queue.front()
+    }
+
+    /// Takes the next request of each chosen sequence, with its worker inputs
+    /// assembled, and marks the instance busy.
+    fn take(&mut self, index: usize, chosen: Vec<u64>) -> Vec<Request<R>> {
+        let mut out = Vec::with_capacity(chosen.len());
+        for handle in chosen {
+            let Some(sequence) = self.sequences.get_mut(&handle) else {
+                continue;
+            };
+            let Some(mut request) = sequence.queue.pop_front() else {
+                continue;
+            };
+            self.queued -= 1;
+            let (start, end) = request
+                .sequence
+                .as_ref()
+                .map_or((false, false), |f| (f.start, f.end));
+            if start {
+                sequence.state = self.config.layout.initial_states();
+            }
+            sequence.in_flight = true;
+            sequence.closing = end;
+            if end {
+                // The id is free for a new sequence from now on.
+                if self.ids.get(&sequence.id) == Some(&handle) {
+                    self.ids.remove(&sequence.id);
+                }
+            }
+            let client = std::mem::take(&mut request.inputs);
+            request.inputs = self.config.layout.assemble(
+                client,
+                sequence.state.clone(),
+                (start, end),
+                &sequence.corrid,
+            );
+            if let Some(flags) = request.sequence.as_mut() {
+                flags.handle = handle;
+            }
+            out.push(request);
+        }
+        if let Some(inst) = self.instances.get_mut(index) {
+            inst.busy = !out.is_empty();
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use kiln_worker_sdk::{DataType, Shape};
+
+    use super::super::{InputLayout, InputSource, SequenceFlags, StateSpec};
+    use super::*;
+    use crate::request::Tensor;
+
+    fn at(start: Instant, ms: u64) -> Instant {
+        start + Duration::from_millis(ms)
+    }
+
+    fn config(strategy: Strategy, max_batch_size: usize) -> SequenceConfig {
+        SequenceConfig {
+            strategy,
+            max_batch_size,
+            preferred_batch_sizes: Vec::new(),
+            max_queue_delay: Duration::ZERO,
+            max_idle: Duration::from_millis(1000),
+            max_sequences: 64,
+            max_backlog: 0,
+            max_queued: 1024,
+            layout: InputLayout {
+                sources: vec![InputSource::Client, InputSource::State(0)],
+                states: vec![StateSpec {
+                    dtype: DataType::Uint32,
+                    dims: Shape::new(&[1]).unwrap(),
+                    initial: Bytes::copy_from_slice(&0u32.to_le_bytes()),
+                }],
+                batched: true,
+            },
+        }
+    }
+
+    /// Request `tag` of sequence `id`: its one input is `tag` as a UINT32.
+    fn req(id: u64, tag: u32, start: bool, end: bool, arrived: Instant) -> Request<u32> {
+        Request {
+            inputs: vec![Tensor {
+                dtype: DataType::Uint32,
+                shape: Shape::new(&[1, 1]).unwrap(),
+                data: Bytes::copy_from_slice(&tag.to_le_bytes()),
+            }],
+            rows: 1,
+            params: Vec::new(),
+            arrived,
+            priority: None,
+            timeout: None,
+            sequence: Some(SequenceFlags::new(SequenceId::Number(id), start, end)),
+            reply: tag,
+        }
+    }
+
+    fn scheduler(
+        strategy: Strategy,
+        max_batch_size: usize,
+        instances: usize,
+    ) -> SequenceScheduler<u32> {
+        let mut s = SequenceScheduler::new(config(strategy, max_batch_size));
+        for _ in 0..instances {
+            s.add_instance(Instant::now());
+        }
+        s
+    }
+
+    fn batch(poll: SequencePoll<u32>) -> (usize, Vec<u32>, Vec<u64>) {
+        match poll {
+            SequencePoll::Batch { instance, requests } => (
+                instance,
+                requests.iter().map(|r| r.reply).collect(),
+                requests
+                    .iter()
+                    .map(|r| r.sequence.as_ref().unwrap().handle)
+                    .collect(),
+            ),
+            SequencePoll::Wait(w) => panic!("no batch (wait {w:?})"),
+        }
+    }
+
+    fn state_of(requests: &[Request<u32>]) -> Vec<u32> {
+        requests
+            .iter()
+            .map(|r| u32::from_le_bytes(r.inputs[1].data[..4].try_into().unwrap()))
+            .collect()
+    }
+
+    fn word(v: u32) -> Option<Vec<Bytes>> {
+        Some(vec![Bytes::copy_from_slice(&v.to_le_bytes())])
+    }
+
+    #[test]
+    fn one_request_per_sequence_per_batch_in_order() {
+        let t0 = Instant::now();
+        let mut s = scheduler(Strategy::Direct, 4, 1);
+        s.admit(req(1, 10, true, false, t0), t0).unwrap();
+        s.admit(req(1, 11, false, false, t0), t0).unwrap();
+        s.admit(req(2, 20, true, false, t0), t0).unwrap();
+        let (i, tags, handles) = batch(s.poll(t0));
+        assert_eq!((i, tags.clone()), (0, vec![10, 20]));
+        // The instance is busy: nothing more until the batch completes.
+        assert!(matches!(s.poll(t0), SequencePoll::Wait(None)));
+        s.complete(0, handles.iter().map(|&h| (h, word(5))).collect(), t0);
+        let (_, tags, _) = batch(s.poll(t0));
+        assert_eq!(tags, vec![11]);
+    }
+
+    #[test]
+    fn state_is_carried_and_reset_by_a_start() {
+        let t0 = Instant::now();
+        let mut s = scheduler(Strategy::Direct, 4, 1);
+        s.admit(req(7, 1, true, false, t0), t0).unwrap();
+        let SequencePoll::Batch { requests, .. } = s.poll(t0) else {
+            panic!()
+        };
+        assert_eq!(state_of(&requests), vec![0]);
+        let h = requests[0].sequence.as_ref().unwrap().handle;
+        s.complete(0, vec![(h, word(41))], t0);
+        s.admit(req(7, 2, false, false, t0), t0).unwrap();
+        let SequencePoll::Batch { requests, .. } = s.poll(t0) else {
+            panic!()
+        };
+        assert_eq!(state_of(&requests), vec![41]);
+        // A failed batch keeps the state.
+        s.complete(0, vec![(h, None)], t0);
+        s.admit(req(7, 3, false, false, t0), t0).unwrap();
+        let SequencePoll::Batch { requests, .. } = s.poll(t0) else {
+            panic!()
+        };
+        assert_eq!(state_of(&requests), vec![41]);
+        s.complete(0, vec![(h, word(42))], t0);
+        // A start on a live id resets its state.
+        s.admit(req(7, 4, true, false, t0), t0).unwrap();
+        let SequencePoll::Batch { requests, .. } = s.poll(t0) else {
+            panic!()
+        };
+        assert_eq!(state_of(&requests), vec![0]);
+    }
+
+    #[test]
+    fn unknown_ended_and_expired_sequences_are_refused() {
+        let t0 = Instant::now();
+        let mut s = scheduler(Strategy::Direct, 4, 1);
+        let refused = |r: Result<(), (Request<u32>, SequenceRejection)>| r.unwrap_err().1;
+        assert_eq!(
+            refused(s.admit(req(1, 1, false, false, t0), t0)),
+            SequenceRejection::NotActive { expired: false }
+        );
+        s.admit(req(1, 1, true, true, t0), t0).unwrap();
+        // The end is queued: only a new start may follow.
+        assert_eq!(
+            refused(s.admit(req(1, 2, false, false, t0), t0)),
+            SequenceRejection::Ended
+        );
+        let (_, _, h) = batch(s.poll(t0));
+        s.complete(0, vec![(h[0], word(1))], t0);
+        assert_eq!(s.live(), 0);
+        // Idle expiry: freed after max_idle (1 s) with nothing queued.
+        s.admit(req(2, 1, true, false, t0), t0).unwrap();
+        let (_, _, h) = batch(s.poll(t0));
+        s.complete(0, vec![(h[0], word(1))], at(t0, 10));
+        assert_eq!(s.expire(at(t0, 1009)), 0);
+        assert_eq!(s.live(), 1);
+        assert_eq!(s.expire(at(t0, 1010)), 1);
+        assert_eq!(s.live(), 0);
+        assert_eq!(
+            refused(s.admit(req(2, 2, false, false, at(t0, 1011)), at(t0, 1011))),
+            SequenceRejection::NotActive { expired: true }
+        );
+    }
+
+    #[test]
+    fn max_sequences_then_backlog() {
+        let t0 = Instant::now();
+        let mut cfg = config(Strategy::Direct, 2);
+        cfg.max_backlog = 1;
+        let mut s = SequenceScheduler::new(cfg);
+        s.add_instance(t0);
+        s.admit(req(1, 1, true, false, t0), t0).unwrap();
+        s.admit(req(2, 2, true, false, t0), t0).unwrap();
+        // Two slots taken: the third waits in the backlog, the fourth is refused.
+        s.admit(req(3, 3, true, false, t0), t0).unwrap();
+        assert_eq!(s.backlogged(), 1);
+        let (_, r) = s.admit(req(4, 4, true, false, t0), t0).unwrap_err();
+        assert_eq!(r, SequenceRejection::TooManySequences);
+        let (_, tags, h) = batch(s.poll(t0));
+        assert_eq!(tags, vec![1, 2]);
+        // Sequence 1 ends: sequence 3 moves in and runs.
+        s.admit(req(1, 5, false, true, t0), t0).unwrap();
+        s.complete(0, h.iter().map(|&h| (h, word(0))).collect(), t0);
+        let (_, tags, h) = batch(s.poll(t0));
+        assert_eq!(tags, vec![5]);
+        s.complete(0, h.iter().map(|&h| (h, word(0))).collect(), t0);
+        assert_eq!(s.backlogged(), 0);
+        let (_, tags, _) = batch(s.poll(t0));
+        assert_eq!(tags, vec![3]);
+    }
+
+    #[test]
+    fn direct_orders_rows_by_slot_and_pins_to_instances() {
+        let t0 = Instant::now();
+        let mut s = scheduler(Strategy::Direct, 2, 2);
+        for id in 1..=4 {
+            s.admit(req(id, id as u32, true, false, at(t0, 10 - id)), t0)
+                .unwrap();
+        }
+        // Sequences alternate between the two instances (least loaded first).
+        let (i0, tags0, h0) = batch(s.poll(t0));
+        let (i1, tags1, h1) = batch(s.poll(t0));
+        assert_eq!((i0, tags0), (0, vec![1, 3]));
+        assert_eq!((i1, tags1), (1, vec![2, 4]));
+        // Later requests go to the same instances, in slot order whatever their age.
+        s.complete(0, h0.iter().map(|&h| (h, word(0))).collect(), t0);
+        s.complete(1, h1.iter().map(|&h| (h, word(0))).collect(), t0);
+        s.admit(req(3, 30, false, false, t0), t0).unwrap();
+        s.admit(req(1, 10, false, false, at(t0, 1)), at(t0, 1))
+            .unwrap();
+        let (i, tags, _) = batch(s.poll(at(t0, 1)));
+        assert_eq!((i, tags), (0, vec![10, 30]));
+    }
+
+    #[test]
+    fn oldest_orders_by_age_waits_for_the_delay_and_prefers_sizes() {
+        let t0 = Instant::now();
+        let mut cfg = config(Strategy::Oldest, 4);
+        cfg.max_queue_delay = Duration::from_millis(5);
+        cfg.preferred_batch_sizes = vec![2];
+        let mut s = SequenceScheduler::new(cfg);
+        s.add_instance(t0);
+        for id in 1..=3 {
+            s.admit(req(id, id as u32, true, false, t0), t0).unwrap();
+        }
+        let (_, _, h) = batch(s.poll(t0));
+        s.complete(0, h.iter().map(|&h| (h, word(0))).collect(), t0);
+        // One of three live sequences ready: wait for the others until the delay.
+        s.admit(req(3, 30, false, false, at(t0, 1)), at(t0, 1))
+            .unwrap();
+        match s.poll(at(t0, 2)) {
+            SequencePoll::Wait(Some(w)) => assert_eq!(w, at(t0, 6)),
+            other => panic!("{other:?}"),
+        }
+        // Two ready: a preferred size, sent at once, oldest first.
+        s.admit(req(1, 10, false, false, at(t0, 2)), at(t0, 2))
+            .unwrap();
+        let (_, tags, h) = batch(s.poll(at(t0, 2)));
+        assert_eq!(tags, vec![30, 10]);
+        s.complete(0, h.iter().map(|&h| (h, word(0))).collect(), at(t0, 3));
+        // One ready, not preferred: sent when the delay has passed.
+        s.admit(req(2, 20, false, false, at(t0, 3)), at(t0, 3))
+            .unwrap();
+        assert!(matches!(s.poll(at(t0, 7)), SequencePoll::Wait(Some(_))));
+        let (_, tags, _) = batch(s.poll(at(t0, 8)));
+        assert_eq!(tags, vec![20]);
+    }
+
+    #[test]
+    fn every_live_sequence_ready_sends_at_once() {
+        let t0 = Instant::now();
+        let mut cfg = config(Strategy::Direct, 8);
+        cfg.max_queue_delay = Duration::from_secs(10);
+        let mut s = SequenceScheduler::new(cfg);
+        s.add_instance(t0);
+        s.admit(req(1, 1, true, false, t0), t0).unwrap();
+        s.admit(req(2, 2, true, false, t0), t0).unwrap();
+        let (_, tags, _) = batch(s.poll(t0));
+        assert_eq!(tags, vec![1, 2]);
+    }
+
+    #[test]
+    fn cancelled_requests_leave_and_close_frees_idle_sequences() {
+        let t0 = Instant::now();
+        let mut s = scheduler(Strategy::Direct, 4, 1);
+        s.admit(req(1, 1, true, false, t0), t0).unwrap();
+        s.admit(req(2, 2, true, false, t0), t0).unwrap();
+        let gone = s.cancel(t0, |&tag| tag == 2);
+        assert_eq!(gone.iter().map(|r| r.reply).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(s.queued(), 1);
+        s.close(t0);
+        // Sequence 2 has nothing left: freed. Sequence 1 runs, then is freed.
+        assert_eq!(s.live(), 1);
+        let (_, tags, h) = batch(s.poll(t0));
+        assert_eq!(tags, vec![1]);
+        assert!(!s.is_drained());
+        s.complete(0, vec![(h[0], word(0))], t0);
+        assert!(s.is_drained());
+        assert_eq!(s.live(), 0);
+    }
+
+    #[test]
+    fn queue_bound_and_missing_ids() {
+        let t0 = Instant::now();
+        let mut cfg = config(Strategy::Direct, 4);
+        cfg.max_queued = 2;
+        let mut s = SequenceScheduler::new(cfg);
+        s.add_instance(t0);
+        s.admit(req(1, 1, true, false, t0), t0).unwrap();
+        s.admit(req(1, 2, false, false, t0), t0).unwrap();
+        let (_, why) = s.admit(req(1, 3, false, false, t0), t0).unwrap_err();
+        assert_eq!(why, SequenceRejection::QueueFull);
+        let mut no_id = req(1, 4, true, false, t0);
+        no_id.sequence = None;
+        assert_eq!(
+            s.admit(no_id, t0).unwrap_err().1,
+            SequenceRejection::MissingId
+        );
+    }
+}

@@ -1,0 +1,595 @@
+//! The server's side of the sequence batcher: its load-time parameters, the worker
+//! inputs and outputs it fills and keeps (control inputs, implicit state), the view
+//! of the model clients see without them, each request's sequence parameters, and
+//! the answers to requests the batcher refuses.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kiln_batchers::sequence::{
+    repeat, scalar_bytes, Control, InputLayout, InputSource, SequenceConfig, SequenceEvent,
+    SequenceFlags, SequenceHost, SequenceId, SequenceRejection, StateSpec, Strategy,
+};
+use kiln_batchers::Request;
+use kiln_worker_sdk::{DataType, Param, ParamValue, Params, Shape, TensorSpec, WorkerInfo};
+
+use crate::error::{Result, ServerError};
+use crate::group::Reply;
+use crate::instance::InstanceContext;
+
+/// Control kinds with their parameter keys (`control.start = "START"`, …).
+const CONTROLS: [(Control, &str); 4] = [
+    (Control::Start, "control.start"),
+    (Control::End, "control.end"),
+    (Control::Ready, "control.ready"),
+    (Control::CorrId, "control.corrid"),
+];
+
+/// One implicit state: the worker input it feeds and the output that updates it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StateParam {
+    pub input: String,
+    pub output: String,
+    /// Every element's value at a sequence's start (zeros when absent).
+    pub initial: Option<f64>,
+}
+
+/// `sequence_batching` settings as load-time parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SequenceParams {
+    /// `sequence_strategy`: `direct` (default) or `oldest`.
+    pub strategy: Strategy,
+    /// `max_sequence_idle_microseconds` (default 1 s, as Triton).
+    pub max_idle: Duration,
+    /// `max_sequences` (or Triton's `max_candidate_sequences`): live sequences.
+    pub max_sequences: Option<usize>,
+    /// `max_sequence_backlog`: new sequences that may wait for room (default 0).
+    pub max_backlog: usize,
+    /// `control.<kind>`: the worker input that receives each control.
+    pub controls: Vec<(Control, String)>,
+    /// `state.<input> = "<output>"` and `state_initial.<input> = value`.
+    pub states: Vec<StateParam>,
+}
+
+impl Default for SequenceParams {
+    fn default() -> Self {
+        SequenceParams {
+            strategy: Strategy::Direct,
+            max_idle: Duration::from_secs(1),
+            max_sequences: None,
+            max_backlog: 0,
+            controls: Vec::new(),
+            states: Vec::new(),
+        }
+    }
+}
+
+impl SequenceParams {
+    /// Reads the sequence batcher's parameters.
+    pub fn parse(params: &[Param]) -> Result<SequenceParams> {
+        let p = Params(params);
+        let bad = ServerError::InvalidRequest;
+        let strategy = match p
+            .string("sequence_strategy")
+            .map(|s| s.to_ascii_lowercase())
+        {
+            None => Strategy::Direct,
+            Some(s) if s == "direct" => Strategy::Direct,
+            Some(s) if s == "oldest" => Strategy::Oldest,
+            Some(s) => {
+                return Err(ServerError::invalid(format!(
+                    "parameter `sequence_strategy` must be `direct` or `oldest`, got `{s}`"
+                )))
+            }
+        };
+        let max_idle = match p.int("max_sequence_idle_microseconds").map_err(bad)? {
+            None => Duration::from_secs(1),
+            Some(v) if v > 0 => Duration::from_micros(v as u64),
+            Some(v) => {
+                return Err(ServerError::invalid(format!(
+                    "parameter `max_sequence_idle_microseconds` must be > 0, got {v}"
+                )))
+            }
+        };
+        let count = |key: &str| -> Result<Option<usize>> {
+            match p.int(key).map_err(bad)? {
+                None => Ok(None),
+                Some(v) if (0..=1 << 20).contains(&v) => Ok(Some(v as usize)),
+                Some(v) => Err(ServerError::invalid(format!(
+                    "parameter `{key}` must be in 0..={}, got {v}",
+                    1 << 20
+                ))),
+            }
+        };
+        let max_sequences = match count("max_sequences")? {
+            Some(n) => Some(n),
+            None => count("max_candidate_sequences")?,
+        };
+        if max_sequences == Some(0) {
+            return Err(ServerError::invalid(
+                "parameter `max_sequences` must be at least 1",
+            ));
+        }
+        let controls = CONTROLS
+            .iter()
+            .filter_map(|&(kind, key)| p.string(key).map(|name| (kind, name)))
+            .collect();
+        let mut states = Vec::new();
+        for param in params {
+            let key = param.key.as_str();
+            let Some(input) = strip_prefix_ignore_case(key, "state.") else {
+                continue;
+            };
+            let output = match &param.value {
+                ParamValue::Str(s) => s.to_string(),
+                other => {
+                    return Err(ServerError::invalid(format!(
+                        "parameter `{key}` must name the output that updates the state, got {other}"
+                    )))
+                }
+            };
+            let initial = p.float(&format!("state_initial.{input}")).map_err(bad)?;
+            states.push(StateParam {
+                input: input.to_owned(),
+                output,
+                initial,
+            });
+        }
+        for param in params {
+            if let Some(input) = strip_prefix_ignore_case(param.key.as_str(), "state_initial.") {
+                if !states.iter().any(|s| s.input == input) {
+                    return Err(ServerError::invalid(format!(
+                        "parameter `{}`: `{input}` is not a state (declare `state.{input}`)",
+                        param.key
+                    )));
+                }
+            }
+        }
+        Ok(SequenceParams {
+            strategy,
+            max_idle,
+            max_sequences,
+            max_backlog: count("max_sequence_backlog")?.unwrap_or(0),
+            controls,
+            states,
+        })
+    }
+}
+
+fn strip_prefix_ignore_case<'a>(key: &'a str, prefix: &str) -> Option<&'a str> {
+    let head = key.get(..prefix.len())?;
+    head.eq_ignore_ascii_case(prefix)
+        .then(|| &key[prefix.len()..])
+}
+
+/// A stateful model as the server serves it: where each worker input comes from,
+/// which outputs are states, and the model clients see.
+#[derive(Debug, Clone)]
+pub struct SequenceModel {
+    pub layout: InputLayout,
+    /// The worker output of each state, in state order.
+    pub state_outputs: Vec<usize>,
+    /// Bytes of each state for one sequence.
+    pub state_bytes: Vec<usize>,
+    /// The worker's info without control and state inputs and state outputs.
+    pub client_info: WorkerInfo,
+    /// Worker output index of each output clients see.
+    pub client_outputs: Vec<usize>,
+}
+
+impl SequenceModel {
+    /// Checks `params` against the worker and works out the layout.
+    pub fn new(info: &WorkerInfo, params: &SequenceParams) -> Result<SequenceModel> {
+        let find_input = |name: &str, what: &str| -> Result<(usize, &TensorSpec)> {
+            info.inputs
+                .iter()
+                .enumerate()
+                .find(|(_, s)| s.name.as_str() == name)
+                .ok_or_else(|| {
+                    ServerError::invalid(format!(
+                        "{what} `{name}` is not an input of the worker (inputs: {})",
+                        names(&info.inputs)
+                    ))
+                })
+        };
+        let mut sources = vec![InputSource::Client; info.inputs.len()];
+        for (kind, name) in &params.controls {
+            let (i, spec) = find_input(name, kind.triton_kind())?;
+            if !spec.accepts(&[1]) {
+                return Err(ServerError::invalid(format!(
+                    "control input `{name}` must have dims [1], not {:?}",
+                    spec.dims.as_slice()
+                )));
+            }
+            let allowed = match kind {
+                Control::CorrId => matches!(
+                    spec.dtype,
+                    DataType::Uint64
+                        | DataType::Int64
+                        | DataType::Uint32
+                        | DataType::Int32
+                        | DataType::Bytes
+                ),
+                _ => matches!(
+                    spec.dtype,
+                    DataType::Int32 | DataType::Fp32 | DataType::Bool
+                ),
+            };
+            let source = InputLayout::control(*kind, spec.dtype).filter(|_| allowed);
+            sources[i] = source.ok_or_else(|| {
+                ServerError::invalid(format!(
+                    "control input `{name}` ({}) cannot be of type {} (Triton's: INT32, FP32 or \
+                     BOOL; CORRID: UINT64, INT64, UINT32, INT32 or STRING)",
+                    kind.triton_kind(),
+                    spec.dtype
+                ))
+            })?;
+        }
+        let mut states = Vec::new();
+        let mut state_outputs = Vec::new();
+        let mut state_bytes = Vec::new();
+        for (k, state) in params.states.iter().enumerate() {
+            let (i, spec) = find_input(&state.input, "state input")?;
+            if sources[i] != InputSource::Client {
+                return Err(ServerError::invalid(format!(
+                    "input `{}` is both a control and a state",
+                    state.input
+                )));
+            }
+            let (o, out) = info
+                .outputs
+                .iter()
+                .enumerate()
+                .find(|(_, s)| s.name.as_str() == state.output)
+                .ok_or_else(|| {
+                    ServerError::invalid(format!(
+                        "state output `{}` is not an output of the worker (outputs: {})",
+                        state.output,
+                        names(&info.outputs)
+                    ))
+                })?;
+            let size = spec.dtype.size().ok_or_else(|| {
+                ServerError::invalid(format!("state `{}` cannot be BYTES", state.input))
+            })?;
+            let dims = Shape::new(&spec.dims)
+                .filter(|_| spec.dims.iter().all(|&d| d >= 0))
+                .ok_or_else(|| {
+                    ServerError::invalid(format!(
+                        "state input `{}` needs fixed dims, not {:?}",
+                        state.input,
+                        spec.dims.as_slice()
+                    ))
+                })?;
+            if out.dtype != spec.dtype || !out.accepts(&spec.dims) {
+                return Err(ServerError::invalid(format!(
+                    "state output `{}` ({} {:?}) does not fit state input `{}` ({} {:?})",
+                    state.output,
+                    out.dtype,
+                    out.dims.as_slice(),
+                    state.input,
+                    spec.dtype,
+                    spec.dims.as_slice()
+                )));
+            }
+            let element =
+                scalar_bytes(spec.dtype, state.initial.unwrap_or(0.0)).ok_or_else(|| {
+                    ServerError::invalid(format!(
+                        "state_initial.{}: {} is not a {} value",
+                        state.input,
+                        state.initial.unwrap_or(0.0),
+                        spec.dtype
+                    ))
+                })?;
+            let bytes = dims.element_count() * size;
+            states.push(StateSpec {
+                dtype: spec.dtype,
+                dims,
+                initial: repeat(&element, dims.element_count()),
+            });
+            sources[i] = InputSource::State(k);
+            state_outputs.push(o);
+            state_bytes.push(bytes);
+        }
+        let client_info = WorkerInfo {
+            inputs: info
+                .inputs
+                .iter()
+                .zip(&sources)
+                .filter(|(_, s)| **s == InputSource::Client)
+                .map(|(spec, _)| spec.clone())
+                .collect(),
+            outputs: info
+                .outputs
+                .iter()
+                .enumerate()
+                .filter(|(o, _)| !state_outputs.contains(o))
+                .map(|(_, spec)| spec.clone())
+                .collect(),
+            ..info.clone()
+        };
+        let client_outputs = (0..info.outputs.len())
+            .filter(|o| !state_outputs.contains(o))
+            .collect();
+        Ok(SequenceModel {
+            layout: InputLayout {
+                sources,
+                states,
+                batched: info.max_batch_size > 0,
+            },
+            state_outputs,
+            state_bytes,
+            client_info,
+            client_outputs,
+        })
+    }
+
+    /// The batcher's settings.
+    pub fn config(
+        &self,
+        params: &SequenceParams,
+        dynamic: &crate::params::DynamicParams,
+        batch_size: usize,
+        instances: usize,
+        queue_size: usize,
+    ) -> SequenceConfig {
+        let slots = batch_size.max(1) * instances.max(1);
+        let max_sequences = match params.strategy {
+            Strategy::Direct => params.max_sequences.unwrap_or(slots).min(slots),
+            Strategy::Oldest => params.max_sequences.unwrap_or(slots),
+        };
+        SequenceConfig {
+            strategy: params.strategy,
+            max_batch_size: batch_size.max(1),
+            preferred_batch_sizes: dynamic.preferred_batch_sizes.clone(),
+            max_queue_delay: dynamic.max_queue_delay,
+            max_idle: params.max_idle,
+            max_sequences,
+            max_backlog: params.max_backlog,
+            max_queued: queue_size,
+            layout: self.layout.clone(),
+        }
+    }
+
+    /// A requested-output mask over the client's outputs as one over the worker's.
+    pub fn worker_mask(&self, client_mask: u64) -> u64 {
+        self.client_outputs
+            .iter()
+            .enumerate()
+            .filter(|(k, _)| client_mask & (1 << k) != 0)
+            .fold(0, |mask, (_, &o)| mask | (1 << o))
+    }
+}
+
+fn names(specs: &[TensorSpec]) -> String {
+    specs
+        .iter()
+        .map(|s| format!("`{}`", s.name))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A request's `sequence_id` (uint64 or string), `sequence_start` and `sequence_end`.
+pub fn request_flags(model: &str, parameters: &[Param]) -> Result<SequenceFlags> {
+    let p = Params(parameters);
+    let id = match p.get("sequence_id") {
+        None => None,
+        Some(ParamValue::Int(v)) if *v > 0 => Some(SequenceId::Number(*v as u64)),
+        Some(ParamValue::Str(s)) if !s.is_empty() => Some(SequenceId::Text(s.to_string())),
+        Some(other) => return Err(ServerError::invalid(format!(
+            "parameter `sequence_id` must be a positive integer or a non-empty string, got {other}"
+        ))),
+    };
+    let id = id.ok_or_else(|| {
+        ServerError::invalid(format!(
+            "model `{model}` is stateful: each request needs a `sequence_id` parameter"
+        ))
+    })?;
+    let flag = |key: &str| -> Result<bool> {
+        Ok(p.bool(key)
+            .map_err(ServerError::InvalidRequest)?
+            .unwrap_or(false))
+    };
+    Ok(SequenceFlags::new(
+        id,
+        flag("sequence_start")?,
+        flag("sequence_end")?,
+    ))
+}
+
+/// Answers the requests the sequence batcher refuses and keeps its gauges.
+pub struct SequenceGroupHost {
+    pub ctx: Arc<InstanceContext>,
+    pub max_sequences: usize,
+    pub max_queued: usize,
+    pub max_idle: Duration,
+}
+
+impl SequenceHost<Reply> for SequenceGroupHost {
+    fn rejected(&self, request: Request<Reply>, why: SequenceRejection) {
+        let m = &self.ctx.metrics;
+        let model = &self.ctx.endpoint;
+        m.pending.dec();
+        let id = request
+            .sequence
+            .as_ref()
+            .map_or_else(|| "?".to_owned(), |f| f.id.to_string());
+        let error = match why {
+            SequenceRejection::MissingId => ServerError::invalid(format!(
+                "model `{model}` is stateful: each request needs a `sequence_id` parameter"
+            )),
+            SequenceRejection::NotActive { expired: true } => ServerError::invalid(format!(
+                "model `{model}`: sequence {id} expired after {} µs without a request; \
+                 start it again with `sequence_start`",
+                self.max_idle.as_micros()
+            )),
+            SequenceRejection::NotActive { expired: false } => ServerError::invalid(format!(
+                "model `{model}`: sequence {id} is not active; its first request must set `sequence_start`"
+            )),
+            SequenceRejection::Ended => ServerError::invalid(format!(
+                "model `{model}`: sequence {id} has ended; only a new `sequence_start` may follow"
+            )),
+            SequenceRejection::BadCorrId => ServerError::invalid(format!(
+                "model `{model}`: sequence id {id} does not fit the model's CORRID input"
+            )),
+            SequenceRejection::TooManySequences => ServerError::Exhausted(format!(
+                "model `{model}`: all {} sequence places are taken (max_sequences) and the \
+                 backlog is full; retry when a sequence ends",
+                self.max_sequences
+            )),
+            SequenceRejection::QueueFull => ServerError::QueueFull {
+                model: model.clone(),
+                capacity: self.max_queued,
+            },
+            SequenceRejection::Cancelled => {
+                ServerError::Unavailable("cancelled: the client went away".into())
+            }
+        };
+        match why {
+            SequenceRejection::TooManySequences | SequenceRejection::QueueFull => {
+                m.rejected.inc();
+            }
+            SequenceRejection::Cancelled => {
+                m.cancelled.inc();
+            }
+            _ => {
+                m.invalid.inc();
+            }
+        }
+        let _ = request.reply.tx.send(Err(error));
+    }
+
+    fn is_cancelled(&self, reply: &Reply) -> bool {
+        reply.tx.is_closed()
+    }
+
+    fn sequences(&self, live: usize, backlog: usize) {
+        self.ctx.metrics.sequences.set(live as i64);
+        self.ctx.metrics.sequence_backlog.set(backlog as i64);
+    }
+}
+
+/// What an instance of a stateful model reports back after each batch.
+pub struct SequenceLink {
+    pub events: crossbeam_channel::Sender<SequenceEvent<Reply>>,
+    pub state_outputs: Vec<usize>,
+    pub state_bytes: Vec<usize>,
+}
+
+impl SequenceLink {
+    /// Each state output's part for request `j`, if every one has the state's size.
+    pub fn states_of(
+        &self,
+        parts: &[&[Bytes]],
+        j: usize,
+    ) -> std::result::Result<Vec<Bytes>, String> {
+        self.state_outputs
+            .iter()
+            .zip(&self.state_bytes)
+            .zip(parts)
+            .map(|((&o, &bytes), parts)| {
+                let part = parts.get(j).cloned().unwrap_or_default();
+                if part.len() == bytes {
+                    Ok(part)
+                } else {
+                    Err(format!(
+                        "state output {o} of request {j} has {} bytes, the state has {bytes}",
+                        part.len()
+                    ))
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_worker_sdk::{params_from_pairs, BatcherKind};
+
+    fn info() -> WorkerInfo {
+        WorkerInfo {
+            inputs: vec![
+                TensorSpec::new("input", DataType::Fp32, &[-1]),
+                TensorSpec::new("state", DataType::Fp32, &[2, 4]),
+                TensorSpec::new("START", DataType::Int32, &[1]),
+            ]
+            .into(),
+            outputs: vec![
+                TensorSpec::new("output", DataType::Fp32, &[1]),
+                TensorSpec::new("stateN", DataType::Fp32, &[-1, -1]),
+            ]
+            .into(),
+            max_batch_size: 8,
+            batcher: BatcherKind::Sequence,
+            allow_ragged_batch: false,
+        }
+    }
+
+    #[test]
+    fn hidden_inputs_and_outputs_leave_the_client_view() {
+        let params = SequenceParams::parse(&params_from_pairs(&[
+            ("state.state", "stateN"),
+            ("state_initial.state", "0.5"),
+            ("control.start", "START"),
+            ("sequence_strategy", "OLDEST"),
+        ]))
+        .unwrap();
+        assert_eq!(params.strategy, Strategy::Oldest);
+        let model = SequenceModel::new(&info(), &params).unwrap();
+        let client: Vec<&str> = model
+            .client_info
+            .inputs
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect();
+        assert_eq!(client, vec!["input"]);
+        assert_eq!(model.client_info.outputs.len(), 1);
+        assert_eq!(model.state_outputs, vec![1]);
+        assert_eq!(model.state_bytes, vec![32]);
+        assert_eq!(&model.layout.states[0].initial[..4], &0.5f32.to_le_bytes());
+        assert_eq!(model.worker_mask(u64::MAX), 1);
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let check = |pairs: &[(&str, &str)], want: &str| {
+            let e = SequenceParams::parse(&params_from_pairs(pairs))
+                .and_then(|p| SequenceModel::new(&info(), &p))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{e}");
+        };
+        check(&[("state.nope", "stateN")], "`nope` is not an input");
+        check(&[("state.state", "nope")], "`nope` is not an output");
+        check(&[("state.input", "output")], "needs fixed dims");
+        check(&[("control.end", "missing")], "`missing` is not an input");
+        check(&[("control.start", "state")], "must have dims [1]");
+        check(&[("state_initial.state", "1")], "is not a state");
+        check(&[("sequence_strategy", "newest")], "`direct` or `oldest`");
+    }
+
+    #[test]
+    fn request_flags_read_ids_of_both_kinds() {
+        let f = request_flags("m", &params_from_pairs(&[("sequence_id", "abc")])).unwrap();
+        assert_eq!(f.id, SequenceId::Text("abc".into()));
+        let typed = vec![
+            Param {
+                key: "sequence_id".into(),
+                value: ParamValue::Int(9),
+            },
+            Param {
+                key: "sequence_start".into(),
+                value: ParamValue::Bool(true),
+            },
+        ];
+        let f = request_flags("m", &typed).unwrap();
+        assert_eq!((f.id, f.start, f.end), (SequenceId::Number(9), true, false));
+        assert!(request_flags("m", &[]).is_err());
+        let zero = vec![Param {
+            key: "sequence_id".into(),
+            value: ParamValue::Int(0),
+        }];
+        assert!(request_flags("m", &zero).is_err());
+    }
+}
