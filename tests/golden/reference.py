@@ -1,10 +1,11 @@
 """Reference outputs for kiln's ONNX golden tests.
 
-Makes the test inputs (a page with text rendered into it, text-line crops, a
-speech-like audio clip), runs them through the reference onnxruntime Python package,
+Makes the test inputs (a page with text rendered into it, text-line crops), runs them through the reference onnxruntime Python package,
 and writes inputs and outputs as raw little-endian files plus manifest.json.
 
 Usage: python reference.py OUT_DIR MODEL_REPOSITORY
+
+Silero VAD's reference (many streams, state carried) is silero_reference.py.
 """
 
 import json
@@ -18,7 +19,7 @@ from PIL import Image, ImageDraw, ImageFont
 out = pathlib.Path(sys.argv[1])
 models = pathlib.Path(sys.argv[2])
 out.mkdir(parents=True, exist_ok=True)
-manifest = {"onnxruntime": ort.__version__, "cases": [], "vad": None}
+manifest = {"onnxruntime": ort.__version__, "cases": []}
 DTYPES = {np.float32: "FP32", np.int64: "INT64"}
 
 
@@ -75,31 +76,5 @@ for i, (text, flip) in enumerate([("kiln", False), ("fires", True), ("ware 42", 
 
 # The recognizer on one text line 48x320.
 case("ocr-rec", "rec", {"x": line("kiln 2026", 320)}, session("ocr-rec"))
-
-# Silero VAD: 1 s of speech-like audio at 16 kHz (0.25 s of silence, then voiced
-# syllables: harmonics of a gliding pitch under a syllable envelope, with a little
-# noise), 512-sample chunks, the LSTM state carried from chunk to chunk.
-rate = 16000
-t = np.arange(rate) / rate
-pitch = 140 + 40 * np.sin(2 * np.pi * 3 * t)
-phase = 2 * np.pi * np.cumsum(pitch) / rate
-voiced = sum(np.sin(k * phase) / k for k in range(1, 8))
-envelope = np.where(t < 0.25, 0.0, np.clip(np.sin(2 * np.pi * 4 * (t - 0.25)), 0, None))
-noise = np.random.default_rng(7).normal(0, 0.01, rate)
-audio = (0.3 * voiced * envelope + noise).astype(np.float32)
-vad = session("silero-vad")
-state = np.zeros((2, 1, 128), np.float32)
-sr = np.array(16000, np.int64)
-chunks, probs = [], []
-for start in range(0, rate - 511, 512):
-    chunk = audio[start:start + 512][None]
-    prob, state = vad.run(None, {"input": chunk, "state": state, "sr": sr})
-    chunks.append(chunk)
-    probs.append(float(prob[0, 0]))
-manifest["vad"] = {
-    "chunks": save(np.concatenate(chunks), "vad-chunks"),
-    "probabilities": probs,
-    "final_state": save(state, "vad-state"),
-}
 
 (out / "manifest.json").write_text(json.dumps(manifest, indent=1))

@@ -51,17 +51,9 @@ pub struct Case {
     pub outputs: Vec<Tensor>,
 }
 
-/// Silero VAD's stream: 512-sample chunks and the per-chunk speech probabilities.
-pub struct Vad {
-    pub chunks: Tensor,
-    pub probabilities: Vec<f32>,
-    pub final_state: Tensor,
-}
-
 /// Everything `reference.py` produced.
 pub struct Golden {
     pub cases: Vec<Case>,
-    pub vad: Vad,
 }
 
 impl Golden {
@@ -131,25 +123,72 @@ pub fn golden() -> &'static Golden {
                     .collect(),
             })
             .collect();
-        let v = &manifest["vad"];
-        let vad = Vad {
-            chunks: tensor(&dir, &with_name(&v["chunks"], "input")),
-            probabilities: v["probabilities"]
-                .as_array()
-                .expect("probabilities")
-                .iter()
-                .map(|p| p.as_f64().expect("probability") as f32)
-                .collect(),
-            final_state: tensor(&dir, &with_name(&v["final_state"], "state")),
-        };
-        Golden { cases, vad }
+        Golden { cases }
     })
 }
 
-fn with_name(v: &Value, name: &str) -> Value {
-    let mut v = v.clone();
-    v["name"] = Value::from(name);
-    v
+/// Silero VAD streams and their reference probabilities from
+/// `tests/golden/silero_reference.py`: each stream run alone, in order, with its
+/// state carried from chunk to chunk.
+pub struct SileroStreams {
+    pub streams: usize,
+    pub chunks: usize,
+    /// Samples per call: the previous chunk's last 64 samples and 512 new ones.
+    pub samples: usize,
+    /// `[streams, chunks, samples]` FP32 model inputs.
+    pub inputs: Vec<f32>,
+    /// `[streams, chunks]` speech probabilities.
+    pub probabilities: Vec<f32>,
+    /// The largest change of a probability when the state is reset every chunk:
+    /// how much carrying the state matters on this audio.
+    pub reset_max_abs_diff: f64,
+}
+
+impl SileroStreams {
+    /// The input of stream `s`'s chunk `c`.
+    pub fn input(&self, s: usize, c: usize) -> &[f32] {
+        let at = (s * self.chunks + c) * self.samples;
+        &self.inputs[at..at + self.samples]
+    }
+
+    /// The reference probability of stream `s`'s chunk `c`.
+    pub fn probability(&self, s: usize, c: usize) -> f32 {
+        self.probabilities[s * self.chunks + c]
+    }
+}
+
+/// Runs `silero_reference.py` for `streams` streams of `chunks` chunks (with the
+/// 64-sample context Silero expects) and loads what it wrote.
+pub fn silero_streams(streams: usize, chunks: usize) -> SileroStreams {
+    let dir = std::env::temp_dir().join(format!(
+        "kiln-silero-{}-{streams}x{chunks}",
+        std::process::id()
+    ));
+    let status = Command::new(python())
+        .arg(repo_root().join("tests/golden/silero_reference.py"))
+        .arg(model_repository().join("silero-vad/1/model.onnx"))
+        .arg(&dir)
+        .args(["--streams", &streams.to_string()])
+        .args(["--chunks", &chunks.to_string()])
+        .args(["--seed", "7", "--context", "64"])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("run silero_reference.py");
+    assert!(status.success(), "silero_reference.py failed");
+    let read = |name: &str| bytemuck_f32(&std::fs::read(dir.join(name)).expect("reference file"));
+    let meta: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("meta.json")).expect("meta.json"))
+            .expect("meta JSON");
+    SileroStreams {
+        streams,
+        chunks,
+        samples: 512 + 64,
+        inputs: read("inputs.f32"),
+        probabilities: read("probs.f32"),
+        reset_max_abs_diff: meta["stateful_vs_reset_max_abs_diff"]
+            .as_f64()
+            .expect("stateful_vs_reset_max_abs_diff"),
+    }
 }
 
 /// Largest absolute difference between two float slices of equal length.

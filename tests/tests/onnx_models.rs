@@ -5,8 +5,10 @@
 // `start` and `check` are test support: a failure should fail the test loudly.
 #![allow(clippy::unwrap_used)]
 
-use kiln_client::{DataType, InferRequest, InputTensor};
-use kiln_tests::golden::{bytemuck_f32, golden, max_abs_diff, Case};
+use std::sync::Arc;
+
+use kiln_client::{DataType, InferRequest, InputTensor, Param, ParamValue};
+use kiln_tests::golden::{bytemuck_f32, golden, max_abs_diff, silero_streams, Case, SileroStreams};
 use kiln_tests::{metric, model_repository, Kiln};
 use serde_json::json;
 
@@ -113,47 +115,94 @@ async fn batched_and_unbatched_serving_give_the_same_outputs() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn silero_vad_streams_with_its_state_through_kiln() {
-    let golden = golden();
-    let vad = &golden.vad;
-    let kiln = start();
-    let mut state = vec![0u8; 2 * 128 * 4];
-    let chunk_bytes = 512 * 4;
-    for (i, want) in vad.probabilities.iter().enumerate() {
-        let chunk = &vad.chunks.data[i * chunk_bytes..(i + 1) * chunk_bytes];
-        let response = kiln
-            .client
-            .infer(&InferRequest {
-                model: "silero-vad".into(),
-                inputs: vec![
-                    InputTensor {
-                        name: "input".into(),
-                        dtype: DataType::Fp32,
-                        shape: vec![1, 512],
-                        data: chunk.to_vec().into(),
-                    },
-                    InputTensor {
-                        name: "state".into(),
-                        dtype: DataType::Fp32,
-                        shape: vec![2, 1, 128],
-                        data: state.clone().into(),
-                    },
-                    InputTensor::from_slice("sr", DataType::Int64, &[], &[16000i64]),
-                ],
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        let probability = bytemuck_f32(&response.outputs[0].data)[0];
-        assert!(
-            (probability - want).abs() <= TOLERANCE,
-            "chunk {i}: {probability} vs {want}"
-        );
-        state = response.outputs[1].data.to_vec();
+/// One chunk of a Silero stream as a request of sequence `stream`.
+fn vad_chunk(streams: &SileroStreams, s: usize, c: usize) -> InferRequest {
+    InferRequest {
+        model: "silero-vad".into(),
+        inputs: vec![InputTensor::from_slice(
+            "input",
+            DataType::Fp32,
+            &[1, streams.samples as i64],
+            streams.input(s, c),
+        )],
+        parameters: vec![
+            Param {
+                key: "sequence_id".into(),
+                value: ParamValue::Int(s as i64 + 1),
+            },
+            Param {
+                key: "sequence_start".into(),
+                value: ParamValue::Bool(c == 0),
+            },
+            Param {
+                key: "sequence_end".into(),
+                value: ParamValue::Bool(c + 1 == streams.chunks),
+            },
+        ],
+        ..Default::default()
     }
-    let diff = max_abs_diff(&bytemuck_f32(&state), &vad.final_state.floats());
-    assert!(diff <= TOLERANCE, "final state: max |diff| {diff}");
+}
+
+/// Silero VAD served statefully: 64 audio streams at once, chunk by chunk (half over
+/// HTTP, half over gRPC streams), batched across streams by the sequence batcher
+/// with the state kept by kiln. Each stream's probabilities equal running it alone
+/// and in order through onnxruntime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silero_vad_64_streams_batched_with_implicit_state() {
+    const STREAMS: usize = 64;
+    let reference = Arc::new(silero_streams(STREAMS, 30));
+    // The state matters on this audio: losing it would move probabilities far more
+    // than the tolerance.
+    assert!(
+        reference.reset_max_abs_diff > 0.1,
+        "{}",
+        reference.reset_max_abs_diff
+    );
+    let kiln = start();
+    let meta = kiln.client.model_metadata("silero-vad").await.unwrap();
+    assert_eq!(
+        meta["inputs"],
+        json!([{"name": "input", "datatype": "FP32", "shape": [-1, -1]}])
+    );
+    let mut tasks = Vec::new();
+    for s in 0..STREAMS {
+        let reference = Arc::clone(&reference);
+        let http = kiln.client.clone();
+        let grpc = if s % 2 == 1 {
+            Some(kiln.grpc().await)
+        } else {
+            None
+        };
+        tasks.push(tokio::spawn(async move {
+            let mut stream = match &grpc {
+                Some(g) => Some(g.stream().await.unwrap()),
+                None => None,
+            };
+            let mut worst = 0.0f32;
+            for c in 0..reference.chunks {
+                let request = vad_chunk(&reference, s, c);
+                let response = match stream.as_mut() {
+                    Some(stream) => stream.infer(&request).await.unwrap(),
+                    None => http.infer(&request).await.unwrap(),
+                };
+                let got = bytemuck_f32(&response.outputs[0].data)[0];
+                worst = worst.max((got - reference.probability(s, c)).abs());
+            }
+            worst
+        }));
+    }
+    for (s, task) in tasks.into_iter().enumerate() {
+        let worst = task.await.unwrap();
+        assert!(worst <= 1e-5, "stream {s}: max |diff| {worst}");
+    }
+    let text = kiln.client.metrics().await.unwrap();
+    let batches = metric(&text, "kiln_batch_size_count", &[("model", "silero-vad")]).unwrap();
+    let requests = metric(&text, "kiln_batch_size_sum", &[("model", "silero-vad")]).unwrap();
+    assert_eq!(requests, (STREAMS * reference.chunks) as f64);
+    assert!(
+        requests / batches >= 8.0,
+        "{requests} chunks ran in {batches} batches"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -211,11 +260,9 @@ async fn repository_index_load_unload_and_config_errors() {
     assert!(index.iter().all(|m| m["state"] == "UNAVAILABLE"));
     c.load_model("silero-vad", &json!({})).await.unwrap();
     let meta = c.model_metadata("silero-vad").await.unwrap();
-    assert_eq!(
-        meta["inputs"][2],
-        json!({"name": "sr", "datatype": "INT64", "shape": []})
-    );
-    assert_eq!(meta["parameters"]["max_batch_size"], 0);
+    // `sr` is set in the config and the state is kept by kiln: only the audio is an input.
+    assert_eq!(meta["inputs"].as_array().unwrap().len(), 1, "{meta}");
+    assert_eq!(meta["parameters"]["max_batch_size"], 64);
     let err = c.load_model("nope", &json!({})).await.unwrap_err();
     assert_eq!(err.status(), Some(404), "{err}");
     let err = c
