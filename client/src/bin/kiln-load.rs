@@ -15,6 +15,11 @@
 //! kiln-load --grpc --streaming --model echo --input INPUT0:UINT32:1x16 --concurrency 32
 //! kiln-load --in-process --load echo --model echo --input INPUT0:UINT32:1x16 --concurrency 32
 //! ```
+//!
+//! With `--sequence-length N` (a stateful model), each client is one stream of
+//! sequences: client `i` sends with `sequence_id` `i + 1`, `sequence_start` on every
+//! N-th request and `sequence_end` on the one before the next start (gRPC and
+//! in-process).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -97,6 +102,29 @@ struct Args {
     /// gRPC: each client sends over one bidirectional stream (ModelStreamInfer).
     #[arg(long, requires = "grpc")]
     streaming: bool,
+    /// Stateful models: each client runs sequences of this many requests.
+    #[arg(long)]
+    sequence_length: Option<u64>,
+}
+
+/// Where a client is in its sequences.
+struct Sequencer {
+    id: i64,
+    length: u64,
+    sent: u64,
+}
+
+impl Sequencer {
+    /// The next request's `sequence_id`, `sequence_start` and `sequence_end`.
+    fn next(&mut self) -> [(&'static str, ParamValue); 3] {
+        let k = self.sent % self.length;
+        self.sent += 1;
+        [
+            ("sequence_id", ParamValue::Int(self.id)),
+            ("sequence_start", ParamValue::Bool(k == 0)),
+            ("sequence_end", ParamValue::Bool(k + 1 == self.length)),
+        ]
+    }
 }
 
 fn parse_input(spec: &str) -> anyhow::Result<InputTensor> {
@@ -172,6 +200,40 @@ enum Caller {
 }
 
 impl Caller {
+    /// Sets the next request's sequence parameters.
+    fn set_sequence(&mut self, flags: [(&'static str, ParamValue); 3]) {
+        use kiln_server::grpc::proto::infer_parameter::ParameterChoice;
+        use kiln_server::grpc::proto::InferParameter;
+        match self {
+            Caller::Native { request, .. } => {
+                request.parameters = flags
+                    .into_iter()
+                    .map(|(key, value)| Param {
+                        key: key.into(),
+                        value,
+                    })
+                    .collect();
+            }
+            Caller::Grpc { request, .. } | Caller::GrpcStream { request, .. } => {
+                for (key, value) in flags {
+                    let choice = match value {
+                        ParamValue::Int(v) => ParameterChoice::Int64Param(v),
+                        ParamValue::Bool(b) => ParameterChoice::BoolParam(b),
+                        other => ParameterChoice::StringParam(other.to_string()),
+                    };
+                    request.parameters.insert(
+                        key.to_owned(),
+                        InferParameter {
+                            parameter_choice: Some(choice),
+                        },
+                    );
+                }
+            }
+            // Refused when the target is made: HTTP bodies are encoded once.
+            Caller::Http { .. } => {}
+        }
+    }
+
     async fn call(&mut self) -> Result<(), String> {
         match self {
             Caller::Http {
@@ -348,9 +410,14 @@ async fn run(target: Arc<Target>, clients: usize, args: &Args) -> anyhow::Result
     let end = measure_from + Duration::from_secs_f64(args.duration);
     let next = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::with_capacity(clients);
-    for _ in 0..clients {
+    for client in 0..clients {
         let mut caller = target.caller().await?;
         let (next, rate) = (Arc::clone(&next), args.rate);
+        let mut sequencer = args.sequence_length.map(|length| Sequencer {
+            id: client as i64 + 1,
+            length: length.max(1),
+            sent: 0,
+        });
         tasks.push(tokio::spawn(async move {
             let mut stats = Stats {
                 latency: histogram(),
@@ -368,6 +435,9 @@ async fn run(target: Arc<Target>, clients: usize, args: &Args) -> anyhow::Result
                 };
                 if scheduled >= end {
                     break;
+                }
+                if let Some(sequencer) = sequencer.as_mut() {
+                    caller.set_sequence(sequencer.next());
                 }
                 let result = caller.call().await;
                 if scheduled >= measure_from {
@@ -435,6 +505,9 @@ async fn target(args: &Args, inputs: Vec<InputTensor>) -> anyhow::Result<Target>
             streaming: args.streaming,
             request: encode_grpc_request(&request),
         });
+    }
+    if args.sequence_length.is_some() {
+        bail!("--sequence-length works with --grpc or --in-process (HTTP bodies are encoded once)");
     }
     let url = args.url.trim_end_matches('/');
     let host = url
