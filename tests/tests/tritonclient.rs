@@ -27,6 +27,9 @@ fn tritonclient_http_and_grpc() {
         "echo",
         "--load",
         "faulty:batch_size=1,max_buffers=1,queue_size=2",
+        "--load",
+        "accumulate:batcher=sequence,state.STATE=STATE_OUT,control.start=START,\
+         control.end=END,control.ready=READY,control.corrid=CORRID",
     ]);
     let host_port = |url: &str| url.trim_start_matches("http://").to_owned();
     let output = Command::new(&python)

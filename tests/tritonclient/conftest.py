@@ -7,7 +7,8 @@ tests/tests/tritonclient.rs starts kiln and runs these with pytest, passing:
 
 kiln serves: `echo-multi` (UINT32, FP32 -> FP64 doubled, BYTES reversed), `echo`
 (UINT32 + 1), `faulty` (INT32; -2 fails, -3 takes 1 s; one buffer set and a queue of
-two, to fill), and a model repository holding `echo-repo` (worker echo, versions 1
+two, to fill), `accumulate` (a running sum kept as a sequence's implicit state,
+reporting its control inputs; sequence batcher), and a model repository holding `echo-repo` (worker echo, versions 1
 and 2), not loaded.
 """
 
@@ -63,3 +64,11 @@ def fill_queue_then_refuse(send):
     for t in threads:
         t.join()
     return results
+
+
+def accumulate_input(client_module, value):
+    """`accumulate`'s one input, INPUT FP32 [1, 1]."""
+    array = np.array([[value]], dtype=np.float32)
+    i = client_module.InferInput("INPUT", list(array.shape), "FP32")
+    i.set_data_from_numpy(array)
+    return i

@@ -10,7 +10,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool
 from tritonclient.grpc import model_config_pb2, service_pb2  # noqa: F401 (registers)
 from tritonclient.utils import InferenceServerException
 
-from conftest import echo_multi_arrays, fill_queue_then_refuse
+from conftest import accumulate_input, echo_multi_arrays, fill_queue_then_refuse
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +150,38 @@ def test_stream(client):
         result, error = answers.get(timeout=10)
         assert error is None, error
         np.testing.assert_array_equal(result.as_numpy("OUTPUT2"), expected["OUTPUT2"])
+    finally:
+        client.stop_stream()
+
+
+def test_sequences_over_a_stream(client):
+    """Two sequences interleaved on one stream, with tritonclient's own sequence
+    arguments: each keeps its own running sum and sees its own control values."""
+    config = client.get_model_config("accumulate").config
+    assert config.WhichOneof("scheduling_choice") == "sequence_batching"
+    controls = {c.name: c.control[0].kind for c in config.sequence_batching.control_input}
+    assert set(controls) == {"START", "END", "READY", "CORRID"}
+    assert config.sequence_batching.state[0].input_name == "STATE"
+    assert [i.name for i in config.input] == ["INPUT"]
+    answers = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        steps = [(11, 1.0, True, False), (22, 10.0, True, False), (11, 2.0, False, False),
+                 (22, 20.0, False, True), (11, 3.0, False, True)]
+        for seq, value, start, end in steps:
+            client.async_stream_infer("accumulate", [accumulate_input(grpcclient, value)],
+                                      sequence_id=seq, sequence_start=start, sequence_end=end)
+        got = [answers.get(timeout=10) for _ in steps]
+        assert all(error is None for _, error in got), got
+        sums = [float(r.as_numpy("OUTPUT")[0][0]) for r, _ in got]
+        assert sums == [1.0, 10.0, 3.0, 30.0, 6.0]
+        assert [int(r.as_numpy("CORRID_OUT")[0][0]) for r, _ in got] == [11, 22, 11, 22, 11]
+        assert got[3][0].as_numpy("CONTROLS").tolist() == [[0, 1, 1]]
+        # Sequence 22 has ended: a step without a start is refused on the stream.
+        client.async_stream_infer("accumulate", [accumulate_input(grpcclient, 1.0)],
+                                  sequence_id=22)
+        result, error = answers.get(timeout=10)
+        assert result is None and "not active" in error.message()
     finally:
         client.stop_stream()
 

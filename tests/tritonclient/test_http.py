@@ -7,7 +7,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import echo_multi_arrays, fill_queue_then_refuse
+from conftest import accumulate_input, echo_multi_arrays, fill_queue_then_refuse
 
 
 @pytest.fixture(scope="module")
@@ -174,3 +174,24 @@ def test_queue_full(http_url):
     results = fill_queue_then_refuse(send)
     assert_status(results["refused"], 429)
     np.testing.assert_array_equal(results["q2"], [[2]])
+
+
+def test_sequences(client):
+    """tritonclient's sequence arguments (string and integer ids) over REST."""
+    config = client.get_model_config("accumulate")
+    assert config["sequence_batching"]["state"][0]["output_name"] == "STATE_OUT"
+    assert [i["name"] for i in config["input"]] == ["INPUT"]
+    def step(seq, value, **flags):
+        r = client.infer("accumulate", [accumulate_input(httpclient, value)], sequence_id=seq, **flags)
+        return float(r.as_numpy("OUTPUT")[0][0]), r.as_numpy("CONTROLS").tolist()[0]
+    assert step(5, 1.5, sequence_start=True) == (1.5, [1, 0, 1])
+    assert step(5, 2.0) == (3.5, [0, 0, 1])
+    assert step(5, 0.5, sequence_end=True) == (4.0, [0, 1, 1])
+    with pytest.raises(InferenceServerException) as e:
+        step(5, 1.0)
+    assert_status(e.value, 400)
+    assert "sequence 5 is not active" in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("accumulate", [accumulate_input(httpclient, 1.0)])
+    assert_status(e.value, 400)
+    assert "sequence_id" in e.value.message()
