@@ -26,6 +26,9 @@ pub struct Batch<R> {
     pub shapes: Vec<Vec<Shape>>,
     pub members: Vec<Member<R>>,
     pub rows: usize,
+    /// The batch's number in formation order (dynamic batcher), for
+    /// `preserve_ordering`.
+    pub order: u64,
     /// The first request kept for shape comparisons (its tensors are already copied).
     first_shapes: Vec<Shape>,
 }
@@ -39,6 +42,7 @@ impl<R> Batch<R> {
             shapes: (0..inputs).map(|_| Vec::with_capacity(capacity)).collect(),
             members: Vec::with_capacity(capacity),
             rows: 0,
+            order: 0,
             first_shapes: Vec::new(),
         }
     }

@@ -639,6 +639,8 @@ pub fn run_dynamic_batcher<R>(
 ) {
     let mut queue = DynamicQueue::new(config);
     let mut open = true;
+    // Batches formed so far: each batch's number in formation order.
+    let mut formed = 0u64;
     // A buffer set is secured before requests leave the queue, so requests keep
     // timing out (and being cancelled) while every set is in flight.
     let mut spare = None;
@@ -686,6 +688,8 @@ pub fn run_dynamic_batcher<R>(
             Poll::Batch(taken) => {
                 let Some(set) = spare.take() else { continue };
                 let mut batch = crate::batch::Batch::new(set, inputs, taken.len());
+                batch.order = formed;
+                formed += 1;
                 for request in taken {
                     batch.push(request);
                 }

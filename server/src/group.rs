@@ -134,6 +134,9 @@ impl WorkerGroup {
             stats: ModelStats::default(),
             healthy: AtomicUsize::new(0),
             compute_estimate_ns: std::sync::atomic::AtomicU64::new(0),
+            ordering: (settings.batcher == BatcherKind::Dynamic
+                && settings.dynamic.preserve_ordering)
+                .then(crate::ordering::OrderGate::default),
             sequence: sequence_model.as_ref().map(|m| SequenceLink {
                 events: events_tx.clone(),
                 state_outputs: m.state_outputs.clone(),

@@ -21,6 +21,7 @@ use crate::error::ServerError;
 use crate::group::Reply;
 use crate::infer::{InferResponse, OutputTensor};
 use crate::metrics::ModelMetrics;
+use crate::ordering::{send, Answers, OrderGate};
 use crate::sequence::SequenceLink;
 use crate::stats::{nanos, BatchTiming, ModelStats};
 
@@ -39,6 +40,8 @@ pub struct InstanceContext {
     pub compute_estimate_ns: AtomicU64,
     /// A stateful model's link to its sequence batcher.
     pub sequence: Option<SequenceLink>,
+    /// `preserve_ordering`: answers leave in batch order.
+    pub ordering: Option<OrderGate>,
 }
 
 impl InstanceContext {
@@ -301,7 +304,7 @@ fn run_batch(
 /// Answers every request of a batch that ran. The statistics are recorded before
 /// the responses are sent, so a client that has its answer also sees it counted.
 fn answer(ctx: &InstanceContext, batch: Batch<Reply>, ran: Ran, queue_ns: u64) {
-    let (requests, rows) = (batch.len(), batch.rows);
+    let (requests, rows, order) = (batch.len(), batch.rows, batch.order);
     let outputs = &ran.outputs;
     let mut replies = Vec::with_capacity(requests);
     for (j, member) in batch.members.into_iter().enumerate() {
@@ -325,7 +328,7 @@ fn answer(ctx: &InstanceContext, batch: Batch<Reply>, ran: Ran, queue_ns: u64) {
             id: reply.id,
             outputs: tensors,
         };
-        replies.push((reply.tx, response));
+        replies.push((reply.tx, Ok(response)));
     }
     let timing = BatchTiming {
         input: ran.built.saturating_duration_since(ran.building),
@@ -334,10 +337,16 @@ fn answer(ctx: &InstanceContext, batch: Batch<Reply>, ran: Ran, queue_ns: u64) {
     };
     ctx.stats.record_success(requests, rows, queue_ns, timing);
     let m = &ctx.metrics;
-    for (tx, response) in replies {
-        m.pending.dec();
-        m.success.inc();
-        let _ = tx.send(Ok(response));
+    m.pending.dec_by(requests as i64);
+    m.success.inc_by(requests as u64);
+    deliver(ctx, order, replies);
+}
+
+/// Sends a batch's answers, through the group's order gate when it preserves ordering.
+fn deliver(ctx: &InstanceContext, order: u64, answers: Answers) {
+    match &ctx.ordering {
+        Some(gate) => gate.release(order, answers),
+        None => send(answers),
     }
 }
 
@@ -350,12 +359,16 @@ fn fail_all(ctx: &InstanceContext, batch: Batch<Reply>, error: &ServerError) {
         .fold(0u64, u64::saturating_add);
     ctx.stats.record_failure(batch.len(), waited);
     let m = &ctx.metrics;
-    for member in batch.members {
-        m.pending.dec();
-        match error {
-            ServerError::Unavailable(_) => m.unavailable.inc(),
-            _ => m.failure.inc(),
-        };
-        let _ = member.reply.tx.send(Err(error.clone()));
-    }
+    let count = batch.members.len();
+    m.pending.dec_by(count as i64);
+    match error {
+        ServerError::Unavailable(_) => m.unavailable.inc_by(count as u64),
+        _ => m.failure.inc_by(count as u64),
+    };
+    let answers = batch
+        .members
+        .into_iter()
+        .map(|member| (member.reply.tx, Err(error.clone())))
+        .collect();
+    deliver(ctx, batch.order, answers);
 }

@@ -13,6 +13,7 @@ pub mod instance;
 pub mod logging;
 pub mod manager;
 pub mod metrics;
+pub mod ordering;
 pub mod params;
 pub mod plugin;
 pub mod repository;

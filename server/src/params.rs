@@ -48,6 +48,8 @@ pub struct DynamicParams {
     pub default_priority_level: usize,
     /// `default_queue_policy.*` for every level, then `priority_queue_policy.<level>.*`.
     pub policies: Vec<QueuePolicy>,
+    /// `preserve_ordering`: answers leave in the order their batches were formed.
+    pub preserve_ordering: bool,
 }
 
 impl DynamicParams {
@@ -175,6 +177,7 @@ impl DynamicParams {
             priority_levels: levels,
             default_priority_level: default_level,
             policies,
+            preserve_ordering: p.bool("preserve_ordering").map_err(bad)?.unwrap_or(false),
         })
     }
 }

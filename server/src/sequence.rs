@@ -376,9 +376,11 @@ pub fn request_flags(model: &str, parameters: &[Param]) -> Result<SequenceFlags>
         None => None,
         Some(ParamValue::Int(v)) if *v > 0 => Some(SequenceId::Number(*v as u64)),
         Some(ParamValue::Str(s)) if !s.is_empty() => Some(SequenceId::Text(s.to_string())),
-        Some(other) => return Err(ServerError::invalid(format!(
+        Some(other) => {
+            return Err(ServerError::invalid(format!(
             "parameter `sequence_id` must be a positive integer or a non-empty string, got {other}"
-        ))),
+        )))
+        }
     };
     let id = id.ok_or_else(|| {
         ServerError::invalid(format!(

@@ -104,6 +104,8 @@ pub struct DynamicBatching {
     /// The dynamic batcher's delay; the soft batcher's timeout (0: it sends what has
     /// already arrived); the hard batcher, which waits without limit, `u64::MAX`.
     pub max_queue_delay_microseconds: u64,
+    /// Whether answers leave in batch order.
+    pub preserve_ordering: bool,
     /// Priority levels (0: none).
     pub priority_levels: u64,
     pub default_priority_level: u64,
@@ -252,6 +254,7 @@ impl ModelConfig {
                     preferred_batch_sizes: d.preferred_batch_sizes.clone(),
                     max_queue_delay_microseconds: u64::try_from(d.max_queue_delay.as_micros())
                         .unwrap_or(u64::MAX),
+                    preserve_ordering: d.preserve_ordering,
                     priority_levels: if levels > 1 { levels as u64 } else { 0 },
                     default_priority_level: if levels > 1 {
                         d.default_priority_level as u64
@@ -274,6 +277,7 @@ impl ModelConfig {
                     }
                     _ => u64::MAX,
                 },
+                preserve_ordering: false,
                 priority_levels: 0,
                 default_priority_level: 0,
                 default_queue_policy: QueuePolicyView {

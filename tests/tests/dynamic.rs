@@ -236,3 +236,46 @@ async fn a_request_whose_caller_goes_away_is_removed_before_batching() {
     assert_eq!(m("success"), 2.0, "the cancelled request never ran");
     client.shutdown().await;
 }
+
+/// With two instances, a fast batch formed after a slow one finishes first; with
+/// `preserve_ordering` its answer still waits for the slow batch's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preserve_ordering_holds_later_answers_until_earlier_ones_leave() {
+    let kiln = Kiln::start(&[]);
+    let c = kiln.client.clone();
+    for preserve in [false, true] {
+        let params = json!({
+            "batcher": "dynamic", "batch_size": 1, "instances": 2,
+            "preserve_ordering": preserve,
+        });
+        let model = c.load("faulty", &params).await.unwrap();
+        let config = triton_config(&kiln.url, &model).await;
+        assert_eq!(config["dynamic_batching"]["preserve_ordering"], preserve);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let slow = {
+            let (c, model, tx) = (c.clone(), model.clone(), tx.clone());
+            tokio::spawn(async move {
+                c.infer(&request(&model, &[-3], None)).await.unwrap();
+                tx.send("slow").unwrap();
+            })
+        };
+        wait_pending(&c, &model, 1.0).await;
+        let fast = {
+            let (c, model) = (c.clone(), model.clone());
+            tokio::spawn(async move {
+                c.infer(&request(&model, &[1], None)).await.unwrap();
+                tx.send("fast").unwrap();
+            })
+        };
+        slow.await.unwrap();
+        fast.await.unwrap();
+        let order = [rx.recv().await.unwrap(), rx.recv().await.unwrap()];
+        let want = if preserve {
+            ["slow", "fast"]
+        } else {
+            ["fast", "slow"]
+        };
+        assert_eq!(order, want, "preserve_ordering={preserve}");
+        c.unload(&model).await.unwrap();
+    }
+}

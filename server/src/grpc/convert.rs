@@ -583,6 +583,7 @@ fn dynamic_batching(
                 .map(|&n| saturate(n))
                 .collect(),
             max_queue_delay_microseconds: d.max_queue_delay_microseconds,
+            preserve_ordering: d.preserve_ordering,
             priority_levels: d.priority_levels,
             default_priority_level: d.default_priority_level,
             default_queue_policy: Some(policy(&d.default_queue_policy)),
@@ -591,7 +592,6 @@ fn dynamic_batching(
                 .iter()
                 .map(|(level, p)| (*level, policy(p)))
                 .collect(),
-            ..Default::default()
         })
     })
 }

@@ -93,7 +93,7 @@ pub fn config_json(c: &ModelConfig) -> Value {
         config["dynamic_batching"] = json!({
             "preferred_batch_size": d.preferred_batch_sizes,
             "max_queue_delay_microseconds": d.max_queue_delay_microseconds,
-            "preserve_ordering": false,
+            "preserve_ordering": d.preserve_ordering,
             "priority_levels": d.priority_levels,
             "default_priority_level": d.default_priority_level,
             "default_queue_policy": policy(&d.default_queue_policy),
