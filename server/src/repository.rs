@@ -262,6 +262,24 @@ mod tests {
     }
 
     #[test]
+    fn nested_tables_and_quoted_keys_are_dotted_parameters() {
+        let (r, root) = repo(&[
+            (
+                "s/config.toml",
+                "worker = \"accumulate\"\n[parameters]\n\"input.sr\" = 16000\n\
+                 control.start = \"START\"\n[parameters.state]\nSTATE = \"STATE_OUT\"\n",
+            ),
+            ("s/1/x", ""),
+        ]);
+        let m = r.resolve("s", None, vec![]).unwrap();
+        let p = kiln_worker_sdk::Params(&m.params);
+        assert_eq!(p.int("input.sr").unwrap(), Some(16000));
+        assert_eq!(p.string("control.start").as_deref(), Some("START"));
+        assert_eq!(p.string("state.STATE").as_deref(), Some("STATE_OUT"));
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
     fn invalid_config_names_file_and_field() {
         let (r, root) = repo(&[
             ("bad/config.toml", "worker = \"echo\"\nbatchsize = 4\n"),
