@@ -157,6 +157,17 @@ impl Kiln {
         }
     }
 
+    /// A client of one caller: HTTP, or (`stream`) its own gRPC `ModelStreamInfer`
+    /// stream, as sequences of stateful models are sent.
+    pub async fn caller(&self, stream: bool) -> Caller {
+        if stream {
+            let stream = self.grpc().await.stream().await.expect("gRPC stream");
+            Caller::Stream(Box::new(stream))
+        } else {
+            Caller::Http(self.client.clone())
+        }
+    }
+
     /// A gRPC client connected to this server.
     pub async fn grpc(&self) -> GrpcClient {
         GrpcClient::connect(&self.grpc_url)
@@ -167,6 +178,25 @@ impl Kiln {
     /// Everything kiln logged so far.
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
+    }
+}
+
+/// One caller's way to the server (see [`Kiln::caller`]).
+pub enum Caller {
+    Http(HttpClient),
+    Stream(Box<kiln_client::InferStream>),
+}
+
+impl Caller {
+    /// Sends `request` and waits for its answer.
+    pub async fn infer(
+        &mut self,
+        request: &kiln_client::InferRequest,
+    ) -> Result<kiln_client::InferResponse, kiln_client::ClientError> {
+        match self {
+            Caller::Http(client) => client.infer(request).await,
+            Caller::Stream(stream) => stream.infer(request).await,
+        }
     }
 }
 

@@ -167,24 +167,12 @@ async fn silero_vad_64_streams_batched_with_implicit_state() {
     let mut tasks = Vec::new();
     for s in 0..STREAMS {
         let reference = Arc::clone(&reference);
-        let http = kiln.client.clone();
-        let grpc = if s % 2 == 1 {
-            Some(kiln.grpc().await)
-        } else {
-            None
-        };
+        let mut caller = kiln.caller(s % 2 == 1).await;
         tasks.push(tokio::spawn(async move {
-            let mut stream = match &grpc {
-                Some(g) => Some(g.stream().await.unwrap()),
-                None => None,
-            };
             let mut worst = 0.0f32;
             for c in 0..reference.chunks {
                 let request = vad_chunk(&reference, s, c);
-                let response = match stream.as_mut() {
-                    Some(stream) => stream.infer(&request).await.unwrap(),
-                    None => http.infer(&request).await.unwrap(),
-                };
+                let response = caller.infer(&request).await.unwrap();
                 let got = bytemuck_f32(&response.outputs[0].data)[0];
                 worst = worst.max((got - reference.probability(s, c)).abs());
             }

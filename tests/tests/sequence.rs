@@ -182,17 +182,9 @@ async fn concurrent_sequences_over_http_and_grpc_streams() {
     let steps = 24u64;
     let mut tasks = Vec::new();
     for s in 0..32u64 {
-        let (c, model) = (c.clone(), model.clone());
-        let grpc = if s % 2 == 0 {
-            Some(kiln.grpc().await)
-        } else {
-            None
-        };
+        let model = model.clone();
+        let mut caller = kiln.caller(s % 2 == 0).await;
         tasks.push(tokio::spawn(async move {
-            let mut stream = match &grpc {
-                Some(g) => Some(g.stream().await.unwrap()),
-                None => None,
-            };
             // Even sequences use string ids over gRPC streams, odd ones numbers over HTTP.
             let id = if s % 2 == 0 {
                 ParamValue::Str(format!("stream-{s}").into())
@@ -208,10 +200,7 @@ async fn concurrent_sequences_over_http_and_grpc_streams() {
                 let value = (s * 100 + k) as f32;
                 expected += value;
                 let request = step(&model, id.clone(), value, k == 0, k == steps - 1);
-                let r = match stream.as_mut() {
-                    Some(stream) => stream.infer(&request).await.unwrap(),
-                    None => c.infer(&request).await.unwrap(),
-                };
+                let r = caller.infer(&request).await.unwrap();
                 assert_eq!(sum(&r), expected, "sequence {s} step {k}");
                 // CORRID as a string: numeric ids in decimal.
                 let corrid = &output(&r, "CORRID_OUT").data;

@@ -103,3 +103,55 @@ pub struct SequenceConfig {
     /// Where each worker input comes from.
     pub layout: InputLayout,
 }
+
+/// A config for tests: one UINT32 client input and one UINT32 [1] state (zeros).
+#[cfg(test)]
+pub(crate) fn test_config(strategy: Strategy, max_batch_size: usize) -> SequenceConfig {
+    use bytes::Bytes;
+    use kiln_worker_sdk::{DataType, Shape};
+    SequenceConfig {
+        strategy,
+        max_batch_size,
+        preferred_batch_sizes: Vec::new(),
+        max_queue_delay: Duration::ZERO,
+        max_idle: Duration::from_millis(1000),
+        max_sequences: 64,
+        max_backlog: 0,
+        max_queued: 1024,
+        layout: InputLayout {
+            sources: vec![InputSource::Client, InputSource::State(0)],
+            states: vec![StateSpec {
+                dtype: DataType::Uint32,
+                dims: Shape::scalar().with_batch(1).unwrap_or(Shape::scalar()),
+                initial: Bytes::copy_from_slice(&0u32.to_le_bytes()),
+            }],
+            batched: true,
+        },
+    }
+}
+
+/// Request `tag` of sequence `id`, for tests: its one input is `tag` as a UINT32.
+#[cfg(test)]
+pub(crate) fn test_request(
+    id: u64,
+    tag: u32,
+    flags: (bool, bool),
+    arrived: std::time::Instant,
+) -> crate::Request<u32> {
+    use bytes::Bytes;
+    use kiln_worker_sdk::{DataType, Shape};
+    crate::Request {
+        inputs: vec![crate::Tensor {
+            dtype: DataType::Uint32,
+            shape: Shape::new(&[1, 1]).unwrap_or(Shape::scalar()),
+            data: Bytes::copy_from_slice(&tag.to_le_bytes()),
+        }],
+        rows: 1,
+        params: Vec::new(),
+        arrived,
+        priority: None,
+        timeout: None,
+        sequence: Some(SequenceFlags::new(SequenceId::Number(id), flags.0, flags.1)),
+        reply: tag,
+    }
+}

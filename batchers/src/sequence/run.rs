@@ -180,11 +180,9 @@ fn handle<R>(
 
 #[cfg(test)]
 mod tests {
-    use super::super::{InputLayout, InputSource, SequenceFlags, SequenceId, StateSpec, Strategy};
+    use super::super::Strategy;
     use super::*;
-    use crate::request::Tensor;
     use crossbeam_channel::{bounded, unbounded};
-    use kiln_worker_sdk::{DataType, Shape};
     use std::sync::Mutex;
 
     #[derive(Clone, Default)]
@@ -202,20 +200,7 @@ mod tests {
     }
 
     fn req(id: u64, tag: u32, start: bool, end: bool) -> Request<u32> {
-        Request {
-            inputs: vec![Tensor {
-                dtype: DataType::Uint32,
-                shape: Shape::new(&[1, 1]).unwrap(),
-                data: Bytes::copy_from_slice(&tag.to_le_bytes()),
-            }],
-            rows: 1,
-            params: Vec::new(),
-            arrived: Instant::now(),
-            priority: None,
-            timeout: None,
-            sequence: Some(SequenceFlags::new(SequenceId::Number(id), start, end)),
-            reply: tag,
-        }
+        super::super::test_request(id, tag, (start, end), Instant::now())
     }
 
     /// A counter model with two instances: each sequence's state counts its requests.
@@ -223,25 +208,9 @@ mod tests {
     /// whatever instance and batch it lands in.
     #[test]
     fn state_flows_through_instances_and_unload_drains() {
-        let config = SequenceConfig {
-            strategy: Strategy::Oldest,
-            max_batch_size: 4,
-            preferred_batch_sizes: Vec::new(),
-            max_queue_delay: Duration::ZERO,
-            max_idle: Duration::from_secs(10),
-            max_sequences: 16,
-            max_backlog: 0,
-            max_queued: 1024,
-            layout: InputLayout {
-                sources: vec![InputSource::Client, InputSource::State(0)],
-                states: vec![StateSpec {
-                    dtype: DataType::Uint32,
-                    dims: Shape::new(&[1]).unwrap(),
-                    initial: Bytes::copy_from_slice(&0u32.to_le_bytes()),
-                }],
-                batched: true,
-            },
-        };
+        let mut config = super::super::test_config(Strategy::Oldest, 4);
+        config.max_idle = Duration::from_secs(10);
+        config.max_sequences = 16;
         let (tx, rx) = bounded(256);
         let (etx, erx) = unbounded();
         let pool = Pool::new(4, || BufferSet::with_capacities(&[64, 64], &[64]));

@@ -545,54 +545,19 @@ impl<R> SequenceScheduler<R> {
 mod tests {
     use std::time::Duration;
 
-    use kiln_worker_sdk::{DataType, Shape};
-
-    use super::super::{InputLayout, InputSource, SequenceFlags, StateSpec};
     use super::*;
-    use crate::request::Tensor;
 
     fn at(start: Instant, ms: u64) -> Instant {
         start + Duration::from_millis(ms)
     }
 
     fn config(strategy: Strategy, max_batch_size: usize) -> SequenceConfig {
-        SequenceConfig {
-            strategy,
-            max_batch_size,
-            preferred_batch_sizes: Vec::new(),
-            max_queue_delay: Duration::ZERO,
-            max_idle: Duration::from_millis(1000),
-            max_sequences: 64,
-            max_backlog: 0,
-            max_queued: 1024,
-            layout: InputLayout {
-                sources: vec![InputSource::Client, InputSource::State(0)],
-                states: vec![StateSpec {
-                    dtype: DataType::Uint32,
-                    dims: Shape::new(&[1]).unwrap(),
-                    initial: Bytes::copy_from_slice(&0u32.to_le_bytes()),
-                }],
-                batched: true,
-            },
-        }
+        super::super::test_config(strategy, max_batch_size)
     }
 
     /// Request `tag` of sequence `id`: its one input is `tag` as a UINT32.
     fn req(id: u64, tag: u32, start: bool, end: bool, arrived: Instant) -> Request<u32> {
-        Request {
-            inputs: vec![Tensor {
-                dtype: DataType::Uint32,
-                shape: Shape::new(&[1, 1]).unwrap(),
-                data: Bytes::copy_from_slice(&tag.to_le_bytes()),
-            }],
-            rows: 1,
-            params: Vec::new(),
-            arrived,
-            priority: None,
-            timeout: None,
-            sequence: Some(SequenceFlags::new(SequenceId::Number(id), start, end)),
-            reply: tag,
-        }
+        super::super::test_request(id, tag, (start, end), arrived)
     }
 
     fn scheduler(
