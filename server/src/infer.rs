@@ -203,6 +203,15 @@ fn check_input(
             tensor.data.len()
         )));
     }
+    // BOOL is one byte, 0 or 1 (binary and shared-memory data arrive unchecked).
+    if tensor.dtype == DataType::Bool {
+        if let Some(at) = tensor.data.iter().position(|&b| b > 1) {
+            return Err(ServerError::invalid(format!(
+                "input `{name}`: BOOL element {at} is {}, not 0 or 1",
+                tensor.data[at]
+            )));
+        }
+    }
     Ok((shape, rows))
 }
 
@@ -273,6 +282,30 @@ mod tests {
         assert_eq!(v.inputs[0].dtype, DataType::Fp32);
         assert_eq!(v.inputs[1].dtype, DataType::Bytes);
         assert_eq!(v.output_mask, u64::MAX);
+    }
+
+    #[test]
+    fn bool_elements_must_be_zero_or_one() {
+        let info = WorkerInfo {
+            inputs: vec![TensorSpec::new("F", DataType::Bool, &[3])].into(),
+            ..info()
+        };
+        let request = |data: &'static [u8]| InferRequest {
+            model: "m".into(),
+            inputs: vec![InputTensor {
+                name: "F".into(),
+                dtype: DataType::Bool,
+                shape: vec![1, 3],
+                data: Bytes::from_static(data),
+            }],
+            ..Default::default()
+        };
+        assert!(validate(&info, 8, request(&[0, 1, 1])).is_ok());
+        let err = validate(&info, 8, request(&[0, 2, 1]))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("BOOL element 1 is 2, not 0 or 1"), "{err}");
     }
 
     #[test]
