@@ -322,6 +322,38 @@ async fn bad_requests_get_the_right_status_and_the_server_stays_healthy() {
             "{method} {path}: `{message}` lacks `{want}`"
         );
     }
+    // Compressed bodies: an unknown encoding, a corrupt one, and a small gzip body
+    // that decodes past --max-body-bytes.
+    let gzip = |text: &str| {
+        use std::io::Write;
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        encoder.write_all(text.as_bytes()).unwrap();
+        encoder.finish().unwrap()
+    };
+    let big_gzip = gzip(&infer("UINT32", "[1,3000]", &big));
+    assert!(big_gzip.len() < 4096);
+    for (encoding, body, status, want) in [
+        ("br", gzip("{}"), 400, "`br` is not supported"),
+        (
+            "gzip",
+            b"not gzip at all".to_vec(),
+            400,
+            "cannot read the request body",
+        ),
+        ("gzip", big_gzip, 413, "exceeds the limit"),
+        ("gzip", gzip(&infer("UINT32", "[1,2]", "[1,2]")), 200, ""),
+    ] {
+        let response = http
+            .post(format!("{}/v2/models/echo/infer", kiln.url))
+            .header("content-encoding", encoding)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), status, "{encoding}");
+        let text = response.text().await.unwrap();
+        assert!(text.contains(want), "{encoding}: {text}");
+    }
     // Still healthy and serving, and a failed load left nothing behind.
     assert!(kiln.client.is_ready().await.unwrap());
     assert_eq!(

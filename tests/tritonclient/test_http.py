@@ -81,6 +81,19 @@ def test_infer(client, binary):
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), [[4, 5]])
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests(client, algorithm):
+    """tritonclient's request compression (Content-Encoding), JSON and binary bodies."""
+    for binary in (False, True):
+        inputs, expected = echo_multi_inputs(binary)
+        outputs = [httpclient.InferRequestedOutput(n, binary_data=True) for n in expected]
+        result = client.infer("echo-multi", inputs, outputs=outputs,
+                              request_compression_algorithm=algorithm,
+                              response_compression_algorithm=algorithm)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), expected["OUTPUT0"])
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT2"), expected["OUTPUT2"])
+
+
 def test_statistics(client):
     def count():
         stats = client.get_inference_statistics("echo-multi")["model_stats"]

@@ -184,7 +184,8 @@ async fn model_ready(state: web::Data<State>, req: HttpRequest) -> Reply {
     })
 }
 
-async fn read_body(payload: web::Payload, limit: usize) -> Result<Bytes, HttpError> {
+/// Reads a control request's whole body (not compressed), up to `limit` bytes.
+async fn read_raw_body(payload: web::Payload, limit: usize) -> Result<Bytes, HttpError> {
     match payload.to_bytes_limited(limit).await {
         Ok(Ok(body)) => Ok(body),
         Ok(Err(e)) => Err(HttpError(ServerError::invalid(format!(
@@ -196,9 +197,56 @@ async fn read_body(payload: web::Payload, limit: usize) -> Result<Bytes, HttpErr
     }
 }
 
+/// Reads an inference request's whole body, up to `limit` bytes (413 beyond). A body sent with
+/// `Content-Encoding: gzip` or `deflate` (tritonclient's request compression) is
+/// decoded first, and the limit applies to what it decodes to.
+async fn read_body(
+    req: &HttpRequest,
+    payload: web::Payload,
+    limit: usize,
+) -> Result<Bytes, HttpError> {
+    let encoding = req
+        .headers()
+        .get(actix_web::http::header::CONTENT_ENCODING)
+        .map(|v| v.to_str().unwrap_or("?").trim().to_ascii_lowercase());
+    let too_large = || {
+        HttpError(ServerError::TooLarge(format!(
+            "request body exceeds the limit of {limit} bytes"
+        )))
+    };
+    let unreadable = |e: &dyn std::fmt::Display| {
+        HttpError(ServerError::invalid(format!(
+            "cannot read the request body: {e}"
+        )))
+    };
+    match encoding.as_deref() {
+        None | Some("identity") => read_raw_body(payload, limit).await,
+        Some("gzip" | "x-gzip" | "deflate") => {
+            let mut stream =
+                actix_web::dev::Decompress::from_headers(payload.into_inner(), req.headers());
+            let mut body = bytes::BytesMut::new();
+            while let Some(chunk) = std::future::poll_fn(|cx| {
+                futures_core::Stream::poll_next(std::pin::Pin::new(&mut stream), cx)
+            })
+            .await
+            {
+                let chunk = chunk.map_err(|e| unreadable(&e))?;
+                if body.len() + chunk.len() > limit {
+                    return Err(too_large());
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(body.freeze())
+        }
+        Some(other) => Err(HttpError(ServerError::invalid(format!(
+            "Content-Encoding `{other}` is not supported (gzip, deflate or identity)"
+        )))),
+    }
+}
+
 async fn infer(state: web::Data<State>, req: HttpRequest, payload: web::Payload) -> Reply {
     let group = lookup(&state, &req)?;
-    let body = read_body(payload, state.max_body_bytes).await?;
+    let body = read_body(&req, payload, state.max_body_bytes).await?;
     let header = req.headers().get(INFERENCE_HEADER_CONTENT_LENGTH);
     let (request, placement) = decode_request_shm(
         &group.endpoint,
@@ -227,7 +275,7 @@ async fn infer(state: web::Data<State>, req: HttpRequest, payload: web::Payload)
 }
 
 async fn load(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
-    let body = read_body(payload, state.max_body_bytes).await?;
+    let body = read_raw_body(payload, state.max_body_bytes).await?;
     let params = if body.iter().all(u8::is_ascii_whitespace) {
         Vec::new()
     } else {
@@ -255,7 +303,7 @@ pub(super) async fn json_object(
     payload: web::Payload,
     limit: usize,
 ) -> Result<Map<String, Value>, HttpError> {
-    let body = read_body(payload, limit).await?;
+    let body = read_raw_body(payload, limit).await?;
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Map::new());
     }
