@@ -134,10 +134,10 @@ async fn timeouts_queue_limits_priority_and_cancellation() {
     let err = expired.1.unwrap_err();
     assert_eq!(err.status(), Some(503), "{err}");
     assert!(err.to_string().contains("timeout expired"), "{err}");
-    // 3. Level 2 holds two requests; a third is refused with 429.
-    let low_a = send(vec![21], None, None);
+    // 3. Level 2 holds two requests (each takes 1 s: `-3`); a third is refused with 429.
+    let low_a = send(vec![21, -3], None, None);
     wait_pending(&c, "faulty", 2.0).await;
-    let low_b = send(vec![22], None, None);
+    let low_b = send(vec![22, -3], None, None);
     wait_pending(&c, "faulty", 3.0).await;
     let refused = send(vec![23], None, None).await.unwrap().1.unwrap_err();
     assert_eq!(refused.status(), Some(429), "{refused}");
@@ -156,13 +156,13 @@ async fn timeouts_queue_limits_priority_and_cancellation() {
         .await;
     assert!(gone.is_err(), "the client should have timed out");
     // After the slow request, the high-priority one runs before the two queued
-    // earlier: it finishes while they are still waiting.
+    // earlier: it finishes while neither of them (1 s each) can have.
     slow.await.unwrap().1.unwrap();
     let (id, result) = high.await.unwrap();
     result.unwrap();
     assert_eq!(id, 11);
     assert!(
-        !low_a.is_finished() || !low_b.is_finished(),
+        !low_a.is_finished() && !low_b.is_finished(),
         "low priority ran first"
     );
     let mut finished = vec![id];
