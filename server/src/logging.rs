@@ -11,7 +11,13 @@ use spdlog::sink::{FileSink, Sink, StdStream, StdStreamSink};
 use spdlog::{Level, LevelFilter, Logger};
 
 /// Installs the default logger. `level` is `error`, `warn`, `info`, `debug` or `trace`.
+///
+/// Also installs `tracing`'s no-op subscriber, once per process: kiln logs through
+/// spdlog, and without a subscriber every span that h2, hyper and tonic open (several
+/// per gRPC call) still goes through `tracing`'s `log` fallback.
 pub fn init(level: &str, file: Option<&Path>) -> Result<(), String> {
+    // Fails only when a subscriber is already installed, which is as good.
+    let _ = tracing::subscriber::set_global_default(tracing::subscriber::NoSubscriber::new());
     let level: Level = level
         .parse()
         .map_err(|_| format!("unknown log level `{level}`"))?;

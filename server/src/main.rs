@@ -63,7 +63,7 @@ struct ServeArgs {
     /// Largest gRPC message in bytes, received or sent.
     #[arg(long, env = "KILN_GRPC_MAX_MESSAGE_BYTES", default_value_t = 64 << 20)]
     grpc_max_message_bytes: usize,
-    /// gRPC runtime threads (default: one per core).
+    /// gRPC threads, each a single-threaded runtime (default: one per core).
     #[arg(long, env = "KILN_GRPC_THREADS")]
     grpc_threads: Option<usize>,
 }

@@ -474,10 +474,11 @@ async fn errors_map_to_grpc_codes() {
         assert_eq!(code, Code::InvalidArgument, "{text}");
         assert!(text.contains(want), "`{text}` lacks `{want}`");
     }
-    // A message beyond --grpc-max-message-bytes is refused by the transport.
+    // A message beyond --grpc-max-message-bytes is refused as Triton refuses it.
     let big = echo_request("echo", "big", &vec![1u32; 2048]);
     let (code, text) = failure(c.infer(&big).await);
-    assert_eq!(code, Code::OutOfRange, "{text}");
+    assert_eq!(code, Code::ResourceExhausted, "{text}");
+    assert!(text.contains("the limit is: 4096 bytes"), "{text}");
 
     // The worker failing its batch is INTERNAL.
     let (code, text) = failure(c.infer(&faulty_request(-2)).await);
@@ -500,6 +501,80 @@ async fn errors_map_to_grpc_codes() {
 
 fn code_of<T: std::fmt::Debug>(result: Result<T, ClientError>) -> Code {
     failure(result).0
+}
+
+/// Over every path a message can take (`ModelInfer`, another RPC, a stream), one
+/// beyond `--grpc-max-message-bytes` is `RESOURCE_EXHAUSTED`, as Triton answers it
+/// (tonic's own answer is `OUT_OF_RANGE`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_over_the_size_limit_are_resource_exhausted() {
+    let kiln = Kiln::start(&["--load", "echo", "--grpc-max-message-bytes", "4096"]);
+    let c = kiln.grpc().await;
+    let small = echo_request("echo", "small", &[1]);
+    let big = echo_request("echo", "big", &vec![1u32; 2048]);
+    let (code, text) = failure(c.infer(&big).await);
+    assert_eq!(code, Code::ResourceExhausted, "{text}");
+    let long_name = "r".repeat(5000);
+    let (code, text) = failure(
+        c.register_system_shared_memory(&long_name, "/kiln-none", 0, 1)
+            .await,
+    );
+    assert_eq!(code, Code::ResourceExhausted, "{text}");
+    // A stream answers the requests before the oversize one, then ends with its status.
+    let mut stream = c.stream().await.unwrap();
+    stream.send(&small).await.unwrap();
+    stream.send(&big).await.unwrap();
+    let first = stream.recv().await.unwrap().unwrap();
+    assert_eq!(first.outputs[0].values::<u32>(), vec![2]);
+    let (code, text) = failure(stream.recv().await);
+    assert_eq!(code, Code::ResourceExhausted, "{text}");
+    // Still serving.
+    let r = c.infer(&small).await.unwrap();
+    assert_eq!(r.outputs[0].values::<u32>(), vec![2]);
+}
+
+/// A call still running when the client's `grpc-timeout` passes is answered
+/// `DEADLINE_EXCEEDED` then, not when the worker is done. (Sent over plain h2:
+/// tonic's client would give up at the deadline itself.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_past_its_deadline_is_deadline_exceeded() {
+    use tonic::codegen::http;
+    let kiln = Kiln::start(&["--load", "faulty"]);
+    let addr = kiln.grpc_url.trim_start_matches("http://").to_owned();
+    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let (mut h2, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    // -3 makes the worker take 1 s.
+    let message = kiln_server::grpc::convert::encode_request(&faulty_request(-3));
+    let message = prost::Message::encode_to_vec(&message);
+    let mut body = vec![0];
+    body.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    body.extend_from_slice(&message);
+    let request = http::Request::post(format!(
+        "{}/inference.GRPCInferenceService/ModelInfer",
+        kiln.grpc_url
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .header("grpc-timeout", "200m")
+    .body(())
+    .unwrap();
+    let started = std::time::Instant::now();
+    let (response, mut send) = h2.send_request(request, false).unwrap();
+    send.send_data(Bytes::from(body), true).unwrap();
+    let response = response.await.unwrap();
+    let elapsed = started.elapsed();
+    assert_eq!(response.status(), 200);
+    // Refused before any answer: the status comes with the headers.
+    assert_eq!(
+        response.headers()["grpc-status"],
+        (Code::DeadlineExceeded as i32).to_string().as_str()
+    );
+    assert!(elapsed < Duration::from_millis(900), "{elapsed:?}");
+    // Without a deadline the same model answers.
+    let c = kiln.grpc().await;
+    let r = c.infer(&faulty_request(4)).await.unwrap();
+    assert_eq!(r.outputs[0].values::<i32>(), vec![4]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -173,7 +173,7 @@ async fn concurrent_sequences_over_http_and_grpc_streams() {
             &stateful(json!({
                 "batch_size": 32,
                 "sequence_strategy": "oldest",
-                "max_queue_delay_microseconds": 2000,
+                "max_queue_delay_microseconds": 50_000,
                 "corrid_type": "STRING",
             })),
         )

@@ -9,6 +9,16 @@
 //! one `ModelStreamInfer` stream and sends its next request when the last is
 //! answered) or in-process (`--in-process`: an embedded server, no socket).
 //!
+//! HTTP and gRPC unary calls go through small clients of this program's own
+//! (`kiln_load/http1.rs`, `kiln_load/grpc_unary.rs`), alike in what they do per
+//! call: the request is encoded once and written whole on each call, the answer is
+//! read to its end and its status checked (HTTP status; `:status` and
+//! `grpc-status`), its payload counted, not decoded. So both protocols cost the
+//! load generator about the same, and on a machine it shares with the server the
+//! numbers say more about the server. `--grpc --tonic` calls through kiln's tonic
+//! client instead (each request encoded, each answer decoded), as an application
+//! would; `--streaming` uses the tonic client too.
+//!
 //! ```text
 //! kiln-load --url http://127.0.0.1:8000 --model echo --input INPUT0:UINT32:1x16 \
 //!           --concurrency 1,8,32,128 --duration 10
@@ -18,8 +28,8 @@
 //!
 //! With `--sequence-length N` (a stateful model), each client is one stream of
 //! sequences: client `i` sends with `sequence_id` `i + 1`, `sequence_start` on every
-//! N-th request and `sequence_end` on the one before the next start (gRPC and
-//! in-process).
+//! N-th request and `sequence_end` on the one before the next start (gRPC with
+//! `--streaming` or `--tonic`, and in-process).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,9 +40,6 @@ use anyhow::{bail, Context};
 use bytes::Bytes;
 use clap::Parser;
 use hdrhistogram::Histogram;
-use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
 use kiln_client::{
     DataType, GrpcClient, InferRequest, InferStream, InputTensor, NativeClient, Param, ParamValue,
 };
@@ -40,7 +47,16 @@ use kiln_server::grpc::convert::encode_request as encode_grpc_request;
 use kiln_server::grpc::proto::ModelInferRequest;
 use kiln_server::http::{encode_request, encode_request_binary, INFERENCE_HEADER_CONTENT_LENGTH};
 use kiln_server::ServerConfig;
-use tokio::net::TcpStream;
+
+#[path = "kiln_load/grpc_unary.rs"]
+mod grpc_unary;
+#[path = "kiln_load/hpack.rs"]
+mod hpack;
+#[path = "kiln_load/http1.rs"]
+mod http1;
+
+use grpc_unary::GrpcUnary;
+use http1::Http1;
 
 #[derive(Parser, Clone)]
 #[command(
@@ -102,6 +118,10 @@ struct Args {
     /// gRPC: each client sends over one bidirectional stream (ModelStreamInfer).
     #[arg(long, requires = "grpc")]
     streaming: bool,
+    /// gRPC unary through kiln's tonic client (each request encoded, each answer
+    /// decoded) instead of the load generator's own HTTP/2 client.
+    #[arg(long, requires = "grpc", conflicts_with = "streaming")]
+    tonic: bool,
     /// Stateful models: each client runs sequences of this many requests.
     #[arg(long)]
     sequence_length: Option<u64>,
@@ -170,6 +190,9 @@ fn parse_input(spec: &str) -> anyhow::Result<InputTensor> {
     })
 }
 
+/// The method `--grpc` calls.
+const MODEL_INFER_PATH: &str = "/inference.GRPCInferenceService/ModelInfer";
+
 /// One HTTP request's body and, with binary tensors, the JSON part's length.
 #[derive(Clone)]
 struct HttpBody {
@@ -179,20 +202,17 @@ struct HttpBody {
 
 /// What one client talks to.
 enum Caller {
-    Http {
-        sender: SendRequest<Full<Bytes>>,
-        path: Arc<str>,
-        host: Arc<str>,
-        body: HttpBody,
-    },
+    Http(Http1),
     Native {
         client: NativeClient,
         request: InferRequest,
     },
+    /// `--tonic`.
     Grpc {
         client: GrpcClient,
         request: ModelInferRequest,
     },
+    GrpcUnary(GrpcUnary),
     GrpcStream {
         stream: InferStream,
         request: ModelInferRequest,
@@ -229,49 +249,15 @@ impl Caller {
                     );
                 }
             }
-            // Refused when the target is made: HTTP bodies are encoded once.
-            Caller::Http { .. } => {}
+            // Refused when the target is made: these bodies are encoded once.
+            Caller::Http(_) | Caller::GrpcUnary(_) => {}
         }
     }
 
     async fn call(&mut self) -> Result<(), String> {
         match self {
-            Caller::Http {
-                sender,
-                path,
-                host,
-                body,
-            } => {
-                sender
-                    .ready()
-                    .await
-                    .map_err(|e| format!("connection: {e}"))?;
-                let request = hyper::Request::post(&**path).header(hyper::header::HOST, &**host);
-                let request = match body.json_length {
-                    None => request.header(hyper::header::CONTENT_TYPE, "application/json"),
-                    Some(length) => request
-                        .header(hyper::header::CONTENT_TYPE, "application/octet-stream")
-                        .header(INFERENCE_HEADER_CONTENT_LENGTH, length),
-                };
-                let request = request
-                    .body(Full::new(body.body.clone()))
-                    .map_err(|e| e.to_string())?;
-                let response = sender
-                    .send_request(request)
-                    .await
-                    .map_err(|e| format!("send: {e}"))?;
-                let status = response.status();
-                let _ = response
-                    .into_body()
-                    .collect()
-                    .await
-                    .map_err(|e| format!("body: {e}"))?;
-                if status.is_success() {
-                    Ok(())
-                } else {
-                    Err(format!("HTTP {}", status.as_u16()))
-                }
-            }
+            Caller::Http(http) => http.call().await,
+            Caller::GrpcUnary(grpc) => grpc.call().await,
             Caller::Native { client, request } => client
                 .infer(request.clone())
                 .await
@@ -305,7 +291,6 @@ enum Target {
     Http {
         addr: String,
         path: Arc<str>,
-        host: Arc<str>,
         body: HttpBody,
     },
     Native {
@@ -315,6 +300,7 @@ enum Target {
     Grpc {
         url: String,
         streaming: bool,
+        tonic: bool,
         request: ModelInferRequest,
     },
 }
@@ -322,25 +308,19 @@ enum Target {
 impl Target {
     async fn caller(&self) -> anyhow::Result<Caller> {
         match self {
-            Target::Http {
-                addr,
-                path,
-                host,
-                body,
-            } => {
-                let stream = TcpStream::connect(addr.as_str())
+            Target::Http { addr, path, body } => {
+                let mut headers = Vec::with_capacity(2);
+                match body.json_length {
+                    None => headers.push(("content-type", "application/json".to_owned())),
+                    Some(length) => {
+                        headers.push(("content-type", "application/octet-stream".to_owned()));
+                        headers.push((INFERENCE_HEADER_CONTENT_LENGTH, length.to_string()));
+                    }
+                }
+                let http = Http1::connect(addr, path, &headers, body.body.clone())
                     .await
-                    .with_context(|| format!("connect {addr}"))?;
-                stream.set_nodelay(true)?;
-                let (sender, connection) =
-                    hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-                tokio::spawn(connection);
-                Ok(Caller::Http {
-                    sender,
-                    path: Arc::clone(path),
-                    host: Arc::clone(host),
-                    body: body.clone(),
-                })
+                    .map_err(anyhow::Error::msg)?;
+                Ok(Caller::Http(http))
             }
             Target::Native { client, request } => Ok(Caller::Native {
                 client: client.clone(),
@@ -349,9 +329,17 @@ impl Target {
             Target::Grpc {
                 url,
                 streaming,
+                tonic,
                 request,
             } => {
                 // One connection per client, as over HTTP.
+                if !streaming && !tonic {
+                    let message = prost::Message::encode_to_vec(request);
+                    let grpc = GrpcUnary::connect(url, MODEL_INFER_PATH, &message)
+                        .await
+                        .map_err(anyhow::Error::msg)?;
+                    return Ok(Caller::GrpcUnary(grpc));
+                }
                 let client = GrpcClient::connect(url).await?;
                 let request = request.clone();
                 Ok(if *streaming {
@@ -500,14 +488,18 @@ async fn target(args: &Args, inputs: Vec<InputTensor>) -> anyhow::Result<Target>
         if args.binary {
             bail!("--binary is for HTTP; gRPC always sends raw tensor contents");
         }
+        if args.sequence_length.is_some() && !args.streaming && !args.tonic {
+            bail!("--sequence-length over gRPC needs --streaming or --tonic (unary bodies are encoded once)");
+        }
         return Ok(Target::Grpc {
             url: args.grpc_url.clone(),
             streaming: args.streaming,
+            tonic: args.tonic,
             request: encode_grpc_request(&request),
         });
     }
     if args.sequence_length.is_some() {
-        bail!("--sequence-length works with --grpc or --in-process (HTTP bodies are encoded once)");
+        bail!("--sequence-length works with --grpc --streaming, --grpc --tonic or --in-process (HTTP bodies are encoded once)");
     }
     let url = args.url.trim_end_matches('/');
     let host = url
@@ -527,9 +519,8 @@ async fn target(args: &Args, inputs: Vec<InputTensor>) -> anyhow::Result<Target>
         }
     };
     Ok(Target::Http {
-        addr: host.clone(),
+        addr: host,
         path: format!("/v2/models/{}/infer", args.model).into(),
-        host: host.into(),
         body,
     })
 }
@@ -562,6 +553,7 @@ fn main() -> anyhow::Result<()> {
             let mode = match (args.in_process, args.grpc, args.streaming, args.binary) {
                 (true, ..) => "in-process",
                 (false, true, true, _) => "grpc-stream",
+                (false, true, false, _) if args.tonic => "grpc-tonic",
                 (false, true, false, _) => "grpc",
                 (false, false, _, true) => "http-binary",
                 (false, false, _, false) => "http",

@@ -4,24 +4,33 @@
 //! Requests decode into the same protocol-free `InferRequest` as REST
 //! ([`convert`]), and every error's status code comes from
 //! [`ServerError::grpc_code`](crate::error::ServerError::grpc_code). The binary runs
-//! the service on its own multi-thread tokio runtime ([`GrpcServer::start`]); an
-//! application with a tokio runtime of its own can serve [`service`] itself.
+//! the service on threads of its own, one single-threaded tokio runtime each
+//! ([`GrpcServer::start`]); an application with a tokio runtime of its own can
+//! [`serve`] it there. Connections are hyper's HTTP/2 server running
+//! [`GrpcRoutes`], which answers `ModelInfer` itself and every other RPC through
+//! the tonic-generated service.
 
 pub mod convert;
+mod routes;
 mod service;
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::{Stream, StreamExt};
 use tonic::transport::server::TcpIncoming;
 
+pub use routes::GrpcRoutes;
 pub use service::{status, KilnGrpc};
 
 use crate::server::Server;
-use proto::grpc_inference_service_server::GrpcInferenceServiceServer;
 
 /// The protocol's messages, server and client, generated from `proto/inference.proto`.
 #[allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
@@ -36,72 +45,170 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 /// How to serve gRPC.
 #[derive(Debug, Clone)]
 pub struct GrpcConfig {
+    /// Address to listen on (port 0: any free port).
     pub addr: SocketAddr,
     /// Largest message accepted or sent, in bytes.
     pub max_message_bytes: usize,
-    /// Threads of the runtime [`GrpcServer::start`] creates.
+    /// Serving threads [`GrpcServer::start`] creates.
     pub threads: usize,
 }
 
-/// The service over `server`, with message size limits of `max_message_bytes`.
-pub fn service(server: Server, max_message_bytes: usize) -> GrpcInferenceServiceServer<KilnGrpc> {
-    GrpcInferenceServiceServer::new(KilnGrpc::new(server))
-        .max_decoding_message_size(max_message_bytes)
-        .max_encoding_message_size(max_message_bytes)
+/// The service over `server`, with message size limits of `max_message_bytes`
+/// (see [`GrpcRoutes`]).
+pub fn service(server: Server, max_message_bytes: usize) -> GrpcRoutes {
+    GrpcRoutes::new(server, max_message_bytes)
 }
 
-/// Serves `server` on `listener` until `shutdown` resolves, then lets the open
-/// calls finish.
+/// Serves `server` on `listener`, on the caller's runtime, until `shutdown`
+/// resolves, then lets the open calls finish.
 pub async fn serve(
     server: Server,
     listener: TcpListener,
     max_message_bytes: usize,
     shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), tonic::transport::Error> {
-    tonic::transport::Server::builder()
-        .tcp_nodelay(true)
-        .add_service(service(server, max_message_bytes))
-        .serve_with_incoming_shutdown(
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
-        .await
+) {
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    serve_incoming(server, incoming, max_message_bytes, shutdown).await
 }
 
-/// A gRPC server running on its own tokio runtime.
+/// Serves `server` on the connections `incoming` yields until `shutdown` resolves,
+/// then lets the open calls finish.
+///
+/// Each connection is hyper's HTTP/2 server (prior knowledge, as gRPC clients
+/// speak it) running [`GrpcRoutes`]; tonic's own server stack (an axum router and
+/// tower layers in front of every call) is not used, [`GrpcRoutes`] does what of it
+/// kiln needs. Responses carry no `Date` header (gRPC servers such as Triton's send
+/// none), and streams per connection are not limited (as tonic serves them).
+async fn serve_incoming(
+    server: Server,
+    incoming: impl Stream<Item = std::io::Result<TcpStream>>,
+    max_message_bytes: usize,
+    shutdown: impl Future<Output = ()>,
+) {
+    let routes = service(server, max_message_bytes);
+    let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    http2
+        .timer(TokioTimer::new())
+        .auto_date_header(false)
+        .max_concurrent_streams(None);
+    let connections = GracefulShutdown::new();
+    let mut incoming = std::pin::pin!(incoming);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            _ = &mut shutdown => break,
+            stream = incoming.next() => match stream {
+                Some(Ok(stream)) => stream,
+                Some(Err(e)) => {
+                    spdlog::debug!("gRPC connection: {e}");
+                    continue;
+                }
+                None => break,
+            },
+        };
+        let connection = http2.serve_connection(
+            TokioIo::new(stream),
+            TowerToHyperService::new(routes.clone()),
+        );
+        let connection = connections.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                spdlog::debug!("gRPC connection: {e}");
+            }
+        });
+    }
+    // New calls are refused; the open ones finish.
+    connections.shutdown().await;
+}
+
+/// A gRPC server on threads of its own: `threads` single-threaded tokio runtimes
+/// (as actix-web runs its HTTP workers), each serving the connections that one
+/// acceptor hands it in turn. A connection and its calls stay on one thread, so a
+/// call wakes no other thread of the server beyond the request's own batch.
 pub struct GrpcServer {
     addr: SocketAddr,
-    shutdown: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
-    runtime: tokio::runtime::Runtime,
+    stop: watch::Sender<bool>,
+    workers: Vec<Worker>,
+}
+
+/// One serving thread, as [`GrpcServer::stop`] sees it.
+struct Worker {
+    /// Told once the grace period is over: drop what is still open.
+    cut: oneshot::Sender<()>,
+    /// Answered when the serving loop is done, its connections closed.
+    served: oneshot::Receiver<()>,
+    /// Answered when the thread has dropped its runtime.
+    finished: oneshot::Receiver<()>,
 }
 
 impl GrpcServer {
-    /// Creates a runtime of `config.threads` threads, binds `config.addr` and
-    /// starts serving.
+    /// Binds `config.addr`, starts `config.threads` serving threads (the first
+    /// also accepts connections and hands them out in turn) and starts serving.
     pub fn start(server: Server, config: GrpcConfig) -> std::io::Result<GrpcServer> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(config.threads.max(1))
-            .thread_name("grpc")
-            .enable_all()
-            .build()?;
-        // Bound here, not on the runtime: the caller may be inside another runtime.
+        // Bound here, not on a runtime: the caller may be inside another runtime.
         let std_listener = std::net::TcpListener::bind(config.addr)?;
         std_listener.set_nonblocking(true)?;
         let addr = std_listener.local_addr()?;
-        let listener = {
-            let _context = runtime.enter();
-            TcpListener::from_std(std_listener)?
-        };
-        let (shutdown, stop) = oneshot::channel::<()>();
-        let task = runtime.spawn(serve(server, listener, config.max_message_bytes, async {
-            let _ = stop.await;
-        }));
+        let (stop, stopped) = watch::channel(false);
+        let threads = config.threads.max(1);
+        let (handoff, takes): (Vec<_>, Vec<_>) = (0..threads)
+            .map(|_| mpsc::unbounded_channel::<std::net::TcpStream>())
+            .unzip();
+        // The first thread accepts: it takes the listener and every handoff.
+        let mut acceptor = Some((std_listener, handoff));
+        let mut workers = Vec::with_capacity(threads);
+        for (i, take) in takes.into_iter().enumerate() {
+            let (cut, cut_rx) = oneshot::channel();
+            let (served_tx, served) = oneshot::channel();
+            let (finished_tx, finished) = oneshot::channel();
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let acceptor = acceptor.take();
+            let (server, stopped) = (server.clone(), stopped.clone());
+            let max_message_bytes = config.max_message_bytes;
+            std::thread::Builder::new()
+                .name(format!("grpc-{i}"))
+                .spawn(move || {
+                    runtime.block_on(async move {
+                        if let Some((listener, handoff)) = acceptor {
+                            match TcpListener::from_std(listener) {
+                                Ok(l) => {
+                                    tokio::spawn(accept_loop(l, handoff, stopped.clone()));
+                                }
+                                Err(e) => spdlog::error!("gRPC listener: {e}"),
+                            }
+                        }
+                        let incoming = UnboundedReceiverStream::new(take).map(|s| {
+                            let s = TcpStream::from_std(s)?;
+                            s.set_nodelay(true)?;
+                            Ok::<_, std::io::Error>(s)
+                        });
+                        let mut stopped = stopped;
+                        let signal = async move {
+                            let _ = stopped.wait_for(|&stop| stop).await;
+                        };
+                        tokio::select! {
+                            () = serve_incoming(server, incoming, max_message_bytes, signal) => {
+                                let _ = served_tx.send(());
+                            }
+                            _ = cut_rx => {}
+                        }
+                    });
+                    // Dropping the runtime drops the connections still open.
+                    drop(runtime);
+                    let _ = finished_tx.send(());
+                })?;
+            workers.push(Worker {
+                cut,
+                served,
+                finished,
+            });
+        }
         Ok(GrpcServer {
             addr,
-            shutdown,
-            task,
-            runtime,
+            stop,
+            workers,
         })
     }
 
@@ -111,15 +218,52 @@ impl GrpcServer {
     }
 
     /// Stops accepting calls, waits up to `grace` for the open ones (a stream the
-    /// client keeps open is cut then), and stops the runtime.
+    /// client keeps open is cut then), and stops the serving threads.
     pub async fn stop(self, grace: Duration) {
-        let _ = self.shutdown.send(());
-        match tokio::time::timeout(grace, self.task).await {
-            Ok(Ok(Err(e))) => spdlog::warn!("gRPC server: {e}"),
-            Ok(Err(e)) => spdlog::warn!("gRPC server task: {e}"),
-            Err(_) => spdlog::warn!("gRPC server: open calls cut after {grace:?}"),
-            Ok(Ok(Ok(()))) => {}
+        let _ = self.stop.send(true);
+        let deadline = tokio::time::Instant::now() + grace;
+        let mut cut_any = false;
+        for worker in self.workers {
+            if tokio::time::timeout_at(deadline, worker.served)
+                .await
+                .is_err()
+            {
+                cut_any = true;
+            }
+            let _ = worker.cut.send(());
+            let _ = worker.finished.await;
         }
-        self.runtime.shutdown_background();
+        if cut_any {
+            spdlog::warn!("gRPC server: open calls cut after {grace:?}");
+        }
+    }
+}
+
+/// Accepts connections until `stopped`, handing them to the serving threads in
+/// turn.
+async fn accept_loop(
+    listener: TcpListener,
+    handoff: Vec<mpsc::UnboundedSender<std::net::TcpStream>>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let mut next = 0;
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stopped.wait_for(|&stop| stop) => return,
+        };
+        let stream = match accepted.and_then(|(s, _)| s.into_std()) {
+            Ok(s) => s,
+            Err(e) => {
+                // Out of descriptors, or a connection reset before it was taken.
+                spdlog::debug!("gRPC accept: {e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        if let Some(worker) = handoff.get(next % handoff.len()) {
+            let _ = worker.send(stream);
+        }
+        next = next.wrapping_add(1);
     }
 }

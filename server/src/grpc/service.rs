@@ -63,14 +63,14 @@ fn lookup(server: &Server, name: &str, v: &str) -> Result<Arc<WorkerGroup>, Stat
 
 /// An inference on its way: queued in its model's group (with the shared-memory
 /// windows its outputs go to), or refused.
-struct Pending {
+pub(crate) struct Pending {
     id: String,
     answer: Result<(oneshot::Receiver<Result<InferResponse>>, ShmOutputs)>,
 }
 
 impl Pending {
     /// Decodes `request`, checks it against its model and queues it.
-    fn start(server: &Server, request: ModelInferRequest) -> Pending {
+    pub(crate) fn start(server: &Server, request: ModelInferRequest) -> Pending {
         let id = request.id.clone();
         let answer = triton::lookup(
             server,
@@ -85,7 +85,8 @@ impl Pending {
         Pending { id, answer }
     }
 
-    async fn finish(self) -> Result<ModelInferResponse> {
+    /// Waits for the answer and encodes it.
+    pub(crate) async fn finish(self) -> Result<ModelInferResponse> {
         let (reply, in_shm) = self.answer?;
         let response = reply
             .await
@@ -194,34 +195,38 @@ impl GrpcInferenceService for KilnGrpc {
 
     /// Each request is queued as soon as it arrives (so one stream's requests share
     /// batches) and answered in the order they came; a failed request answers with
-    /// its `error_message` and the stream goes on.
+    /// its `error_message` and the stream goes on. A message the stream cannot
+    /// deliver (over the size limit) ends it with that status.
     async fn model_stream_infer(
         &self,
         request: Request<Streaming<ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
         let mut inbound = request.into_inner();
-        let (pending_tx, mut pending_rx) = mpsc::channel::<Pending>(STREAM_IN_FLIGHT);
+        let (pending_tx, mut pending_rx) =
+            mpsc::channel::<Result<Pending, Status>>(STREAM_IN_FLIGHT);
         let (out_tx, out_rx) = mpsc::channel(STREAM_IN_FLIGHT);
         let server = self.server.clone();
         tokio::spawn(async move {
             // Ends when the client closes its side or goes away.
-            while let Ok(Some(request)) = inbound.message().await {
-                if pending_tx
-                    .send(Pending::start(&server, request))
-                    .await
-                    .is_err()
-                {
+            loop {
+                let next = match inbound.message().await {
+                    Ok(Some(request)) => Ok(Pending::start(&server, request)),
+                    Ok(None) => break,
+                    Err(e) => Err(super::routes::triton_status(e)),
+                };
+                let failed = next.is_err();
+                if pending_tx.send(next).await.is_err() || failed {
                     break;
                 }
             }
         });
         tokio::spawn(async move {
-            while let Some(pending) = pending_rx.recv().await {
-                if out_tx
-                    .send(Ok(pending.finish_streamed().await))
-                    .await
-                    .is_err()
-                {
+            while let Some(next) = pending_rx.recv().await {
+                let message = match next {
+                    Ok(pending) => Ok(pending.finish_streamed().await),
+                    Err(status) => Err(status),
+                };
+                if out_tx.send(message).await.is_err() {
                     break;
                 }
             }

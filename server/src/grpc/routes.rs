@@ -1,0 +1,342 @@
+//! The service the gRPC server runs: `ModelInfer` answered directly from HTTP/2, every
+//! other RPC by the tonic-generated service, and tonic's size-limit status mapped to
+//! Triton's.
+//!
+//! `ModelInfer` is the call a client makes thousands of times a second with small
+//! tensors, so it skips tonic's per-call machinery (codec, decode stream, encode
+//! stream, the boxed `async_trait` future): the request's one length-prefixed
+//! message is read from the body (without a copy when it arrives in one DATA frame,
+//! so its `raw_input_contents` stay slices of it), decoded with prost, and the
+//! answer is encoded once into a buffer of its exact size and sent as one DATA frame
+//! and a `grpc-status: 0` trailer. Anything unusual (a compressed request, another
+//! method) goes through the tonic-generated service; the wire format and status
+//! codes are the same on both paths.
+//!
+//! Every call honours the client's `grpc-timeout`: past it the call is dropped and
+//! answered `DEADLINE_EXCEEDED`.
+
+use std::convert::Infallible;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http_body_util::BodyExt;
+use prost::Message;
+use tonic::body::Body as TonicBody;
+use tonic::codegen::http::{self, header, HeaderMap, HeaderValue};
+use tonic::codegen::{BoxFuture, Service, StdError};
+use tonic::server::NamedService;
+use tonic::{Code, Status};
+
+use super::proto::grpc_inference_service_server::GrpcInferenceServiceServer;
+use super::proto::ModelInferRequest;
+use super::service::{status, KilnGrpc, Pending};
+use crate::server::Server;
+
+/// The path of `ModelInfer`.
+const MODEL_INFER: &str = "/inference.GRPCInferenceService/ModelInfer";
+
+/// The length prefix of a gRPC message: a compression flag, then the length (big-endian).
+const PREFIX: usize = 5;
+
+/// Triton's `GRPCInferenceService`, as [`super::serve`] runs it (see the module
+/// documentation).
+#[derive(Clone)]
+pub struct GrpcRoutes {
+    tonic: GrpcInferenceServiceServer<KilnGrpc>,
+    server: Server,
+    max_message_bytes: usize,
+}
+
+impl GrpcRoutes {
+    /// The service over `server`, with message size limits of `max_message_bytes`.
+    pub fn new(server: Server, max_message_bytes: usize) -> GrpcRoutes {
+        let tonic = GrpcInferenceServiceServer::new(KilnGrpc::new(server.clone()))
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes);
+        GrpcRoutes {
+            tonic,
+            server,
+            max_message_bytes,
+        }
+    }
+}
+
+impl NamedService for GrpcRoutes {
+    const NAME: &'static str = <GrpcInferenceServiceServer<KilnGrpc> as NamedService>::NAME;
+}
+
+impl<B> Service<http::Request<B>> for GrpcRoutes
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<TonicBody>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Infallible>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let deadline = grpc_timeout(request.headers());
+        let answer: Self::Future =
+            if request.uri().path() == MODEL_INFER && !compressed(request.headers()) {
+                let (server, max) = (self.server.clone(), self.max_message_bytes);
+                Box::pin(async move { Ok(model_infer(&server, max, request.into_body()).await) })
+            } else {
+                let answer = self.tonic.call(request);
+                Box::pin(async move {
+                    let mut response = answer
+                        .await?
+                        .map(|body| TonicBody::new(body.map_frame(triton_trailers)));
+                    triton_code(response.headers_mut());
+                    Ok(response)
+                })
+            };
+        let Some(deadline) = deadline else {
+            return answer;
+        };
+        Box::pin(async move {
+            match tokio::time::timeout(deadline, answer).await {
+                Ok(response) => response,
+                Err(_) => Ok(Status::deadline_exceeded("Timeout expired").into_http()),
+            }
+        })
+    }
+}
+
+/// The client's deadline from its `grpc-timeout` header: up to 8 digits and a unit
+/// (`H`, `M`, `S`, `m`, `u`, `n`). A malformed value is ignored, as tonic ignores it.
+fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// `true` when the request says its message is compressed (tonic answers that).
+fn compressed(headers: &HeaderMap) -> bool {
+    headers
+        .get("grpc-encoding")
+        .is_some_and(|e| e.as_bytes() != b"identity")
+}
+
+/// One `ModelInfer` call: the request's message, the inference, the answer.
+async fn model_infer<B>(
+    server: &Server,
+    max_message_bytes: usize,
+    body: B,
+) -> http::Response<TonicBody>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<StdError>,
+{
+    let answered = async {
+        let message = read_message(body, max_message_bytes).await?;
+        let request = ModelInferRequest::decode(message)
+            .map_err(|e| Status::internal(format!("failed to decode Protobuf message: {e}")))?;
+        let response = Pending::start(server, request)
+            .finish()
+            .await
+            .map_err(status)?;
+        let length = response.encoded_len();
+        if length > max_message_bytes {
+            return Err(too_large("encoded", length, max_message_bytes));
+        }
+        let mut framed = BytesMut::with_capacity(PREFIX + length);
+        framed.put_u8(0);
+        framed.put_u32(
+            u32::try_from(length).map_err(|_| too_large("encoded", length, max_message_bytes))?,
+        );
+        response
+            .encode(&mut framed)
+            .map_err(|e| Status::internal(format!("encoding the answer: {e}")))?;
+        Ok(framed.freeze())
+    };
+    match answered.await {
+        Ok(message) => {
+            let mut response = http::Response::new(TonicBody::new(OneMessage {
+                message: Some(message),
+                trailers: true,
+            }));
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/grpc"),
+            );
+            response
+        }
+        Err(status) => status.into_http(),
+    }
+}
+
+/// The body of a successful unary answer: its one message, then `grpc-status: 0`.
+/// Its size is not announced (as tonic's bodies do not announce it), so hyper
+/// adds no `content-length` header.
+struct OneMessage {
+    message: Option<Bytes>,
+    trailers: bool,
+}
+
+impl http_body::Body for OneMessage {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        if let Some(message) = this.message.take() {
+            return Poll::Ready(Some(Ok(http_body::Frame::data(message))));
+        }
+        if std::mem::take(&mut this.trailers) {
+            let mut trailers = HeaderMap::with_capacity(1);
+            trailers.insert(Status::GRPC_STATUS, HeaderValue::from_static("0"));
+            return Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers))));
+        }
+        Poll::Ready(None)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.message.is_none() && !self.trailers
+    }
+}
+
+/// The status Triton answers for a message over the size limit.
+fn too_large(what: &str, length: usize, limit: usize) -> Status {
+    Status::resource_exhausted(format!(
+        "Error, {what} message length too large: found {length} bytes, the limit is: {limit} bytes"
+    ))
+}
+
+/// The one length-prefixed message of a unary call's body, without its prefix. A
+/// body that arrives in one DATA frame (the usual case) is sliced, not copied; a
+/// length over `limit` is refused as soon as the prefix is read.
+async fn read_message<B>(body: B, limit: usize) -> Result<Bytes, Status>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<StdError>,
+{
+    let mut body = std::pin::pin!(body);
+    let mut received = Received::Nothing;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| Status::from_error(e.into()))?;
+        // Request trailers carry nothing kiln reads.
+        if let Ok(data) = frame.into_data() {
+            received = received.push(data, limit)?;
+            if received.len() > expected_len(received.bytes(), limit)? {
+                return Err(Status::internal("a unary call sent more than one message"));
+            }
+        }
+    }
+    let mut message = match received {
+        Received::Nothing => return Err(Status::internal("Missing request message.")),
+        Received::One(bytes) => bytes,
+        Received::Joined(bytes) => bytes.freeze(),
+    };
+    if message.len() < expected_len(&message, limit)? {
+        return Err(Status::internal("the request message was cut short"));
+    }
+    if message[0] != 0 {
+        return Err(Status::internal(
+            "protocol error: received message with compressed-flag but no grpc-encoding was specified",
+        ));
+    }
+    message.advance(PREFIX);
+    Ok(message)
+}
+
+/// The body received so far.
+enum Received {
+    Nothing,
+    One(Bytes),
+    Joined(BytesMut),
+}
+
+impl Received {
+    fn push(self, data: Bytes, limit: usize) -> Result<Received, Status> {
+        Ok(match self {
+            Received::Nothing => Received::One(data),
+            Received::One(first) => {
+                let so_far = first.len() + data.len();
+                let mut joined = BytesMut::with_capacity(so_far.max(expected_len(&first, limit)?));
+                joined.put(first);
+                joined.put(data);
+                Received::Joined(joined)
+            }
+            Received::Joined(mut joined) => {
+                joined.put(data);
+                Received::Joined(joined)
+            }
+        })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Received::Nothing => &[],
+            Received::One(b) => b,
+            Received::Joined(b) => b,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.bytes().len()
+    }
+}
+
+/// The length of the prefixed message `buf` starts with, prefix included (at
+/// least the prefix while it is incomplete); an error when it exceeds `limit`.
+fn expected_len(buf: &[u8], limit: usize) -> Result<usize, Status> {
+    let Some(prefix) = buf.get(..PREFIX) else {
+        return Ok(PREFIX.max(buf.len()));
+    };
+    let length = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+    if length > limit {
+        return Err(too_large("decoded", length, limit));
+    }
+    Ok(PREFIX + length)
+}
+
+/// tonic refuses a message over its size limit with `OUT_OF_RANGE`; Triton answers
+/// `RESOURCE_EXHAUSTED`. kiln itself never answers `OUT_OF_RANGE`.
+pub(super) fn triton_status(status: Status) -> Status {
+    if status.code() == Code::OutOfRange {
+        Status::resource_exhausted(status.message())
+    } else {
+        status
+    }
+}
+
+/// [`triton_status`] for a status in headers or trailers.
+fn triton_code(headers: &mut HeaderMap) {
+    if headers
+        .get(Status::GRPC_STATUS)
+        .is_some_and(|s| s.as_bytes() == b"11")
+    {
+        let code = Code::ResourceExhausted as i32;
+        headers.insert(Status::GRPC_STATUS, HeaderValue::from(code));
+    }
+}
+
+fn triton_trailers(frame: http_body::Frame<Bytes>) -> http_body::Frame<Bytes> {
+    match frame.into_trailers() {
+        Ok(mut trailers) => {
+            triton_code(&mut trailers);
+            http_body::Frame::trailers(trailers)
+        }
+        Err(frame) => frame,
+    }
+}
