@@ -9,19 +9,18 @@ use std::process::Command;
 use kiln_tests::{build_dir, Kiln};
 use serde_json::Value;
 
+/// Runs kiln-load for 1 s (`--model echo --input INPUT0:UINT32:1x16` unless `args`
+/// name their own) and returns its JSON lines.
 fn run_load(args: &[&str]) -> Vec<Value> {
+    let mut defaults = vec!["--duration", "1", "--warmup", "0.2", "--json"];
+    if !args.contains(&"--model") {
+        defaults.extend(["--model", "echo"]);
+    }
+    if !args.contains(&"--input") {
+        defaults.extend(["--input", "INPUT0:UINT32:1x16"]);
+    }
     let output = Command::new(build_dir().join("kiln-load"))
-        .args([
-            "--model",
-            "echo",
-            "--input",
-            "INPUT0:UINT32:1x16",
-            "--duration",
-            "1",
-            "--warmup",
-            "0.2",
-            "--json",
-        ])
+        .args(defaults)
         .args(args)
         .output()
         .expect("run kiln-load (cargo build --workspace first)");
@@ -61,6 +60,45 @@ async fn load_generator_closed_and_open_loop() {
         text.contains("kiln_requests_total{model=\"echo\",outcome=\"success\"}")
             || text.contains("outcome=\"success\",model=\"echo\"")
     );
+}
+
+/// Over gRPC, unary and streaming, through the load generator's own HTTP/2 client
+/// and through tonic's, with small and 64 KiB tensors (beyond HTTP/2's default
+/// 64 KiB window, so flow control is exercised); an unknown model is counted as
+/// the error it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_generator_over_grpc() {
+    let kiln = Kiln::start(&["--load", "echo"]);
+    let url = kiln.grpc_url.as_str();
+    let cases: [(&[&str], &str); 4] = [
+        (&["--grpc"], "grpc"),
+        (&["--grpc", "--streaming"], "grpc-stream"),
+        (&["--grpc", "--tonic"], "grpc-tonic"),
+        (&["--grpc", "--streaming", "--tonic"], "grpc-stream-tonic"),
+    ];
+    for (flags, mode) in cases {
+        for input in ["INPUT0:UINT32:1x16", "INPUT0:UINT32:1x16384"] {
+            let mut args = vec!["--grpc-url", url, "--concurrency", "2", "--input", input];
+            args.extend_from_slice(flags);
+            let run = &run_load(&args)[0];
+            assert_eq!(run["mode"], mode);
+            assert!(run["requests"].as_u64().unwrap() > 0, "{run}");
+            assert_eq!(run["errors"], serde_json::json!({}), "{run}");
+        }
+    }
+    for (flags, error) in [
+        (&["--grpc"][..], "gRPC NotFound"),
+        (
+            &["--grpc", "--streaming"][..],
+            "stream error: no model `nope` is loaded",
+        ),
+    ] {
+        let mut args = vec!["--grpc-url", url, "--model", "nope"];
+        args.extend_from_slice(flags);
+        let run = &run_load(&args)[0];
+        assert_eq!(run["requests"], 0, "{run}");
+        assert!(run["errors"][error].as_u64().unwrap() > 0, "{run}");
+    }
 }
 
 #[test]

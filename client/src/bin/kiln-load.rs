@@ -9,15 +9,15 @@
 //! one `ModelStreamInfer` stream and sends its next request when the last is
 //! answered) or in-process (`--in-process`: an embedded server, no socket).
 //!
-//! HTTP and gRPC unary calls go through small clients of this program's own
-//! (`kiln_load/http1.rs`, `kiln_load/grpc_unary.rs`), alike in what they do per
-//! call: the request is encoded once and written whole on each call, the answer is
-//! read to its end and its status checked (HTTP status; `:status` and
-//! `grpc-status`), its payload counted, not decoded. So both protocols cost the
-//! load generator about the same, and on a machine it shares with the server the
-//! numbers say more about the server. `--grpc --tonic` calls through kiln's tonic
-//! client instead (each request encoded, each answer decoded), as an application
-//! would; `--streaming` uses the tonic client too.
+//! HTTP and gRPC calls go through small clients of this program's own
+//! (`kiln_load/http1.rs`, `kiln_load/grpc.rs`), alike in what they do per call: the
+//! request is encoded once and written whole on each call, the answer is read to
+//! its end and its status checked (HTTP status; `:status` and `grpc-status`; a
+//! stream answer's `error_message`), its payload counted, not decoded. So both
+//! protocols cost the load generator about the same, and on a machine it shares
+//! with the server the numbers say more about the server. `--grpc --tonic` calls
+//! through kiln's tonic client instead (each request encoded, each answer
+//! decoded), as an application would.
 //!
 //! ```text
 //! kiln-load --url http://127.0.0.1:8000 --model echo --input INPUT0:UINT32:1x16 \
@@ -48,14 +48,14 @@ use kiln_server::grpc::proto::ModelInferRequest;
 use kiln_server::http::{encode_request, encode_request_binary, INFERENCE_HEADER_CONTENT_LENGTH};
 use kiln_server::ServerConfig;
 
-#[path = "kiln_load/grpc_unary.rs"]
-mod grpc_unary;
+#[path = "kiln_load/grpc.rs"]
+mod grpc;
 #[path = "kiln_load/hpack.rs"]
 mod hpack;
 #[path = "kiln_load/http1.rs"]
 mod http1;
 
-use grpc_unary::GrpcUnary;
+use grpc::Grpc;
 use http1::Http1;
 
 #[derive(Parser, Clone)]
@@ -118,9 +118,9 @@ struct Args {
     /// gRPC: each client sends over one bidirectional stream (ModelStreamInfer).
     #[arg(long, requires = "grpc")]
     streaming: bool,
-    /// gRPC unary through kiln's tonic client (each request encoded, each answer
-    /// decoded) instead of the load generator's own HTTP/2 client.
-    #[arg(long, requires = "grpc", conflicts_with = "streaming")]
+    /// gRPC through kiln's tonic client (each request encoded, each answer decoded)
+    /// instead of the load generator's own HTTP/2 client.
+    #[arg(long, requires = "grpc")]
     tonic: bool,
     /// Stateful models: each client runs sequences of this many requests.
     #[arg(long)]
@@ -190,8 +190,9 @@ fn parse_input(spec: &str) -> anyhow::Result<InputTensor> {
     })
 }
 
-/// The method `--grpc` calls.
+/// The methods `--grpc` and `--grpc --streaming` call.
 const MODEL_INFER_PATH: &str = "/inference.GRPCInferenceService/ModelInfer";
+const MODEL_STREAM_INFER_PATH: &str = "/inference.GRPCInferenceService/ModelStreamInfer";
 
 /// One HTTP request's body and, with binary tensors, the JSON part's length.
 #[derive(Clone)]
@@ -212,7 +213,9 @@ enum Caller {
         client: GrpcClient,
         request: ModelInferRequest,
     },
-    GrpcUnary(GrpcUnary),
+    /// The load generator's own HTTP/2 client, unary or streaming.
+    GrpcLean(Grpc),
+    /// `--tonic --streaming`.
     GrpcStream {
         stream: InferStream,
         request: ModelInferRequest,
@@ -257,7 +260,7 @@ impl Caller {
     async fn call(&mut self) -> Result<(), String> {
         match self {
             Caller::Http(http) => http.call().await,
-            Caller::GrpcUnary(grpc) => grpc.call().await,
+            Caller::GrpcLean(grpc) => grpc.call().await,
             Caller::Native { client, request } => client
                 .infer(request.clone())
                 .await
@@ -333,12 +336,17 @@ impl Target {
                 request,
             } => {
                 // One connection per client, as over HTTP.
-                if !streaming && !tonic {
+                if !tonic {
                     let message = prost::Message::encode_to_vec(request);
-                    let grpc = GrpcUnary::connect(url, MODEL_INFER_PATH, &message)
+                    let path = if *streaming {
+                        MODEL_STREAM_INFER_PATH
+                    } else {
+                        MODEL_INFER_PATH
+                    };
+                    let grpc = Grpc::connect(url, path, &message, *streaming)
                         .await
                         .map_err(anyhow::Error::msg)?;
-                    return Ok(Caller::GrpcUnary(grpc));
+                    return Ok(Caller::GrpcLean(grpc));
                 }
                 let client = GrpcClient::connect(url).await?;
                 let request = request.clone();
@@ -552,6 +560,7 @@ fn main() -> anyhow::Result<()> {
             let errors: u64 = stats.errors.values().sum();
             let mode = match (args.in_process, args.grpc, args.streaming, args.binary) {
                 (true, ..) => "in-process",
+                (false, true, true, _) if args.tonic => "grpc-stream-tonic",
                 (false, true, true, _) => "grpc-stream",
                 (false, true, false, _) if args.tonic => "grpc-tonic",
                 (false, true, false, _) => "grpc",

@@ -1,15 +1,18 @@
-//! gRPC unary calls over one HTTP/2 connection (prior knowledge, as gRPC clients
+//! gRPC calls over one HTTP/2 connection (prior knowledge, as gRPC clients
 //! connect), written for the load generator: each call sends the same request,
 //! encoded once, and waits for its answer before the next.
 //!
-//! Per call the client writes one HEADERS frame (its fields indexed in the server's
-//! HPACK table after the first call, as gRPC clients do) and the length-prefixed
-//! message in DATA frames, in one vectored write when flow control allows; then it
-//! reads frames until the call's stream ends, keeps the server's HPACK table in
-//! step, and checks `:status` and `grpc-status`. The answer's message is counted,
-//! not decoded (the HTTP path does not parse its JSON either). Settings, PING,
-//! WINDOW_UPDATE (both ways), RST_STREAM and GOAWAY are handled; no TLS, no
-//! compression, one stream at a time.
+//! Unary (`ModelInfer`): per call one HEADERS frame (its fields indexed in the
+//! server's HPACK table after the first call, as gRPC clients do) and the
+//! length-prefixed message in DATA frames, in one vectored write when flow control
+//! allows; then frames are read until the call's stream ends, and `:status` and
+//! `grpc-status` are checked. Streaming (`ModelStreamInfer`): one stream stays
+//! open; per call the message goes out in DATA frames and frames are read until one
+//! answer message is complete; an answer whose `error_message` (its first field)
+//! is set is an error. Answers are counted, not decoded (the HTTP path does not
+//! parse its JSON either). Every header block goes through the HPACK decoder, to
+//! keep its table in step. Settings, PING, WINDOW_UPDATE (both ways), RST_STREAM and
+//! GOAWAY are handled; no TLS, no compression, one call at a time.
 
 use std::io::IoSlice;
 
@@ -49,7 +52,7 @@ const DEFAULT_WINDOW: i64 = 65_535;
 const INDEXED_FIELDS_SIZE: usize = 512;
 
 /// One connection, one call at a time.
-pub struct GrpcUnary {
+pub struct Grpc {
     socket: TcpStream,
     read: BytesMut,
     hpack: hpack::Decoder,
@@ -74,6 +77,9 @@ pub struct GrpcUnary {
     received: u32,
     /// Frame headers and header block of the call being sent.
     out: Vec<u8>,
+    /// Streaming: the open `ModelStreamInfer` stream (none before the first call).
+    streaming: bool,
+    stream: Option<Call>,
 }
 
 /// The call in flight.
@@ -88,7 +94,24 @@ struct Call {
     headers_seen: bool,
     outcome: Option<Result<(), String>>,
     ended: bool,
+    /// Streaming: the answer messages, as they arrive.
+    answers: Option<Answers>,
 }
+
+/// The answer messages of a stream: their boundaries, and whether each carries an
+/// `error_message`.
+#[derive(Default)]
+struct Answers {
+    /// The current message's prefix and first bytes.
+    head: Vec<u8>,
+    /// Bytes of the current message still to come, once its prefix is read.
+    left: Option<usize>,
+    /// Complete messages: `Err` with its `error_message` when it has one.
+    done: Vec<Result<(), String>>,
+}
+
+/// The first bytes of an answer kept to read its `error_message`.
+const ANSWER_HEAD: usize = 5 + 256;
 
 /// What a header block said.
 #[derive(Default)]
@@ -97,10 +120,16 @@ struct Fields {
     grpc_status: Option<Vec<u8>>,
 }
 
-impl GrpcUnary {
+impl Grpc {
     /// Connects to `url` (`http://HOST:PORT` or `HOST:PORT`), exchanges settings,
-    /// and prepares calls of `path` carrying `message` (an encoded protobuf).
-    pub async fn connect(url: &str, path: &str, message: &[u8]) -> Result<GrpcUnary, String> {
+    /// and prepares calls of `path` carrying `message` (an encoded protobuf): each a
+    /// unary call, or with `streaming` one message on a stream kept open.
+    pub async fn connect(
+        url: &str,
+        path: &str,
+        message: &[u8],
+        streaming: bool,
+    ) -> Result<Grpc, String> {
         let authority = url
             .strip_prefix("http://")
             .unwrap_or(url)
@@ -113,7 +142,7 @@ impl GrpcUnary {
             .await
             .map_err(|e| format!("connect {authority}: {e}"))?;
         socket.set_nodelay(true).map_err(|e| e.to_string())?;
-        let mut client = GrpcUnary {
+        let mut client = Grpc {
             socket,
             read: BytesMut::with_capacity(2 * MAX_FRAME),
             hpack: hpack::Decoder::default(),
@@ -130,6 +159,8 @@ impl GrpcUnary {
             send_window: DEFAULT_WINDOW,
             received: 0,
             out: Vec::with_capacity(256),
+            streaming,
+            stream: None,
         };
         client.set_message(message);
         let mut hello = PREFACE.to_vec();
@@ -159,14 +190,62 @@ impl GrpcUnary {
         self.message = Bytes::from(framed);
     }
 
-    /// One call: `Ok` when the server answered `grpc-status: 0`.
+    /// One call: `Ok` when the server answered it without an error.
     pub async fn call(&mut self) -> Result<(), String> {
+        if self.streaming {
+            return self.stream_call().await;
+        }
+        let mut call = self.new_call(false)?;
+        self.send(&mut call, true, true).await?;
+        while !call.ended {
+            let (kind, flags, stream, payload) = self.next_frame().await?;
+            self.frame(kind, flags, stream, payload, Some(&mut call))
+                .await?;
+        }
+        call.outcome
+            .unwrap_or_else(|| Err("the call ended without a status".into()))
+    }
+
+    /// One message on the open stream (opened by the first call), and its answer.
+    async fn stream_call(&mut self) -> Result<(), String> {
+        let (mut call, opening) = match self.stream.take() {
+            Some(call) if !call.ended => (call, false),
+            Some(_) => return Err("the stream has ended".into()),
+            None => (self.new_call(true)?, true),
+        };
+        let result = async {
+            self.send(&mut call, opening, false).await?;
+            loop {
+                if let Some(answers) = call.answers.as_mut() {
+                    if !answers.done.is_empty() {
+                        return answers.done.remove(0);
+                    }
+                }
+                if call.ended {
+                    return Err(call
+                        .outcome
+                        .clone()
+                        .and_then(Result::err)
+                        .unwrap_or_else(|| "the server ended the stream".into()));
+                }
+                let (kind, flags, stream, payload) = self.next_frame().await?;
+                self.frame(kind, flags, stream, payload, Some(&mut call))
+                    .await?;
+            }
+        }
+        .await;
+        self.stream = Some(call);
+        result
+    }
+
+    /// A new stream.
+    fn new_call(&mut self, streaming: bool) -> Result<Call, String> {
         let id = self.next_stream;
         if id > i32::MAX as u32 {
             return Err("stream ids used up on this connection".into());
         }
         self.next_stream += 2;
-        let mut call = Call {
+        Ok(Call {
             id,
             window: self.initial_window,
             received: 0,
@@ -174,13 +253,27 @@ impl GrpcUnary {
             headers_seen: false,
             outcome: None,
             ended: false,
-        };
+            answers: streaming.then(Answers::default),
+        })
+    }
+
+    /// Sends the message on `call`'s stream (after a HEADERS frame when `headers`;
+    /// the last DATA frame ending the stream when `end_stream`), in DATA frames as
+    /// far as flow control allows, reading frames while it does not.
+    async fn send(
+        &mut self,
+        call: &mut Call,
+        headers: bool,
+        end_stream: bool,
+    ) -> Result<(), String> {
+        let id = call.id;
         self.out.clear();
-        let block = self.header_block();
-        frame_header(&mut self.out, block.len(), HEADERS, END_HEADERS, id);
-        self.out.extend_from_slice(&block);
-        // HEADERS, then DATA frames as far as flow control allows; the frame headers
-        // are in `out`, the message is written from its own buffer.
+        if headers {
+            let block = self.header_block();
+            frame_header(&mut self.out, block.len(), HEADERS, END_HEADERS, id);
+            self.out.extend_from_slice(&block);
+        }
+        // The frame headers are in `out`, the message is written from its own buffer.
         let mut sent = 0;
         let mut first = true;
         while sent < self.message.len() {
@@ -189,30 +282,26 @@ impl GrpcUnary {
                 let mut reset = Vec::with_capacity(13);
                 frame_header(&mut reset, 4, RST_STREAM, 0, id);
                 reset.extend_from_slice(&0x8u32.to_be_bytes()); // CANCEL
-                self.write(&reset).await?;
-                break;
+                return self.write(&reset).await;
             }
             let mut budget = self.send_window.min(call.window).max(0) as usize;
-            if budget == 0 && !first {
+            if budget == 0 && !(first && headers) {
                 let (kind, flags, stream, payload) = self.next_frame().await?;
-                self.frame(kind, flags, stream, payload, Some(&mut call))
+                self.frame(kind, flags, stream, payload, Some(&mut *call))
                     .await?;
                 continue;
             }
             // Each piece: (in `out`, else in the message; start; end).
             let mut pieces: Vec<(bool, usize, usize)> = Vec::with_capacity(4);
-            if first {
+            if first && headers {
                 pieces.push((true, 0, self.out.len()));
             } else {
                 self.out.clear();
             }
             while sent < self.message.len() && budget > 0 {
                 let n = (self.message.len() - sent).min(budget).min(self.max_frame);
-                let flags = if sent + n == self.message.len() {
-                    END_STREAM
-                } else {
-                    0
-                };
+                let last = sent + n == self.message.len();
+                let flags = if last && end_stream { END_STREAM } else { 0 };
                 let at = self.out.len();
                 frame_header(&mut self.out, n, DATA, flags, id);
                 pieces.push((true, at, self.out.len()));
@@ -237,13 +326,7 @@ impl GrpcUnary {
                 .await
                 .map_err(|e| format!("send: {e}"))?;
         }
-        while !call.ended {
-            let (kind, flags, stream, payload) = self.next_frame().await?;
-            self.frame(kind, flags, stream, payload, Some(&mut call))
-                .await?;
-        }
-        call.outcome
-            .unwrap_or_else(|| Err("the call ended without a status".into()))
+        Ok(())
     }
 
     /// The request's header block: the first time literal fields that the server
@@ -306,6 +389,9 @@ impl GrpcUnary {
                 }
                 if let (true, Some(call)) = (ours, call.as_deref_mut()) {
                     call.received += n;
+                    if let Some(answers) = call.answers.as_mut() {
+                        answers.take(data_payload(&payload, flags)?);
+                    }
                     if flags & END_STREAM != 0 {
                         call.finish(Err("the answer ended without trailers".into()));
                     } else if call.received >= STREAM_WINDOW / 2 {
@@ -505,6 +591,89 @@ impl Call {
     }
 }
 
+impl Answers {
+    /// Takes the next DATA of the stream.
+    fn take(&mut self, mut data: &[u8]) {
+        while !data.is_empty() {
+            let Some(left) = self.left else {
+                // The prefix: a compression flag, then the length.
+                let n = (5 - self.head.len()).min(data.len());
+                self.head.extend_from_slice(&data[..n]);
+                data = &data[n..];
+                if self.head.len() == 5 {
+                    let h = &self.head;
+                    let len = u32::from_be_bytes([h[1], h[2], h[3], h[4]]) as usize;
+                    self.left = Some(len);
+                    if len == 0 {
+                        self.complete();
+                    }
+                }
+                continue;
+            };
+            let n = left.min(data.len());
+            let keep = n.min(ANSWER_HEAD.saturating_sub(self.head.len()));
+            self.head.extend_from_slice(&data[..keep]);
+            data = &data[n..];
+            self.left = Some(left - n);
+            if left == n {
+                self.complete();
+            }
+        }
+    }
+
+    /// A message is complete: an error when its first field, `error_message`
+    /// (field 1, length-delimited: tag 0x0a), is not empty.
+    fn complete(&mut self) {
+        let body = self.head.get(5..).unwrap_or_default();
+        let outcome = match body.split_first() {
+            Some((0x0a, rest)) => {
+                let mut rest = rest;
+                let len = varint(&mut rest).unwrap_or(0) as usize;
+                if len == 0 {
+                    Ok(())
+                } else {
+                    let text = &rest[..len.min(rest.len())];
+                    Err(format!("stream error: {}", String::from_utf8_lossy(text)))
+                }
+            }
+            _ => Ok(()),
+        };
+        self.done.push(outcome);
+        self.head.clear();
+        self.left = None;
+    }
+}
+
+/// A protobuf varint.
+fn varint(buf: &mut &[u8]) -> Option<u64> {
+    let mut value = 0u64;
+    for shift in (0..64).step_by(7) {
+        let (&b, rest) = buf.split_first()?;
+        *buf = rest;
+        value |= u64::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            return Some(value);
+        }
+    }
+    None
+}
+
+/// The data of a DATA frame, without padding.
+fn data_payload(payload: &[u8], flags: u8) -> Result<&[u8], String> {
+    if flags & PADDED == 0 {
+        return Ok(payload);
+    }
+    let malformed = || "HTTP/2: malformed DATA".to_owned();
+    let (&pad, rest) = payload.split_first().ok_or_else(malformed)?;
+    rest.get(
+        ..rest
+            .len()
+            .checked_sub(usize::from(pad))
+            .ok_or_else(malformed)?,
+    )
+    .ok_or_else(malformed)
+}
+
 /// The header block fragment of a HEADERS frame, without padding and priority.
 fn header_fragment(payload: &[u8], flags: u8) -> Result<&[u8], String> {
     let malformed = || "HTTP/2: malformed HEADERS".to_owned();
@@ -564,6 +733,23 @@ async fn write_all_vectored(socket: &mut TcpStream, parts: &[&[u8]]) -> std::io:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stream_answers_are_cut_at_their_prefixes() {
+        let mut a = Answers::default();
+        // An answer without error (field 2 only), then one with an error_message,
+        // fed in pieces that cut across both.
+        let ok = [0u8, 0, 0, 0, 3, 0x12, 0x01, 0x00];
+        let err = [0u8, 0, 0, 0, 4, 0x0a, 0x02, b'n', b'o'];
+        let mut all = ok.to_vec();
+        all.extend_from_slice(&err);
+        for piece in all.chunks(3) {
+            a.take(piece);
+        }
+        assert_eq!(a.done, vec![Ok(()), Err("stream error: no".into())]);
+        a.take(&[0, 0, 0, 0, 0]); // an empty message
+        assert_eq!(a.done.len(), 3);
+    }
 
     #[test]
     fn integers_as_rfc_7541_writes_them() {
