@@ -252,8 +252,9 @@ impl Caller {
                     );
                 }
             }
-            // Refused when the target is made: these bodies are encoded once.
-            Caller::Http(_) | Caller::GrpcUnary(_) => {}
+            // Sequence runs never use these (see `Target::Grpc`): their bodies
+            // are encoded once.
+            Caller::Http(_) | Caller::GrpcLean(_) => {}
         }
     }
 
@@ -502,7 +503,9 @@ async fn target(args: &Args, inputs: Vec<InputTensor>) -> anyhow::Result<Target>
         return Ok(Target::Grpc {
             url: args.grpc_url.clone(),
             streaming: args.streaming,
-            tonic: args.tonic,
+            // Each request of a sequence carries its own flags, so it is encoded
+            // per call: the lean client sends one body encoded once.
+            tonic: args.tonic || args.sequence_length.is_some(),
             request: encode_grpc_request(&request),
         });
     }
