@@ -577,6 +577,107 @@ async fn a_call_past_its_deadline_is_deadline_exceeded() {
     assert_eq!(r.outputs[0].values::<i32>(), vec![4]);
 }
 
+/// Sends one `ModelInfer` over plain h2: the headers, then each piece of the body
+/// as its own DATA frame `pause` after the last (the last piece ends the stream).
+/// Returns the answer's `grpc-status` and, when it is 0, the answer.
+async fn model_infer_in_pieces(
+    kiln: &Kiln,
+    pieces: Vec<Vec<u8>>,
+    pause: Duration,
+) -> (String, Option<proto::ModelInferResponse>) {
+    use tonic::codegen::http;
+    let addr = kiln.grpc_url.trim_start_matches("http://").to_owned();
+    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let (mut h2, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let request = http::Request::post(format!(
+        "{}/inference.GRPCInferenceService/ModelInfer",
+        kiln.grpc_url
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .unwrap();
+    let (response, mut send) = h2.send_request(request, false).unwrap();
+    let last = pieces.len() - 1;
+    for (i, piece) in pieces.into_iter().enumerate() {
+        tokio::time::sleep(pause).await;
+        send.send_data(Bytes::from(piece), i == last).unwrap();
+    }
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), 200);
+    if let Some(status) = response.headers().get("grpc-status") {
+        return (status.to_str().unwrap().to_owned(), None);
+    }
+    let mut body = response.into_body();
+    let mut answer = Vec::new();
+    while let Some(data) = body.data().await {
+        let data = data.unwrap();
+        body.flow_control().release_capacity(data.len()).unwrap();
+        answer.extend_from_slice(&data);
+    }
+    let trailers = body.trailers().await.unwrap().unwrap();
+    let status = trailers["grpc-status"].to_str().unwrap().to_owned();
+    let message = (status == "0").then(|| prost::Message::decode(&answer[5..]).unwrap());
+    (status, message)
+}
+
+/// A length-prefixed gRPC message.
+fn framed(message: &[u8]) -> Vec<u8> {
+    let mut body = vec![0];
+    body.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    body.extend_from_slice(message);
+    body
+}
+
+/// `ModelInfer` is usually queued as soon as its headers and message are read
+/// together; a message that comes later, or in pieces, is answered the same, and
+/// a body that is not exactly one message is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_infer_bodies_in_pieces_late_or_malformed() {
+    let kiln = Kiln::start(&["--load", "echo"]);
+    let values: Vec<u32> = (0..4096).collect();
+    let request = kiln_server::grpc::convert::encode_request(&echo_request("echo", "p", &values));
+    let body = framed(&prost::Message::encode_to_vec(&request));
+    let expect = |(status, answer): (String, Option<proto::ModelInferResponse>)| {
+        assert_eq!(status, "0");
+        let answer = answer.unwrap();
+        assert_eq!(answer.id, "p");
+        let got: Vec<u32> = answer.raw_output_contents[0]
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        // echo adds one to every element.
+        assert!(
+            got.iter().copied().eq(values.iter().map(|v| v + 1)),
+            "wrong answer"
+        );
+    };
+    let pause = Duration::from_millis(30);
+    // Whole, after the headers; then in three pieces, the first inside the prefix.
+    expect(model_infer_in_pieces(&kiln, vec![body.clone()], pause).await);
+    let pieces = vec![
+        body[..3].to_vec(),
+        body[3..100].to_vec(),
+        body[100..].to_vec(),
+    ];
+    expect(model_infer_in_pieces(&kiln, pieces, pause).await);
+    // Two messages in one unary call (at once, then one after the other); a
+    // message cut short; no message at all.
+    let internal = (Code::Internal as i32).to_string();
+    for (pieces, pause) in [
+        (vec![[body.clone(), body.clone()].concat()], Duration::ZERO),
+        (vec![body.clone(), body.clone()], pause),
+        (vec![body[..body.len() - 1].to_vec()], Duration::ZERO),
+        (vec![Vec::new()], Duration::ZERO),
+    ] {
+        let (status, _) = model_infer_in_pieces(&kiln, pieces, pause).await;
+        assert_eq!(status, internal);
+    }
+    // The server still answers.
+    expect(model_infer_in_pieces(&kiln, vec![body], Duration::ZERO).await);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_answers_resource_exhausted() {
     let kiln = Kiln::start(&["--load", "faulty:batch_size=1,max_buffers=1,queue_size=2"]);

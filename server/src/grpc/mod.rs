@@ -20,7 +20,6 @@ use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -51,6 +50,8 @@ pub struct GrpcConfig {
     pub max_message_bytes: usize,
     /// Serving threads [`GrpcServer::start`] creates.
     pub threads: usize,
+    /// Whether those threads run under `SCHED_BATCH` ([`crate::sched`]).
+    pub sched_batch: bool,
 }
 
 /// The service over `server`, with message size limits of `max_message_bytes`
@@ -106,10 +107,7 @@ async fn serve_incoming(
                 None => break,
             },
         };
-        let connection = http2.serve_connection(
-            TokioIo::new(stream),
-            TowerToHyperService::new(routes.clone()),
-        );
+        let connection = http2.serve_connection(TokioIo::new(stream), routes.clone());
         let connection = connections.watch(connection);
         tokio::spawn(async move {
             if let Err(e) = connection.await {
@@ -166,10 +164,13 @@ impl GrpcServer {
                 .build()?;
             let acceptor = acceptor.take();
             let (server, stopped) = (server.clone(), stopped.clone());
-            let max_message_bytes = config.max_message_bytes;
+            let (max_message_bytes, sched_batch) = (config.max_message_bytes, config.sched_batch);
             std::thread::Builder::new()
                 .name(format!("grpc-{i}"))
                 .spawn(move || {
+                    if sched_batch {
+                        crate::sched::serving_thread();
+                    }
                     runtime.block_on(async move {
                         if let Some((listener, handoff)) = acceptor {
                             match TcpListener::from_std(listener) {

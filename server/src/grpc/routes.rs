@@ -16,11 +16,15 @@
 //! answered `DEADLINE_EXCEEDED`.
 
 use std::convert::Infallible;
-use std::task::{Context, Poll};
+use std::future::ready;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http_body::Body as _;
 use http_body_util::BodyExt;
+use hyper::body::Incoming;
 use prost::Message;
 use tonic::body::Body as TonicBody;
 use tonic::codegen::http::{self, header, HeaderMap, HeaderValue};
@@ -66,27 +70,20 @@ impl NamedService for GrpcRoutes {
     const NAME: &'static str = <GrpcInferenceServiceServer<KilnGrpc> as NamedService>::NAME;
 }
 
-impl<B> Service<http::Request<B>> for GrpcRoutes
-where
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<StdError> + Send + 'static,
-{
+impl hyper::service::Service<http::Request<Incoming>> for GrpcRoutes {
     type Response = http::Response<TonicBody>;
     type Error = Infallible;
     type Future = BoxFuture<Self::Response, Infallible>;
 
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+    /// Runs on the connection's task (hyper calls it as each request arrives; the
+    /// future it returns runs on a task of its own).
+    fn call(&self, request: http::Request<Incoming>) -> Self::Future {
         let deadline = grpc_timeout(request.headers());
         let answer: Self::Future =
             if request.uri().path() == MODEL_INFER && !compressed(request.headers()) {
-                let (server, max) = (self.server.clone(), self.max_message_bytes);
-                Box::pin(async move { Ok(model_infer(&server, max, request.into_body()).await) })
+                self.model_infer(request.into_body())
             } else {
-                let answer = self.tonic.call(request);
+                let answer = self.tonic.clone().call(request);
                 Box::pin(async move {
                     let mut response = answer
                         .await?
@@ -103,6 +100,50 @@ where
                 Ok(response) => response,
                 Err(_) => Ok(Status::deadline_exceeded("Timeout expired").into_http()),
             }
+        })
+    }
+}
+
+impl GrpcRoutes {
+    /// One `ModelInfer` call. When its whole message has arrived with its headers
+    /// (the usual case: HTTP/2 hands over a request once it has read every frame
+    /// the socket held), it is decoded and queued here, on the connection's task,
+    /// so the batcher sees it before the connection reads its next request, as
+    /// actix-web's HTTP/1 path queues it; else it is read on the call's task.
+    fn model_infer(&self, mut body: Incoming) -> BoxFuture<http::Response<TonicBody>, Infallible> {
+        let limit = self.max_message_bytes;
+        let mut received = Received::Nothing;
+        let mut ended = false;
+        let mut now = Context::from_waker(Waker::noop());
+        match Pin::new(&mut body).poll_frame(&mut now) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    received = match received.push(data, limit) {
+                        Ok(received) => received,
+                        Err(status) => return Box::pin(ready(Ok(status.into_http()))),
+                    };
+                }
+                ended = body.is_end_stream();
+            }
+            Poll::Ready(Some(Err(e))) => {
+                let status = Status::from_error(e.into());
+                return Box::pin(ready(Ok(status.into_http())));
+            }
+            Poll::Ready(None) => ended = true,
+            Poll::Pending => {}
+        }
+        if ended {
+            let pending = received
+                .message(limit)
+                .and_then(|message| start(&self.server, message));
+            return Box::pin(async move { Ok(answer(pending, limit).await) });
+        }
+        let server = self.server.clone();
+        Box::pin(async move {
+            let pending = read_message(body, received, limit)
+                .await
+                .and_then(|message| start(&server, message));
+            Ok(answer(pending, limit).await)
         })
     }
 }
@@ -134,24 +175,20 @@ fn compressed(headers: &HeaderMap) -> bool {
         .is_some_and(|e| e.as_bytes() != b"identity")
 }
 
-/// One `ModelInfer` call: the request's message, the inference, the answer.
-async fn model_infer<B>(
-    server: &Server,
+/// Decodes a `ModelInfer` request's message and queues it.
+fn start(server: &Server, message: Bytes) -> Result<Pending, Status> {
+    let request = ModelInferRequest::decode(message)
+        .map_err(|e| Status::internal(format!("failed to decode Protobuf message: {e}")))?;
+    Ok(Pending::start(server, request))
+}
+
+/// The answer to a `ModelInfer` call once its inference is done.
+async fn answer(
+    pending: Result<Pending, Status>,
     max_message_bytes: usize,
-    body: B,
-) -> http::Response<TonicBody>
-where
-    B: http_body::Body<Data = Bytes>,
-    B::Error: Into<StdError>,
-{
+) -> http::Response<TonicBody> {
     let answered = async {
-        let message = read_message(body, max_message_bytes).await?;
-        let request = ModelInferRequest::decode(message)
-            .map_err(|e| Status::internal(format!("failed to decode Protobuf message: {e}")))?;
-        let response = Pending::start(server, request)
-            .finish()
-            .await
-            .map_err(status)?;
+        let response = pending?.finish().await.map_err(status)?;
         let length = response.encoded_len();
         if length > max_message_bytes {
             return Err(too_large("encoded", length, max_message_bytes));
@@ -222,41 +259,24 @@ fn too_large(what: &str, length: usize, limit: usize) -> Status {
     ))
 }
 
-/// The one length-prefixed message of a unary call's body, without its prefix. A
-/// body that arrives in one DATA frame (the usual case) is sliced, not copied; a
-/// length over `limit` is refused as soon as the prefix is read.
-async fn read_message<B>(body: B, limit: usize) -> Result<Bytes, Status>
+/// The one length-prefixed message of a unary call's body, without its prefix,
+/// after what was `received` of it already. A body that arrives in one DATA frame
+/// (the usual case) is sliced, not copied; a length over `limit` is refused as soon
+/// as the prefix is read.
+async fn read_message<B>(body: B, mut received: Received, limit: usize) -> Result<Bytes, Status>
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<StdError>,
 {
     let mut body = std::pin::pin!(body);
-    let mut received = Received::Nothing;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| Status::from_error(e.into()))?;
         // Request trailers carry nothing kiln reads.
         if let Ok(data) = frame.into_data() {
             received = received.push(data, limit)?;
-            if received.len() > expected_len(received.bytes(), limit)? {
-                return Err(Status::internal("a unary call sent more than one message"));
-            }
         }
     }
-    let mut message = match received {
-        Received::Nothing => return Err(Status::internal("Missing request message.")),
-        Received::One(bytes) => bytes,
-        Received::Joined(bytes) => bytes.freeze(),
-    };
-    if message.len() < expected_len(&message, limit)? {
-        return Err(Status::internal("the request message was cut short"));
-    }
-    if message[0] != 0 {
-        return Err(Status::internal(
-            "protocol error: received message with compressed-flag but no grpc-encoding was specified",
-        ));
-    }
-    message.advance(PREFIX);
-    Ok(message)
+    received.message(limit)
 }
 
 /// The body received so far.
@@ -267,8 +287,9 @@ enum Received {
 }
 
 impl Received {
+    /// Adds a DATA frame; an error when the body now holds more than one message.
     fn push(self, data: Bytes, limit: usize) -> Result<Received, Status> {
-        Ok(match self {
+        let received = match self {
             Received::Nothing => Received::One(data),
             Received::One(first) => {
                 let so_far = first.len() + data.len();
@@ -281,7 +302,30 @@ impl Received {
                 joined.put(data);
                 Received::Joined(joined)
             }
-        })
+        };
+        if received.len() > expected_len(received.bytes(), limit)? {
+            return Err(Status::internal("a unary call sent more than one message"));
+        }
+        Ok(received)
+    }
+
+    /// The whole body's one message, without its prefix.
+    fn message(self, limit: usize) -> Result<Bytes, Status> {
+        let mut message = match self {
+            Received::Nothing => return Err(Status::internal("Missing request message.")),
+            Received::One(bytes) => bytes,
+            Received::Joined(bytes) => bytes.freeze(),
+        };
+        if message.len() < expected_len(&message, limit)? {
+            return Err(Status::internal("the request message was cut short"));
+        }
+        if message[0] != 0 {
+            return Err(Status::internal(
+                "protocol error: received message with compressed-flag but no grpc-encoding was specified",
+            ));
+        }
+        message.advance(PREFIX);
+        Ok(message)
     }
 
     fn bytes(&self) -> &[u8] {
