@@ -66,6 +66,11 @@ struct ServeArgs {
     /// gRPC threads, each a single-threaded runtime (default: one per core).
     #[arg(long, env = "KILN_GRPC_THREADS")]
     grpc_threads: Option<usize>,
+    /// Run the HTTP and gRPC serving threads under Linux's SCHED_BATCH policy, so
+    /// that a thread woken with an answer does not preempt the instance thread
+    /// handing out the rest of its batch (`false`: the default policy).
+    #[arg(long, env = "KILN_SCHED_BATCH", default_value_t = true, action = clap::ArgAction::Set)]
+    sched_batch: bool,
 }
 
 /// Parses `WORKER[:key=value,...]`.
@@ -131,6 +136,7 @@ async fn main() -> anyhow::Result<()> {
             addr: SocketAddr::new(args.host, args.http_port),
             max_body_bytes: args.max_body_bytes,
             workers: args.http_workers.unwrap_or(cores),
+            sched_batch: args.sched_batch,
         },
     )
     .with_context(|| format!("cannot listen on {}:{}", args.host, args.http_port))?;
@@ -140,6 +146,7 @@ async fn main() -> anyhow::Result<()> {
             addr: SocketAddr::new(args.host, args.grpc_port),
             max_message_bytes: args.grpc_max_message_bytes,
             threads: args.grpc_threads.unwrap_or(cores),
+            sched_batch: args.sched_batch,
         },
     )
     .with_context(|| format!("cannot listen on {}:{} (gRPC)", args.host, args.grpc_port))?;

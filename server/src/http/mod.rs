@@ -36,6 +36,8 @@ pub struct HttpConfig {
     pub max_body_bytes: usize,
     /// actix-web worker threads.
     pub workers: usize,
+    /// Whether the worker threads run under `SCHED_BATCH` ([`crate::sched`]).
+    pub sched_batch: bool,
 }
 
 /// Binds and returns the running HTTP server (await it) and the bound addresses.
@@ -47,7 +49,12 @@ pub fn serve(
         server,
         max_body_bytes: config.max_body_bytes,
     });
+    let sched_batch = config.sched_batch;
+    // actix-web calls this once on each worker thread as it starts.
     let http = HttpServer::new(move || {
+        if sched_batch {
+            crate::sched::serving_thread();
+        }
         App::new()
             .app_data(state.clone())
             .configure(routes::configure)
