@@ -561,11 +561,13 @@ fn main() -> anyhow::Result<()> {
                     .map_or(0.0, |h| h.value_at_quantile(p) as f64 / 1000.0)
             };
             let errors: u64 = stats.errors.values().sum();
+            // Sequence runs over gRPC go through tonic (see `Target::Grpc`).
+            let tonic = args.tonic || args.sequence_length.is_some();
             let mode = match (args.in_process, args.grpc, args.streaming, args.binary) {
                 (true, ..) => "in-process",
-                (false, true, true, _) if args.tonic => "grpc-stream-tonic",
+                (false, true, true, _) if tonic => "grpc-stream-tonic",
                 (false, true, true, _) => "grpc-stream",
-                (false, true, false, _) if args.tonic => "grpc-tonic",
+                (false, true, false, _) if tonic => "grpc-tonic",
                 (false, true, false, _) => "grpc",
                 (false, false, _, true) => "http-binary",
                 (false, false, _, false) => "http",
