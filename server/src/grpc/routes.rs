@@ -17,19 +17,16 @@
 
 use std::convert::Infallible;
 use std::future::ready;
-use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use http_body::Body as _;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use prost::Message;
 use tonic::body::Body as TonicBody;
 use tonic::codegen::http::{self, header, HeaderMap, HeaderValue};
 use tonic::codegen::{BoxFuture, Service, StdError};
-use tonic::server::NamedService;
 use tonic::{Code, Status};
 
 use super::proto::grpc_inference_service_server::GrpcInferenceServiceServer;
@@ -64,10 +61,6 @@ impl GrpcRoutes {
             max_message_bytes,
         }
     }
-}
-
-impl NamedService for GrpcRoutes {
-    const NAME: &'static str = <GrpcInferenceServiceServer<KilnGrpc> as NamedService>::NAME;
 }
 
 impl hyper::service::Service<http::Request<Incoming>> for GrpcRoutes {
@@ -105,46 +98,26 @@ impl hyper::service::Service<http::Request<Incoming>> for GrpcRoutes {
 }
 
 impl GrpcRoutes {
-    /// One `ModelInfer` call. When its whole message has arrived with its headers
-    /// (the usual case: HTTP/2 hands over a request once it has read every frame
-    /// the socket held), it is decoded and queued here, on the connection's task,
-    /// so the batcher sees it before the connection reads its next request, as
-    /// actix-web's HTTP/1 path queues it; else it is read on the call's task.
-    fn model_infer(&self, mut body: Incoming) -> BoxFuture<http::Response<TonicBody>, Infallible> {
-        let limit = self.max_message_bytes;
-        let mut received = Received::Nothing;
-        let mut ended = false;
-        let mut now = Context::from_waker(Waker::noop());
-        match Pin::new(&mut body).poll_frame(&mut now) {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Ok(data) = frame.into_data() {
-                    received = match received.push(data, limit) {
-                        Ok(received) => received,
-                        Err(status) => return Box::pin(ready(Ok(status.into_http()))),
-                    };
-                }
-                ended = body.is_end_stream();
-            }
-            Poll::Ready(Some(Err(e))) => {
-                let status = Status::from_error(e.into());
-                return Box::pin(ready(Ok(status.into_http())));
-            }
-            Poll::Ready(None) => ended = true,
-            Poll::Pending => {}
-        }
-        if ended {
-            let pending = received
-                .message(limit)
-                .and_then(|message| start(&self.server, message));
-            return Box::pin(async move { Ok(answer(pending, limit).await) });
-        }
-        let server = self.server.clone();
-        Box::pin(async move {
-            let pending = read_message(body, received, limit)
+    /// One `ModelInfer` call: its message read, decoded and queued, then its answer.
+    ///
+    /// The call is polled once here, on the connection's task. When the whole
+    /// message arrived with the headers (the usual case: HTTP/2 hands over a request
+    /// once it has read every frame the socket held), that poll queues it, so the
+    /// batcher has it before the connection reads its next request, as actix-web's
+    /// HTTP/1 path queues it. What is left (a message still on its way, the answer)
+    /// runs on the call's own task, whose waker replaces the no-op one.
+    fn model_infer(&self, body: Incoming) -> BoxFuture<http::Response<TonicBody>, Infallible> {
+        let (server, limit) = (self.server.clone(), self.max_message_bytes);
+        let mut call: BoxFuture<_, Infallible> = Box::pin(async move {
+            let pending = read_message(body, limit)
                 .await
                 .and_then(|message| start(&server, message));
             Ok(answer(pending, limit).await)
-        })
+        });
+        match call.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(response) => Box::pin(ready(response)),
+            Poll::Pending => call,
+        }
     }
 }
 
@@ -259,16 +232,16 @@ fn too_large(what: &str, length: usize, limit: usize) -> Status {
     ))
 }
 
-/// The one length-prefixed message of a unary call's body, without its prefix,
-/// after what was `received` of it already. A body that arrives in one DATA frame
+/// The one length-prefixed message of a unary call's body, without its prefix. A body that arrives in one DATA frame
 /// (the usual case) is sliced, not copied; a length over `limit` is refused as soon
 /// as the prefix is read.
-async fn read_message<B>(body: B, mut received: Received, limit: usize) -> Result<Bytes, Status>
+async fn read_message<B>(body: B, limit: usize) -> Result<Bytes, Status>
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<StdError>,
 {
     let mut body = std::pin::pin!(body);
+    let mut received = Received::Nothing;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| Status::from_error(e.into()))?;
         // Request trailers carry nothing kiln reads.
