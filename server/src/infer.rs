@@ -231,7 +231,8 @@ fn shape_error(name: &str, expected: &[i64], got: &[i64]) -> ServerError {
     ))
 }
 
-fn names(specs: &[TensorSpec]) -> String {
+/// Tensor names as a message lists them: `` `a`, `b` ``.
+pub(crate) fn names(specs: &[TensorSpec]) -> String {
     specs
         .iter()
         .map(|s| format!("`{}`", s.name))

@@ -16,6 +16,7 @@ use kiln_worker_sdk::{DataType, Param, ParamValue, Params, Shape, TensorSpec, Wo
 
 use crate::error::{Result, ServerError};
 use crate::group::Reply;
+use crate::infer::names;
 use crate::instance::InstanceContext;
 
 /// Control kinds with their parameter keys (`control.start = "START"`, …).
@@ -359,14 +360,6 @@ impl SequenceModel {
             .filter(|(k, _)| client_mask & (1 << k) != 0)
             .fold(0, |mask, (_, &o)| mask | (1 << o))
     }
-}
-
-fn names(specs: &[TensorSpec]) -> String {
-    specs
-        .iter()
-        .map(|s| format!("`{}`", s.name))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// A request's `sequence_id` (uint64 or string), `sequence_start` and `sequence_end`.
