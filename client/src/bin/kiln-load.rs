@@ -54,6 +54,8 @@ mod grpc;
 mod hpack;
 #[path = "kiln_load/http1.rs"]
 mod http1;
+#[path = "kiln_load/io.rs"]
+mod io;
 
 use grpc::Grpc;
 use http1::Http1;
@@ -125,6 +127,15 @@ struct Args {
     /// Stateful models: each client runs sequences of this many requests.
     #[arg(long)]
     sequence_length: Option<u64>,
+}
+
+impl Args {
+    /// Whether gRPC calls go through kiln's tonic client: asked for, or a sequence
+    /// run (each request carries its own flags, so it is encoded per call; the
+    /// lean client sends one body encoded once).
+    fn grpc_through_tonic(&self) -> bool {
+        self.tonic || self.sequence_length.is_some()
+    }
 }
 
 /// Where a client is in its sequences.
@@ -503,9 +514,7 @@ async fn target(args: &Args, inputs: Vec<InputTensor>) -> anyhow::Result<Target>
         return Ok(Target::Grpc {
             url: args.grpc_url.clone(),
             streaming: args.streaming,
-            // Each request of a sequence carries its own flags, so it is encoded
-            // per call: the lean client sends one body encoded once.
-            tonic: args.tonic || args.sequence_length.is_some(),
+            tonic: args.grpc_through_tonic(),
             request: encode_grpc_request(&request),
         });
     }
@@ -561,8 +570,7 @@ fn main() -> anyhow::Result<()> {
                     .map_or(0.0, |h| h.value_at_quantile(p) as f64 / 1000.0)
             };
             let errors: u64 = stats.errors.values().sum();
-            // Sequence runs over gRPC go through tonic (see `Target::Grpc`).
-            let tonic = args.tonic || args.sequence_length.is_some();
+            let tonic = args.grpc_through_tonic();
             let mode = match (args.in_process, args.grpc, args.streaming, args.binary) {
                 (true, ..) => "in-process",
                 (false, true, true, _) if tonic => "grpc-stream-tonic",

@@ -17,10 +17,10 @@
 use std::io::IoSlice;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use super::hpack;
+use super::{hpack, io};
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -312,19 +312,17 @@ impl Grpc {
                 budget -= n;
             }
             first = false;
-            let slices: Vec<&[u8]> = pieces
+            let mut slices: Vec<IoSlice<'_>> = pieces
                 .iter()
                 .map(|&(head, a, b)| {
-                    if head {
+                    IoSlice::new(if head {
                         &self.out[a..b]
                     } else {
                         &self.message[a..b]
-                    }
+                    })
                 })
                 .collect();
-            write_all_vectored(&mut self.socket, &slices)
-                .await
-                .map_err(|e| format!("send: {e}"))?;
+            io::write_all(&mut self.socket, &mut slices).await?;
         }
         Ok(())
     }
@@ -544,14 +542,7 @@ impl Grpc {
             } else {
                 self.read.reserve(MAX_FRAME + 9);
             }
-            let n = self
-                .socket
-                .read_buf(&mut self.read)
-                .await
-                .map_err(|e| format!("receive: {e}"))?;
-            if n == 0 {
-                return Err("the server closed the connection".into());
-            }
+            io::read_more(&mut self.socket, &mut self.read).await?;
         }
     }
 }
@@ -713,21 +704,6 @@ fn integer(out: &mut Vec<u8>, mut value: usize, prefix: u8, high: u8) {
         value >>= 7;
     }
     out.push(value as u8);
-}
-
-/// Writes every slice, in order, with as few `writev` calls as the socket allows.
-async fn write_all_vectored(socket: &mut TcpStream, parts: &[&[u8]]) -> std::io::Result<()> {
-    let mut slices: Vec<IoSlice<'_>> = parts.iter().map(|p| IoSlice::new(p)).collect();
-    let mut rest = &mut slices[..];
-    IoSlice::advance_slices(&mut rest, 0);
-    while !rest.is_empty() {
-        let n = socket.write_vectored(rest).await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        IoSlice::advance_slices(&mut rest, n);
-    }
-    Ok(())
 }
 
 #[cfg(test)]

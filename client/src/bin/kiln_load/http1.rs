@@ -6,8 +6,9 @@
 use std::io::IoSlice;
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use super::io;
 
 /// The most header fields an answer may have.
 const MAX_HEADERS: usize = 32;
@@ -55,18 +56,7 @@ impl Http1 {
     /// One call: `Ok` for a 2xx answer.
     pub async fn call(&mut self) -> Result<(), String> {
         let mut slices = [IoSlice::new(&self.head), IoSlice::new(&self.body)];
-        let mut rest = &mut slices[..];
-        while !rest.is_empty() {
-            let n = self
-                .socket
-                .write_vectored(rest)
-                .await
-                .map_err(|e| format!("send: {e}"))?;
-            if n == 0 {
-                return Err("send: connection closed".into());
-            }
-            IoSlice::advance_slices(&mut rest, n);
-        }
+        io::write_all(&mut self.socket, &mut slices).await?;
         let (status, length) = loop {
             if let Some(parsed) = parse_head(&mut self.read)? {
                 break parsed;
@@ -114,15 +104,7 @@ impl Http1 {
     /// Reads more of the answer.
     async fn fill(&mut self) -> Result<(), String> {
         self.read.reserve(16 * 1024);
-        let n = self
-            .socket
-            .read_buf(&mut self.read)
-            .await
-            .map_err(|e| format!("receive: {e}"))?;
-        if n == 0 {
-            return Err("the server closed the connection".into());
-        }
-        Ok(())
+        io::read_more(&mut self.socket, &mut self.read).await
     }
 
     /// Consumes `n` bytes of the answer.
