@@ -533,32 +533,41 @@ async fn messages_over_the_size_limit_are_resource_exhausted() {
     assert_eq!(r.outputs[0].values::<u32>(), vec![2]);
 }
 
+/// A plain h2 connection to kiln's gRPC port, for the tests that look at what
+/// tonic's client would hide.
+async fn h2_connect(kiln: &Kiln) -> h2::client::SendRequest<Bytes> {
+    let addr = kiln.grpc_url.trim_start_matches("http://").to_owned();
+    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let (h2, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    h2
+}
+
+/// The headers of a `ModelInfer` call, with `grpc-timeout` when given.
+fn model_infer_request(kiln: &Kiln, timeout: Option<&str>) -> tonic::codegen::http::Request<()> {
+    let mut request = tonic::codegen::http::Request::post(format!(
+        "{}/inference.GRPCInferenceService/ModelInfer",
+        kiln.grpc_url
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers");
+    if let Some(timeout) = timeout {
+        request = request.header("grpc-timeout", timeout);
+    }
+    request.body(()).unwrap()
+}
+
 /// A call still running when the client's `grpc-timeout` passes is answered
 /// `DEADLINE_EXCEEDED` then, not when the worker is done. (Sent over plain h2:
 /// tonic's client would give up at the deadline itself.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_past_its_deadline_is_deadline_exceeded() {
-    use tonic::codegen::http;
     let kiln = Kiln::start(&["--load", "faulty"]);
-    let addr = kiln.grpc_url.trim_start_matches("http://").to_owned();
-    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    let (mut h2, connection) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(connection);
+    let mut h2 = h2_connect(&kiln).await;
     // -3 makes the worker take 1 s.
     let message = kiln_server::grpc::convert::encode_request(&faulty_request(-3));
-    let message = prost::Message::encode_to_vec(&message);
-    let mut body = vec![0];
-    body.extend_from_slice(&(message.len() as u32).to_be_bytes());
-    body.extend_from_slice(&message);
-    let request = http::Request::post(format!(
-        "{}/inference.GRPCInferenceService/ModelInfer",
-        kiln.grpc_url
-    ))
-    .header("content-type", "application/grpc")
-    .header("te", "trailers")
-    .header("grpc-timeout", "200m")
-    .body(())
-    .unwrap();
+    let body = framed(&prost::Message::encode_to_vec(&message));
+    let request = model_infer_request(&kiln, Some("200m"));
     let started = std::time::Instant::now();
     let (response, mut send) = h2.send_request(request, false).unwrap();
     send.send_data(Bytes::from(body), true).unwrap();
@@ -585,19 +594,8 @@ async fn model_infer_in_pieces(
     pieces: Vec<Vec<u8>>,
     pause: Duration,
 ) -> (String, Option<proto::ModelInferResponse>) {
-    use tonic::codegen::http;
-    let addr = kiln.grpc_url.trim_start_matches("http://").to_owned();
-    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    let (mut h2, connection) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(connection);
-    let request = http::Request::post(format!(
-        "{}/inference.GRPCInferenceService/ModelInfer",
-        kiln.grpc_url
-    ))
-    .header("content-type", "application/grpc")
-    .header("te", "trailers")
-    .body(())
-    .unwrap();
+    let mut h2 = h2_connect(kiln).await;
+    let request = model_infer_request(kiln, None);
     let (response, mut send) = h2.send_request(request, false).unwrap();
     let last = pieces.len() - 1;
     for (i, piece) in pieces.into_iter().enumerate() {
