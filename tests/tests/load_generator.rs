@@ -114,3 +114,42 @@ fn load_generator_in_process() {
     assert!(runs[0]["requests"].as_u64().unwrap() > 0);
     assert_eq!(runs[0]["errors"], serde_json::json!({}));
 }
+
+/// `accumulate` served as a stateful model (the sequence batcher).
+const ACCUMULATE: &str = "accumulate:batcher=sequence,batch_size=8,state.STATE=STATE_OUT,\
+control.start=START,control.end=END,control.ready=READY,control.corrid=CORRID";
+
+/// Sequence runs over every protocol: each request carries its own `sequence_id`,
+/// `sequence_start` and `sequence_end`, so the sequence batcher takes them all;
+/// the same load without them is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_generator_sequences() {
+    let kiln = Kiln::start(&["--load", ACCUMULATE]);
+    let (url, grpc_url) = (kiln.url.as_str(), kiln.grpc_url.as_str());
+    let cases: [(&[&str], &str); 5] = [
+        (&["--url", url], "http"),
+        (&["--url", url, "--binary"], "http-binary"),
+        (&["--grpc-url", grpc_url, "--grpc"], "grpc-tonic"),
+        (
+            &["--grpc-url", grpc_url, "--grpc", "--streaming"],
+            "grpc-stream-tonic",
+        ),
+        (&["--in-process", "--load", ACCUMULATE], "in-process"),
+    ];
+    for (flags, mode) in cases {
+        let mut args = vec!["--model", "accumulate", "--input", "INPUT:FP32:1x1"];
+        args.extend_from_slice(&["--concurrency", "2", "--sequence-length", "3"]);
+        args.extend_from_slice(flags);
+        let run = &run_load(&args)[0];
+        assert_eq!(run["mode"], mode);
+        assert!(run["requests"].as_u64().unwrap() > 0, "{run}");
+        assert_eq!(run["errors"], serde_json::json!({}), "{run}");
+    }
+    for flags in [&["--url", url][..], &["--grpc-url", grpc_url, "--grpc"]] {
+        let mut args = vec!["--model", "accumulate", "--input", "INPUT:FP32:1x1"];
+        args.extend_from_slice(flags);
+        let run = &run_load(&args)[0];
+        assert_eq!(run["requests"], 0, "{run}");
+        assert!(!run["errors"].as_object().unwrap().is_empty(), "{run}");
+    }
+}

@@ -28,8 +28,9 @@
 //!
 //! With `--sequence-length N` (a stateful model), each client is one stream of
 //! sequences: client `i` sends with `sequence_id` `i + 1`, `sequence_start` on every
-//! N-th request and `sequence_end` on the one before the next start (gRPC with
-//! `--streaming` or `--tonic`, and in-process).
+//! N-th request and `sequence_end` on the one before the next start. Each request
+//! is then encoded on its own: over HTTP the body is encoded per call, over gRPC
+//! the calls go through the tonic client.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -212,9 +213,49 @@ struct HttpBody {
     json_length: Option<usize>,
 }
 
+impl HttpBody {
+    /// `request` encoded as JSON, or with `binary` as binary tensor data.
+    fn encode(request: &InferRequest, binary: bool) -> HttpBody {
+        if binary {
+            let encoded = encode_request_binary(request);
+            HttpBody {
+                json_length: Some(encoded.json.len()),
+                body: Bytes::from(encoded.into_body()),
+            }
+        } else {
+            HttpBody {
+                json_length: None,
+                body: Bytes::from(encode_request(request)),
+            }
+        }
+    }
+
+    /// The header fields that describe this body.
+    fn headers(&self) -> Vec<(&'static str, String)> {
+        match self.json_length {
+            None => vec![("content-type", "application/json".to_owned())],
+            Some(length) => vec![
+                ("content-type", "application/octet-stream".to_owned()),
+                (INFERENCE_HEADER_CONTENT_LENGTH, length.to_string()),
+            ],
+        }
+    }
+}
+
+/// What a sequence run over HTTP re-encodes before each call.
+#[derive(Clone)]
+struct HttpSequence {
+    request: InferRequest,
+    binary: bool,
+}
+
 /// What one client talks to.
 enum Caller {
-    Http(Http1),
+    /// `sequence` is set for sequence runs: each call's body is encoded anew.
+    Http {
+        http: Http1,
+        sequence: Option<HttpSequence>,
+    },
     Native {
         client: NativeClient,
         request: InferRequest,
@@ -263,15 +304,29 @@ impl Caller {
                     );
                 }
             }
-            // Sequence runs never use these (see `Target::Grpc`): their bodies
-            // are encoded once.
-            Caller::Http(_) | Caller::GrpcLean(_) => {}
+            Caller::Http {
+                http,
+                sequence: Some(sequence),
+            } => {
+                sequence.request.parameters = flags
+                    .into_iter()
+                    .map(|(key, value)| Param {
+                        key: key.into(),
+                        value,
+                    })
+                    .collect();
+                let body = HttpBody::encode(&sequence.request, sequence.binary);
+                http.set_body(&body.headers(), body.body);
+            }
+            // Sequence runs never use the lean gRPC client (see `Target::Grpc`),
+            // and an HTTP caller of one always has its `sequence`.
+            Caller::Http { sequence: None, .. } | Caller::GrpcLean(_) => {}
         }
     }
 
     async fn call(&mut self) -> Result<(), String> {
         match self {
-            Caller::Http(http) => http.call().await,
+            Caller::Http { http, .. } => http.call().await,
             Caller::GrpcLean(grpc) => grpc.call().await,
             Caller::Native { client, request } => client
                 .infer(request.clone())
@@ -307,6 +362,7 @@ enum Target {
         addr: String,
         path: Arc<str>,
         body: HttpBody,
+        sequence: Option<HttpSequence>,
     },
     Native {
         client: NativeClient,
@@ -323,19 +379,19 @@ enum Target {
 impl Target {
     async fn caller(&self) -> anyhow::Result<Caller> {
         match self {
-            Target::Http { addr, path, body } => {
-                let mut headers = Vec::with_capacity(2);
-                match body.json_length {
-                    None => headers.push(("content-type", "application/json".to_owned())),
-                    Some(length) => {
-                        headers.push(("content-type", "application/octet-stream".to_owned()));
-                        headers.push((INFERENCE_HEADER_CONTENT_LENGTH, length.to_string()));
-                    }
-                }
-                let http = Http1::connect(addr, path, &headers, body.body.clone())
+            Target::Http {
+                addr,
+                path,
+                body,
+                sequence,
+            } => {
+                let http = Http1::connect(addr, path, &body.headers(), body.body.clone())
                     .await
                     .map_err(anyhow::Error::msg)?;
-                Ok(Caller::Http(http))
+                Ok(Caller::Http {
+                    http,
+                    sequence: sequence.clone(),
+                })
             }
             Target::Native { client, request } => Ok(Caller::Native {
                 client: client.clone(),
@@ -508,9 +564,6 @@ async fn target(args: &Args, inputs: Vec<InputTensor>) -> anyhow::Result<Target>
         if args.binary {
             bail!("--binary is for HTTP; gRPC always sends raw tensor contents");
         }
-        if args.sequence_length.is_some() && !args.streaming && !args.tonic {
-            bail!("--sequence-length over gRPC needs --streaming or --tonic (unary bodies are encoded once)");
-        }
         return Ok(Target::Grpc {
             url: args.grpc_url.clone(),
             streaming: args.streaming,
@@ -518,30 +571,21 @@ async fn target(args: &Args, inputs: Vec<InputTensor>) -> anyhow::Result<Target>
             request: encode_grpc_request(&request),
         });
     }
-    if args.sequence_length.is_some() {
-        bail!("--sequence-length works with --grpc --streaming, --grpc --tonic or --in-process (HTTP bodies are encoded once)");
-    }
     let url = args.url.trim_end_matches('/');
     let host = url
         .strip_prefix("http://")
         .context("--url must start with http://")?
         .to_owned();
-    let body = if args.binary {
-        let encoded = encode_request_binary(&request);
-        HttpBody {
-            json_length: Some(encoded.json.len()),
-            body: Bytes::from(encoded.into_body()),
-        }
-    } else {
-        HttpBody {
-            json_length: None,
-            body: Bytes::from(encode_request(&request)),
-        }
-    };
+    let body = HttpBody::encode(&request, args.binary);
+    let sequence = args.sequence_length.map(|_| HttpSequence {
+        request,
+        binary: args.binary,
+    });
     Ok(Target::Http {
         addr: host,
         path: format!("/v2/models/{}/infer", args.model).into(),
         body,
+        sequence,
     })
 }
 

@@ -1,7 +1,8 @@
 //! HTTP/1.1 calls over one keep-alive connection, written for the load generator:
 //! each call writes the same request, encoded once (head and body in one vectored
 //! write), and reads the answer's head and its whole body (`Content-Length` or
-//! chunked) before the next. The body is counted, not parsed.
+//! chunked) before the next. The body is counted, not parsed. Sequence runs swap
+//! the body between calls (`set_body`).
 
 use std::io::IoSlice;
 
@@ -16,6 +17,8 @@ const MAX_HEADERS: usize = 32;
 /// One connection, one call at a time.
 pub struct Http1 {
     socket: TcpStream,
+    addr: String,
+    path: String,
     head: Bytes,
     body: Bytes,
     read: BytesMut,
@@ -40,17 +43,28 @@ impl Http1 {
             .await
             .map_err(|e| format!("connect {addr}: {e}"))?;
         socket.set_nodelay(true).map_err(|e| e.to_string())?;
+        let mut http = Http1 {
+            socket,
+            addr: addr.to_owned(),
+            path: path.to_owned(),
+            head: Bytes::new(),
+            body: Bytes::new(),
+            read: BytesMut::with_capacity(16 * 1024),
+        };
+        http.set_body(headers, body);
+        Ok(http)
+    }
+
+    /// What the next calls send: `headers` (name, value) and `body`.
+    pub fn set_body(&mut self, headers: &[(&str, String)], body: Bytes) {
+        let (addr, path) = (&self.addr, &self.path);
         let mut head = format!("POST {path} HTTP/1.1\r\nhost: {addr}\r\n");
         for (name, value) in headers {
             head.push_str(&format!("{name}: {value}\r\n"));
         }
         head.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
-        Ok(Http1 {
-            socket,
-            head: Bytes::from(head),
-            body,
-            read: BytesMut::with_capacity(16 * 1024),
-        })
+        self.head = Bytes::from(head);
+        self.body = body;
     }
 
     /// One call: `Ok` for a 2xx answer.
