@@ -153,6 +153,7 @@ impl GrpcClient {
                     ParamValue::Int(i) => ParameterChoice::Int64Param(*i),
                     ParamValue::Float(f) => ParameterChoice::StringParam(f.to_string()),
                     ParamValue::Str(s) => ParameterChoice::StringParam(s.to_string()),
+                    ParamValue::Uint(u) => ParameterChoice::StringParam(u.to_string()),
                 };
                 (
                     p.key.to_string(),

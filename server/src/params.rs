@@ -279,6 +279,8 @@ fn value_text(value: &ParamValue) -> String {
             let t = s.trim();
             if let Ok(i) = t.parse::<i64>() {
                 i.to_string()
+            } else if let Ok(u) = t.parse::<u64>() {
+                u.to_string()
             } else if let Ok(f) = t.parse::<f64>() {
                 canonical_float(f)
             } else if t.eq_ignore_ascii_case("true") || t.eq_ignore_ascii_case("false") {

@@ -368,6 +368,7 @@ pub fn request_flags(model: &str, parameters: &[Param]) -> Result<SequenceFlags>
     let id = match p.get("sequence_id") {
         None => None,
         Some(ParamValue::Int(v)) if *v > 0 => Some(SequenceId::Number(*v as u64)),
+        Some(ParamValue::Uint(v)) => Some(SequenceId::Number(*v)),
         Some(ParamValue::Str(s)) if !s.is_empty() => Some(SequenceId::Text(s.to_string())),
         Some(other) => {
             return Err(ServerError::invalid(format!(

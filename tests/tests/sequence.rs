@@ -1,7 +1,8 @@
 //! The sequence batcher end to end with the `accumulate` worker (a running sum kept
 //! as implicit state, reporting the control inputs it was given): the client view
 //! and `/config`, state carried and reset, control values, ordering and exclusivity
-//! with many concurrent sequences over HTTP and gRPC streaming, and the errors
+//! with many concurrent sequences over HTTP and gRPC streaming, 64-bit ids over
+//! HTTP and gRPC, and the errors
 //! (no id, not started, ended, expired, too many sequences).
 
 // `unwrap` is test support: a failure should fail the test loudly.
@@ -10,7 +11,7 @@
 use std::time::Duration;
 
 use kiln_client::{
-    DataType, HttpClient, InferRequest, InferResponse, InputTensor, Param, ParamValue,
+    DataType, GrpcClient, HttpClient, InferRequest, InferResponse, InputTensor, Param, ParamValue,
 };
 use kiln_tests::{metric, requests_outcome, Kiln};
 use serde_json::{json, Value};
@@ -135,6 +136,23 @@ async fn state_controls_and_the_client_view() {
     assert!(message.contains("sequence 77 is not active"), "{message}");
     let r = c.infer(&step(&model, id(), 4.0, true, true)).await.unwrap();
     assert_eq!(sum(&r), 4.0);
+
+    // The largest uint64 id, over HTTP (a JSON number beyond i64's range) and over
+    // gRPC (a `uint64_param`), reaches CORRID whole.
+    let big = || ParamValue::from_u64(u64::MAX);
+    assert_eq!(big(), ParamValue::Uint(u64::MAX));
+    let r = c
+        .infer(&step(&model, big(), 2.0, true, false))
+        .await
+        .unwrap();
+    assert_eq!(output(&r, "CORRID_OUT").values::<u64>(), vec![u64::MAX]);
+    let grpc = GrpcClient::connect(&kiln.grpc_url).await.unwrap();
+    let r = grpc
+        .infer(&step(&model, big(), 3.0, false, true))
+        .await
+        .unwrap();
+    assert_eq!(sum(&r), 5.0);
+    assert_eq!(output(&r, "CORRID_OUT").values::<u64>(), vec![u64::MAX]);
 
     // No id; two rows in one request; a string id that does not fit UINT64 CORRID.
     let mut no_id = step(&model, id(), 1.0, true, false);

@@ -249,9 +249,21 @@ pub struct WorkerInfo {
 #[derive(StableAbi, Debug, Clone, PartialEq)]
 pub enum ParamValue {
     Bool(bool),
+    /// Every integer that fits in an `i64`.
     Int(i64),
     Float(f64),
     Str(RString),
+    /// An unsigned integer above `i64::MAX` (a protocol's uint64 value, such as a
+    /// 64-bit `sequence_id`); smaller ones are always `Int`, so each integer has
+    /// one form. Build one with [`ParamValue::from_u64`].
+    Uint(u64),
+}
+
+impl ParamValue {
+    /// `v` as `Int` when it fits, else as `Uint`.
+    pub fn from_u64(v: u64) -> ParamValue {
+        i64::try_from(v).map_or(ParamValue::Uint(v), ParamValue::Int)
+    }
 }
 
 impl fmt::Display for ParamValue {
@@ -261,6 +273,7 @@ impl fmt::Display for ParamValue {
             ParamValue::Int(v) => write!(f, "{v}"),
             ParamValue::Float(v) => write!(f, "{v}"),
             ParamValue::Str(v) => f.write_str(v),
+            ParamValue::Uint(v) => write!(f, "{v}"),
         }
     }
 }
@@ -296,6 +309,10 @@ impl<'a> Params<'a> {
                 .parse()
                 .map(Some)
                 .map_err(|_| format!("parameter `{key}` must be an integer, got `{s}`")),
+            Some(ParamValue::Uint(v)) => Err(format!(
+                "parameter `{key}`: {v} is too large (the most is {})",
+                i64::MAX
+            )),
             Some(other) => Err(format!(
                 "parameter `{key}` must be an integer, got `{other}`"
             )),
@@ -326,6 +343,7 @@ impl<'a> Params<'a> {
             None => Ok(None),
             Some(ParamValue::Float(v)) => Ok(Some(*v)),
             Some(ParamValue::Int(v)) => Ok(Some(*v as f64)),
+            Some(ParamValue::Uint(v)) => Ok(Some(*v as f64)),
             Some(ParamValue::Str(s)) => s
                 .trim()
                 .parse()

@@ -431,17 +431,13 @@ fn sorted_params<P>(
 
 /// Request parameters as kiln [`Param`]s, sorted by key.
 pub fn params_from_proto(parameters: HashMap<String, InferParameter>) -> Result<Vec<Param>> {
-    sorted_params(parameters, |key, p| {
+    sorted_params(parameters, |_, p| {
         Ok(match p.parameter_choice {
             Some(ParameterChoice::BoolParam(b)) => Some(ParamValue::Bool(b)),
             Some(ParameterChoice::Int64Param(i)) => Some(ParamValue::Int(i)),
             Some(ParameterChoice::StringParam(s)) => Some(ParamValue::Str(s.into())),
             Some(ParameterChoice::DoubleParam(f)) => Some(ParamValue::Float(f)),
-            Some(ParameterChoice::Uint64Param(u)) => {
-                Some(ParamValue::Int(i64::try_from(u).map_err(|_| {
-                    ServerError::invalid(format!("parameter `{key}`: {u} is too large"))
-                })?))
-            }
+            Some(ParameterChoice::Uint64Param(u)) => Some(ParamValue::from_u64(u)),
             None => None,
         })
     })
@@ -456,6 +452,7 @@ pub fn params_to_proto(params: &[Param]) -> HashMap<String, InferParameter> {
                 ParamValue::Bool(b) => ParameterChoice::BoolParam(*b),
                 ParamValue::Int(i) => ParameterChoice::Int64Param(*i),
                 ParamValue::Float(f) => ParameterChoice::DoubleParam(*f),
+                ParamValue::Uint(u) => ParameterChoice::Uint64Param(*u),
                 ParamValue::Str(s) => ParameterChoice::StringParam(s.to_string()),
             };
             (
@@ -893,9 +890,24 @@ mod tests {
                     key: "d".into(),
                     value: ParamValue::Str("s".into()),
                 },
+                Param {
+                    key: "e".into(),
+                    value: ParamValue::Uint(u64::MAX),
+                },
             ],
         };
         assert_eq!(decode_request(encode_request(&request)).unwrap(), request);
+        // A `uint64_param` that fits in i64 is an `Int`, like every such integer.
+        let small = HashMap::from([(
+            "n".to_owned(),
+            InferParameter {
+                parameter_choice: Some(ParameterChoice::Uint64Param(5)),
+            },
+        )]);
+        assert_eq!(
+            params_from_proto(small).unwrap()[0].value,
+            ParamValue::Int(5)
+        );
         let response = InferResponse {
             model_name: "echo".into(),
             model_version: "1".into(),

@@ -168,9 +168,10 @@ pub fn params_from_json(map: Map<String, Value>) -> Result<Vec<Param>> {
         .map(|(key, value)| {
             let value = match value {
                 Value::Bool(b) => ParamValue::Bool(b),
-                Value::Number(n) => match n.as_i64() {
-                    Some(i) => ParamValue::Int(i),
-                    None => ParamValue::Float(n.as_f64().unwrap_or(f64::NAN)),
+                Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+                    (Some(i), _) => ParamValue::Int(i),
+                    (None, Some(u)) => ParamValue::Uint(u),
+                    (None, None) => ParamValue::Float(n.as_f64().unwrap_or(f64::NAN)),
                 },
                 Value::String(s) => ParamValue::Str(s.into()),
                 other => {
@@ -481,6 +482,7 @@ pub(super) fn encode_request_parts(request: &InferRequest, binary: bool) -> Enco
                 ParamValue::Int(i) => Value::from(*i),
                 ParamValue::Float(f) => Value::from(*f),
                 ParamValue::Str(s) => Value::from(s.as_str()),
+                ParamValue::Uint(u) => Value::from(*u),
             };
             (p.key.to_string(), value)
         })
@@ -744,14 +746,37 @@ mod tests {
                 &[-3i16, 4],
             )],
             outputs: Some(vec!["y".into()]),
-            parameters: vec![Param {
-                key: "k".into(),
-                value: ParamValue::Int(3),
-            }],
+            parameters: vec![
+                Param {
+                    key: "k".into(),
+                    value: ParamValue::Int(3),
+                },
+                Param {
+                    key: "u".into(),
+                    value: ParamValue::Uint(u64::MAX),
+                },
+            ],
         };
         assert_eq!(
             decode_request("m", &encode_request(&request)).unwrap(),
             request
+        );
+        // Integers take one form: `Int` up to i64::MAX, `Uint` beyond.
+        let params = params_from_json(
+            serde_json::from_str(
+                r#"{"a": 9223372036854775807, "b": 9223372036854775808, "c": -1}"#,
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let values: Vec<_> = params.into_iter().map(|p| p.value).collect();
+        assert_eq!(
+            values,
+            [
+                ParamValue::Int(i64::MAX),
+                ParamValue::Uint(1 << 63),
+                ParamValue::Int(-1)
+            ]
         );
     }
 }
