@@ -543,16 +543,16 @@ async fn h2_connect(kiln: &Kiln) -> h2::client::SendRequest<Bytes> {
     h2
 }
 
-/// The headers of a `ModelInfer` call, with `grpc-timeout` when given.
-fn model_infer_request(kiln: &Kiln, timeout: Option<&str>) -> tonic::codegen::http::Request<()> {
+/// The headers of a `ModelInfer` call, with `extra` (name, value) added.
+fn model_infer_request(kiln: &Kiln, extra: &[(&str, &str)]) -> tonic::codegen::http::Request<()> {
     let mut request = tonic::codegen::http::Request::post(format!(
         "{}/inference.GRPCInferenceService/ModelInfer",
         kiln.grpc_url
     ))
     .header("content-type", "application/grpc")
     .header("te", "trailers");
-    if let Some(timeout) = timeout {
-        request = request.header("grpc-timeout", timeout);
+    for (name, value) in extra {
+        request = request.header(*name, *value);
     }
     request.body(()).unwrap()
 }
@@ -567,7 +567,7 @@ async fn a_call_past_its_deadline_is_deadline_exceeded() {
     // -3 makes the worker take 1 s.
     let message = kiln_server::grpc::convert::encode_request(&faulty_request(-3));
     let body = framed(&prost::Message::encode_to_vec(&message));
-    let request = model_infer_request(&kiln, Some("200m"));
+    let request = model_infer_request(&kiln, &[("grpc-timeout", "200m")]);
     let started = std::time::Instant::now();
     let (response, mut send) = h2.send_request(request, false).unwrap();
     send.send_data(Bytes::from(body), true).unwrap();
@@ -586,16 +586,17 @@ async fn a_call_past_its_deadline_is_deadline_exceeded() {
     assert_eq!(r.outputs[0].values::<i32>(), vec![4]);
 }
 
-/// Sends one `ModelInfer` over plain h2: the headers, then each piece of the body
-/// as its own DATA frame `pause` after the last (the last piece ends the stream).
-/// Returns the answer's `grpc-status` and, when it is 0, the answer.
+/// Sends one `ModelInfer` over plain h2: the headers (with `extra`), then each piece
+/// of the body as its own DATA frame `pause` after the last (the last piece ends
+/// the stream). Returns the answer's `grpc-status` and, when it is 0, the answer.
 async fn model_infer_in_pieces(
     kiln: &Kiln,
+    extra: &[(&str, &str)],
     pieces: Vec<Vec<u8>>,
     pause: Duration,
 ) -> (String, Option<proto::ModelInferResponse>) {
     let mut h2 = h2_connect(kiln).await;
-    let request = model_infer_request(kiln, None);
+    let request = model_infer_request(kiln, extra);
     let (response, mut send) = h2.send_request(request, false).unwrap();
     let last = pieces.len() - 1;
     for (i, piece) in pieces.into_iter().enumerate() {
@@ -622,10 +623,73 @@ async fn model_infer_in_pieces(
 
 /// A length-prefixed gRPC message.
 fn framed(message: &[u8]) -> Vec<u8> {
-    let mut body = vec![0];
+    framed_with_flag(0, message)
+}
+
+/// A length-prefixed gRPC message with its compression flag (1: compressed).
+fn framed_with_flag(flag: u8, message: &[u8]) -> Vec<u8> {
+    let mut body = vec![flag];
     body.extend_from_slice(&(message.len() as u32).to_be_bytes());
     body.extend_from_slice(message);
     body
+}
+
+/// `message` compressed as `encoding` names it (`gzip` or `deflate`: zlib).
+fn compress(encoding: &str, message: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let level = flate2::Compression::default();
+    if encoding == "gzip" {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), level);
+        e.write_all(message).unwrap();
+        e.finish().unwrap()
+    } else {
+        let mut e = flate2::write::ZlibEncoder::new(Vec::new(), level);
+        e.write_all(message).unwrap();
+        e.finish().unwrap()
+    }
+}
+
+/// Compressed requests (`grpc-encoding` gzip or deflate, as tritonclient's
+/// `compression_algorithm` sends them) are answered like plain ones; one that
+/// inflates beyond `--grpc-max-message-bytes` is `RESOURCE_EXHAUSTED`, found while
+/// inflating; an encoding kiln does not read is `UNIMPLEMENTED`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compressed_requests_are_read_and_bounded() {
+    let kiln = Kiln::start(&["--load", "echo", "--grpc-max-message-bytes", "65536"]);
+    let values = [7u32, 8, 9];
+    let request = kiln_server::grpc::convert::encode_request(&echo_request("echo", "z", &values));
+    let message = prost::Message::encode_to_vec(&request);
+    for encoding in ["gzip", "deflate"] {
+        let body = framed_with_flag(1, &compress(encoding, &message));
+        let headers = [("grpc-encoding", encoding)];
+        let (status, answer) =
+            model_infer_in_pieces(&kiln, &headers, vec![body], Duration::ZERO).await;
+        assert_eq!(status, "0", "{encoding}");
+        let answer = answer.unwrap();
+        assert_eq!(answer.id, "z");
+        assert_eq!(answer.raw_output_contents[0].len(), 12);
+        assert_eq!(&answer.raw_output_contents[0][..4], &8u32.to_le_bytes());
+        // 16 MiB of zeros is 16 KiB compressed: refused once 64 KiB are out.
+        let mut bomb = request.clone();
+        bomb.raw_input_contents = vec![Bytes::from(vec![0; 16 << 20])];
+        let bomb = compress(encoding, &prost::Message::encode_to_vec(&bomb));
+        assert!(bomb.len() < 65536, "{}", bomb.len());
+        let body = framed_with_flag(1, &bomb);
+        let (status, _) = model_infer_in_pieces(&kiln, &headers, vec![body], Duration::ZERO).await;
+        assert_eq!(
+            status,
+            (Code::ResourceExhausted as i32).to_string(),
+            "{encoding}"
+        );
+    }
+    let body = framed_with_flag(1, &message);
+    let headers = [("grpc-encoding", "br")];
+    let (status, _) = model_infer_in_pieces(&kiln, &headers, vec![body], Duration::ZERO).await;
+    assert_eq!(status, (Code::Unimplemented as i32).to_string());
+    // Still serving, plain.
+    let body = framed(&message);
+    let (status, _) = model_infer_in_pieces(&kiln, &[], vec![body], Duration::ZERO).await;
+    assert_eq!(status, "0");
 }
 
 /// `ModelInfer` is usually queued as soon as its headers and message are read
@@ -653,13 +717,13 @@ async fn model_infer_bodies_in_pieces_late_or_malformed() {
     };
     let pause = Duration::from_millis(30);
     // Whole, after the headers; then in three pieces, the first inside the prefix.
-    expect(model_infer_in_pieces(&kiln, vec![body.clone()], pause).await);
+    expect(model_infer_in_pieces(&kiln, &[], vec![body.clone()], pause).await);
     let pieces = vec![
         body[..3].to_vec(),
         body[3..100].to_vec(),
         body[100..].to_vec(),
     ];
-    expect(model_infer_in_pieces(&kiln, pieces, pause).await);
+    expect(model_infer_in_pieces(&kiln, &[], pieces, pause).await);
     // Two messages in one unary call (at once, then one after the other); a
     // message cut short; no message at all.
     let internal = (Code::Internal as i32).to_string();
@@ -669,11 +733,11 @@ async fn model_infer_bodies_in_pieces_late_or_malformed() {
         (vec![body[..body.len() - 1].to_vec()], Duration::ZERO),
         (vec![Vec::new()], Duration::ZERO),
     ] {
-        let (status, _) = model_infer_in_pieces(&kiln, pieces, pause).await;
+        let (status, _) = model_infer_in_pieces(&kiln, &[], pieces, pause).await;
         assert_eq!(status, internal);
     }
     // The server still answers.
-    expect(model_infer_in_pieces(&kiln, vec![body], Duration::ZERO).await);
+    expect(model_infer_in_pieces(&kiln, &[], vec![body], Duration::ZERO).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -154,6 +154,25 @@ def test_stream(client):
         client.stop_stream()
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests(client, algorithm):
+    """tritonclient's request compression (grpc-encoding), unary and streaming."""
+    inputs, expected = echo_multi_inputs()
+    result = client.infer("echo-multi", inputs, compression_algorithm=algorithm)
+    for name, want in expected.items():
+        np.testing.assert_array_equal(result.as_numpy(name), want)
+    answers = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)),
+                        compression_algorithm=algorithm)
+    try:
+        client.async_stream_infer("echo", [echo_input([1, 2])])
+        result, error = answers.get(timeout=10)
+        assert error is None, error
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), [[2, 3]])
+    finally:
+        client.stop_stream()
+
+
 def test_sequences_over_a_stream(client):
     """Two sequences interleaved on one stream, with tritonclient's own sequence
     arguments: each keeps its own running sum and sees its own control values."""

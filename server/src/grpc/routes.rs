@@ -25,6 +25,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use prost::Message;
 use tonic::body::Body as TonicBody;
+use tonic::codec::CompressionEncoding;
 use tonic::codegen::http::{self, header, HeaderMap, HeaderValue};
 use tonic::codegen::{BoxFuture, Service, StdError};
 use tonic::{Code, Status};
@@ -52,7 +53,11 @@ pub struct GrpcRoutes {
 impl GrpcRoutes {
     /// The service over `server`, with message size limits of `max_message_bytes`.
     pub fn new(server: Server, max_message_bytes: usize) -> GrpcRoutes {
+        // Compressed requests (tritonclient's `compression_algorithm`) are read;
+        // answers go uncompressed, as Triton's do by default.
         let tonic = GrpcInferenceServiceServer::new(KilnGrpc::new(server.clone()))
+            .accept_compressed(CompressionEncoding::Gzip)
+            .accept_compressed(CompressionEncoding::Deflate)
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes);
         GrpcRoutes {
