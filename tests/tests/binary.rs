@@ -250,3 +250,110 @@ async fn mismatched_binary_requests_answer_400() {
     let invalid = requests_outcome(&text, "echo-multi", "invalid");
     assert_eq!(invalid, Some(8.0));
 }
+
+/// Posts `request` as binary tensor data with `Accept-Encoding: accept` (none when
+/// empty); returns the answer's `Content-Encoding`, its header length and its body
+/// as sent.
+async fn post_accepting(
+    kiln: &Kiln,
+    request: &kiln_client::InferRequest,
+    accept: &str,
+) -> (Option<String>, Option<String>, Vec<u8>) {
+    let encoded = encode_request_binary(request);
+    let mut post = reqwest::Client::new()
+        .post(format!("{}/v2/models/{}/infer", kiln.url, request.model))
+        .header(
+            INFERENCE_HEADER_CONTENT_LENGTH,
+            encoded.json.len().to_string(),
+        )
+        .body(encoded.into_body());
+    if !accept.is_empty() {
+        post = post.header("accept-encoding", accept);
+    }
+    let response = post.send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    let (encoding, length) = (
+        header("content-encoding"),
+        header(INFERENCE_HEADER_CONTENT_LENGTH),
+    );
+    (encoding, length, response.bytes().await.unwrap().to_vec())
+}
+
+fn inflate(encoding: &str, body: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    match encoding {
+        "gzip" => flate2::read::GzDecoder::new(body).read_to_end(&mut out),
+        "deflate" => flate2::read::ZlibDecoder::new(body).read_to_end(&mut out),
+        other => panic!("unexpected Content-Encoding {other}"),
+    }
+    .unwrap();
+    out
+}
+
+/// `Accept-Encoding: gzip` or `deflate` (tritonclient's
+/// `response_compression_algorithm`) gets the answer compressed, the same bytes
+/// once inflated, with the header length of the uncompressed body; small answers
+/// and 256 KiB ones (compressed off the connection's thread) alike. Without the
+/// header, or with encodings kiln does not give, the answer is plain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_are_compressed_when_asked() {
+    use kiln_client::{DataType, InputTensor};
+    let kiln = Kiln::start(&["--load", "echo-multi", "--load", "echo"]);
+    let values: Vec<u32> = (0..65536).map(|i| i % 1000).collect();
+    let big = kiln_client::InferRequest {
+        model: "echo".into(),
+        inputs: vec![InputTensor::from_slice(
+            "INPUT0",
+            DataType::Uint32,
+            &[1, 65536],
+            &values,
+        )],
+        ..Default::default()
+    };
+    for request in [echo_multi_request("z-1"), big] {
+        let (encoding, plain_length, plain) = post_accepting(&kiln, &request, "").await;
+        assert_eq!(encoding, None);
+        assert!(plain_length.is_some());
+        for (accept, expected) in [
+            ("gzip", "gzip"),
+            ("deflate", "deflate"),
+            ("gzip;q=0.5, deflate", "deflate"),
+        ] {
+            let (encoding, length, body) = post_accepting(&kiln, &request, accept).await;
+            assert_eq!(encoding.as_deref(), Some(expected), "{accept}");
+            assert_eq!(length, plain_length, "{accept}");
+            assert_eq!(inflate(expected, &body), plain, "{accept}");
+            if request.model == "echo" {
+                assert!(body.len() < plain.len() / 2, "{}", body.len());
+            }
+        }
+        for accept in ["br", "identity", "gzip;q=0"] {
+            let (encoding, _, body) = post_accepting(&kiln, &request, accept).await;
+            assert_eq!(encoding, None, "{accept}");
+            assert_eq!(body, plain, "{accept}");
+        }
+    }
+    // A JSON answer keeps its content type.
+    let response = reqwest::Client::new()
+        .post(format!("{}/v2/models/echo-multi/infer", kiln.url))
+        .header("accept-encoding", "gzip")
+        .body(kiln_server::http::encode_request(&echo_multi_request(
+            "z-2",
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["content-type"], "application/json");
+    assert_eq!(response.headers()["content-encoding"], "gzip");
+    let json: Value =
+        serde_json::from_slice(&inflate("gzip", &response.bytes().await.unwrap())).unwrap();
+    assert_eq!(json["id"], "z-2");
+    assert_eq!(json["outputs"][0]["data"], json!([2, 3, 4]));
+}

@@ -5,6 +5,7 @@
 //! gives.
 
 mod binary;
+mod compress;
 mod json;
 mod peer;
 mod routes;

@@ -271,7 +271,11 @@ async fn infer(state: web::Data<State>, req: HttpRequest, payload: web::Payload)
             "the worker dropped the request".into(),
         ))
     })??;
-    Ok(encode_response_shm(&response, &placement)?.into_response())
+    let encoded = encode_response_shm(&response, &placement)?;
+    match super::compress::negotiate(&req) {
+        None => Ok(encoded.into_response()),
+        Some(encoding) => Ok(super::compress::respond(encoded, encoding).await?),
+    }
 }
 
 async fn load(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
