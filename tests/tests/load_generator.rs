@@ -51,6 +51,11 @@ async fn load_generator_closed_and_open_loop() {
     assert_eq!(binary[0]["mode"], "http-binary");
     assert!(binary[0]["requests"].as_u64().unwrap() > 0, "{}", binary[0]);
     assert_eq!(binary[0]["errors"], serde_json::json!({}), "{}", binary[0]);
+    // Compressed answers are read through like plain ones.
+    let args = ["--url", &kiln.url, "--binary", "--accept-encoding", "gzip"];
+    let gzip = run_load(&args);
+    assert!(gzip[0]["requests"].as_u64().unwrap() > 0, "{}", gzip[0]);
+    assert_eq!(gzip[0]["errors"], serde_json::json!({}), "{}", gzip[0]);
     // Open loop at 200/s for 1 s: about 200 requests, each on schedule.
     let open = run_load(&["--url", &kiln.url, "--concurrency", "4", "--rate", "200"]);
     let n = open[0]["requests"].as_u64().unwrap();

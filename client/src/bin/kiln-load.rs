@@ -112,6 +112,9 @@ struct Args {
     /// HTTP: send the inputs as binary tensor data and ask for binary outputs.
     #[arg(long)]
     binary: bool,
+    /// HTTP: the `Accept-Encoding` to send (`gzip`, `deflate`): compressed answers.
+    #[arg(long, conflicts_with_all = ["grpc", "in_process"])]
+    accept_encoding: Option<String>,
     /// Use gRPC (`--grpc-url`) instead of HTTP.
     #[arg(long, conflicts_with = "in_process")]
     grpc: bool,
@@ -230,15 +233,17 @@ impl HttpBody {
         }
     }
 
-    /// The header fields that describe this body.
-    fn headers(&self) -> Vec<(&'static str, String)> {
-        match self.json_length {
+    /// The header fields that describe this body, and `accept_encoding` if any.
+    fn headers(&self, accept_encoding: Option<&str>) -> Vec<(&'static str, String)> {
+        let mut headers = match self.json_length {
             None => vec![("content-type", "application/json".to_owned())],
             Some(length) => vec![
                 ("content-type", "application/octet-stream".to_owned()),
                 (INFERENCE_HEADER_CONTENT_LENGTH, length.to_string()),
             ],
-        }
+        };
+        headers.extend(accept_encoding.map(|a| ("accept-encoding", a.to_owned())));
+        headers
     }
 }
 
@@ -247,6 +252,7 @@ impl HttpBody {
 struct HttpSequence {
     request: InferRequest,
     binary: bool,
+    accept_encoding: Option<String>,
 }
 
 /// What one client talks to.
@@ -316,7 +322,8 @@ impl Caller {
                     })
                     .collect();
                 let body = HttpBody::encode(&sequence.request, sequence.binary);
-                http.set_body(&body.headers(), body.body);
+                let headers = body.headers(sequence.accept_encoding.as_deref());
+                http.set_body(&headers, body.body);
             }
             // Sequence runs never use the lean gRPC client (see `Target::Grpc`),
             // and an HTTP caller of one always has its `sequence`.
@@ -362,6 +369,7 @@ enum Target {
         addr: String,
         path: Arc<str>,
         body: HttpBody,
+        accept_encoding: Option<String>,
         sequence: Option<HttpSequence>,
     },
     Native {
@@ -383,9 +391,11 @@ impl Target {
                 addr,
                 path,
                 body,
+                accept_encoding,
                 sequence,
             } => {
-                let http = Http1::connect(addr, path, &body.headers(), body.body.clone())
+                let headers = body.headers(accept_encoding.as_deref());
+                let http = Http1::connect(addr, path, &headers, body.body.clone())
                     .await
                     .map_err(anyhow::Error::msg)?;
                 Ok(Caller::Http {
@@ -580,11 +590,13 @@ async fn target(args: &Args, inputs: Vec<InputTensor>) -> anyhow::Result<Target>
     let sequence = args.sequence_length.map(|_| HttpSequence {
         request,
         binary: args.binary,
+        accept_encoding: args.accept_encoding.clone(),
     });
     Ok(Target::Http {
         addr: host,
         path: format!("/v2/models/{}/infer", args.model).into(),
         body,
+        accept_encoding: args.accept_encoding.clone(),
         sequence,
     })
 }
