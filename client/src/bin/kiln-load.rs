@@ -44,7 +44,7 @@ use hdrhistogram::Histogram;
 use kiln_client::{
     DataType, GrpcClient, InferRequest, InferStream, InputTensor, NativeClient, Param, ParamValue,
 };
-use kiln_server::grpc::convert::encode_request as encode_grpc_request;
+use kiln_server::grpc::convert::{encode_request as encode_grpc_request, params_to_proto};
 use kiln_server::grpc::proto::ModelInferRequest;
 use kiln_server::http::{encode_request, encode_request_binary, INFERENCE_HEADER_CONTENT_LENGTH};
 use kiln_server::ServerConfig;
@@ -151,7 +151,7 @@ struct Sequencer {
 
 impl Sequencer {
     /// The next request's `sequence_id`, `sequence_start` and `sequence_end`.
-    fn next(&mut self) -> [(&'static str, ParamValue); 3] {
+    fn next(&mut self) -> Vec<Param> {
         let k = self.sent % self.length;
         self.sent += 1;
         [
@@ -159,6 +159,12 @@ impl Sequencer {
             ("sequence_start", ParamValue::Bool(k == 0)),
             ("sequence_end", ParamValue::Bool(k + 1 == self.length)),
         ]
+        .into_iter()
+        .map(|(key, value)| Param {
+            key: key.into(),
+            value,
+        })
+        .collect()
     }
 }
 
@@ -209,50 +215,35 @@ fn parse_input(spec: &str) -> anyhow::Result<InputTensor> {
 const MODEL_INFER_PATH: &str = "/inference.GRPCInferenceService/ModelInfer";
 const MODEL_STREAM_INFER_PATH: &str = "/inference.GRPCInferenceService/ModelStreamInfer";
 
-/// One HTTP request's body and, with binary tensors, the JSON part's length.
+/// How HTTP requests go out: JSON or binary tensor data, and the
+/// `Accept-Encoding` they carry.
 #[derive(Clone)]
-struct HttpBody {
-    body: Bytes,
-    json_length: Option<usize>,
-}
-
-impl HttpBody {
-    /// `request` encoded as JSON, or with `binary` as binary tensor data.
-    fn encode(request: &InferRequest, binary: bool) -> HttpBody {
-        if binary {
-            let encoded = encode_request_binary(request);
-            HttpBody {
-                json_length: Some(encoded.json.len()),
-                body: Bytes::from(encoded.into_body()),
-            }
-        } else {
-            HttpBody {
-                json_length: None,
-                body: Bytes::from(encode_request(request)),
-            }
-        }
-    }
-
-    /// The header fields that describe this body, and `accept_encoding` if any.
-    fn headers(&self, accept_encoding: Option<&str>) -> Vec<(&'static str, String)> {
-        let mut headers = match self.json_length {
-            None => vec![("content-type", "application/json".to_owned())],
-            Some(length) => vec![
-                ("content-type", "application/octet-stream".to_owned()),
-                (INFERENCE_HEADER_CONTENT_LENGTH, length.to_string()),
-            ],
-        };
-        headers.extend(accept_encoding.map(|a| ("accept-encoding", a.to_owned())));
-        headers
-    }
-}
-
-/// What a sequence run over HTTP re-encodes before each call.
-#[derive(Clone)]
-struct HttpSequence {
-    request: InferRequest,
+struct HttpEncoding {
     binary: bool,
     accept_encoding: Option<String>,
+}
+
+impl HttpEncoding {
+    /// `request`'s header fields and body.
+    fn encode(&self, request: &InferRequest) -> (Vec<(&'static str, String)>, Bytes) {
+        let (mut headers, body) = if self.binary {
+            let encoded = encode_request_binary(request);
+            let headers = vec![
+                ("content-type", "application/octet-stream".to_owned()),
+                (
+                    INFERENCE_HEADER_CONTENT_LENGTH,
+                    encoded.json.len().to_string(),
+                ),
+            ];
+            (headers, encoded.into_body())
+        } else {
+            let headers = vec![("content-type", "application/json".to_owned())];
+            (headers, encode_request(request))
+        };
+        let accept = self.accept_encoding.as_ref();
+        headers.extend(accept.map(|a| ("accept-encoding", a.clone())));
+        (headers, Bytes::from(body))
+    }
 }
 
 /// What one client talks to.
@@ -260,7 +251,7 @@ enum Caller {
     /// `sequence` is set for sequence runs: each call's body is encoded anew.
     Http {
         http: Http1,
-        sequence: Option<HttpSequence>,
+        sequence: Option<(InferRequest, HttpEncoding)>,
     },
     Native {
         client: NativeClient,
@@ -282,48 +273,19 @@ enum Caller {
 
 impl Caller {
     /// Sets the next request's sequence parameters.
-    fn set_sequence(&mut self, flags: [(&'static str, ParamValue); 3]) {
-        use kiln_server::grpc::proto::infer_parameter::ParameterChoice;
-        use kiln_server::grpc::proto::InferParameter;
+    fn set_sequence(&mut self, params: Vec<Param>) {
         match self {
-            Caller::Native { request, .. } => {
-                request.parameters = flags
-                    .into_iter()
-                    .map(|(key, value)| Param {
-                        key: key.into(),
-                        value,
-                    })
-                    .collect();
-            }
+            Caller::Native { request, .. } => request.parameters = params,
             Caller::Grpc { request, .. } | Caller::GrpcStream { request, .. } => {
-                for (key, value) in flags {
-                    let choice = match value {
-                        ParamValue::Int(v) => ParameterChoice::Int64Param(v),
-                        ParamValue::Bool(b) => ParameterChoice::BoolParam(b),
-                        other => ParameterChoice::StringParam(other.to_string()),
-                    };
-                    request.parameters.insert(
-                        key.to_owned(),
-                        InferParameter {
-                            parameter_choice: Some(choice),
-                        },
-                    );
-                }
+                request.parameters.extend(params_to_proto(&params));
             }
             Caller::Http {
                 http,
-                sequence: Some(sequence),
+                sequence: Some((request, encoding)),
             } => {
-                sequence.request.parameters = flags
-                    .into_iter()
-                    .map(|(key, value)| Param {
-                        key: key.into(),
-                        value,
-                    })
-                    .collect();
-                let body = HttpBody::encode(&sequence.request, sequence.binary);
-                let headers = body.headers(sequence.accept_encoding.as_deref());
-                http.set_body(&headers, body.body);
+                request.parameters = params;
+                let (headers, body) = encoding.encode(request);
+                http.set_body(&headers, body);
             }
             // Sequence runs never use the lean gRPC client (see `Target::Grpc`),
             // and an HTTP caller of one always has its `sequence`.
@@ -365,12 +327,14 @@ impl Caller {
 }
 
 enum Target {
+    /// The request encoded once; with `sequence` (sequence runs) each client
+    /// encodes its calls anew.
     Http {
         addr: String,
         path: Arc<str>,
-        body: HttpBody,
-        accept_encoding: Option<String>,
-        sequence: Option<HttpSequence>,
+        headers: Vec<(&'static str, String)>,
+        body: Bytes,
+        sequence: Option<(InferRequest, HttpEncoding)>,
     },
     Native {
         client: NativeClient,
@@ -390,12 +354,11 @@ impl Target {
             Target::Http {
                 addr,
                 path,
+                headers,
                 body,
-                accept_encoding,
                 sequence,
             } => {
-                let headers = body.headers(accept_encoding.as_deref());
-                let http = Http1::connect(addr, path, &headers, body.body.clone())
+                let http = Http1::connect(addr, path, headers, body.clone())
                     .await
                     .map_err(anyhow::Error::msg)?;
                 Ok(Caller::Http {
@@ -586,18 +549,17 @@ async fn target(args: &Args, inputs: Vec<InputTensor>) -> anyhow::Result<Target>
         .strip_prefix("http://")
         .context("--url must start with http://")?
         .to_owned();
-    let body = HttpBody::encode(&request, args.binary);
-    let sequence = args.sequence_length.map(|_| HttpSequence {
-        request,
+    let encoding = HttpEncoding {
         binary: args.binary,
         accept_encoding: args.accept_encoding.clone(),
-    });
+    };
+    let (headers, body) = encoding.encode(&request);
     Ok(Target::Http {
         addr: host,
         path: format!("/v2/models/{}/infer", args.model).into(),
+        headers,
         body,
-        accept_encoding: args.accept_encoding.clone(),
-        sequence,
+        sequence: args.sequence_length.map(|_| (request, encoding)),
     })
 }
 

@@ -142,13 +142,17 @@ impl Grpc {
             .await
             .map_err(|e| format!("connect {authority}: {e}"))?;
         socket.set_nodelay(true).map_err(|e| e.to_string())?;
+        let mut framed = Vec::with_capacity(5 + message.len());
+        framed.push(0); // not compressed
+        framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        framed.extend_from_slice(message);
         let mut client = Grpc {
             socket,
             read: BytesMut::with_capacity(2 * MAX_FRAME),
             hpack: hpack::Decoder::default(),
             path: path.as_bytes().to_vec(),
             authority: authority.into_bytes(),
-            message: Bytes::new(),
+            message: Bytes::from(framed),
             next_stream: 1,
             indexed: false,
             may_index: true,
@@ -162,7 +166,6 @@ impl Grpc {
             streaming,
             stream: None,
         };
-        client.set_message(message);
         let mut hello = PREFACE.to_vec();
         let settings: [(u16, u32); 2] = [(0x2, 0), (0x4, STREAM_WINDOW)]; // no push; window
         frame_header(&mut hello, settings.len() * 6, SETTINGS, 0, 0);
@@ -179,15 +182,6 @@ impl Grpc {
             client.frame(kind, flags, stream, payload, None).await?;
         }
         Ok(client)
-    }
-
-    /// Sets the request message (an encoded protobuf) the next calls send.
-    pub fn set_message(&mut self, message: &[u8]) {
-        let mut framed = Vec::with_capacity(5 + message.len());
-        framed.push(0); // not compressed
-        framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
-        framed.extend_from_slice(message);
-        self.message = Bytes::from(framed);
     }
 
     /// One call: `Ok` when the server answered it without an error.
@@ -351,12 +345,12 @@ impl Grpc {
             (0x00u8, 4)
         };
         let field = |b: &mut Vec<u8>, name_index: usize, name: &[u8], value: &[u8]| {
-            integer(b, name_index, name_bits, with_index);
+            hpack::write_integer(b, name_index, name_bits, with_index);
             if name_index == 0 {
-                integer(b, name.len(), 7, 0);
+                hpack::write_integer(b, name.len(), 7, 0);
                 b.extend_from_slice(name);
             }
-            integer(b, value.len(), 7, 0);
+            hpack::write_integer(b, value.len(), 7, 0);
             b.extend_from_slice(value);
         };
         field(&mut b, 4, b":path", &self.path);
@@ -619,7 +613,7 @@ impl Answers {
         let outcome = match body.split_first() {
             Some((0x0a, rest)) => {
                 let mut rest = rest;
-                let len = varint(&mut rest).unwrap_or(0) as usize;
+                let len = prost::encoding::decode_varint(&mut rest).unwrap_or(0) as usize;
                 if len == 0 {
                     Ok(())
                 } else {
@@ -633,20 +627,6 @@ impl Answers {
         self.head.clear();
         self.left = None;
     }
-}
-
-/// A protobuf varint.
-fn varint(buf: &mut &[u8]) -> Option<u64> {
-    let mut value = 0u64;
-    for shift in (0..64).step_by(7) {
-        let (&b, rest) = buf.split_first()?;
-        *buf = rest;
-        value |= u64::from(b & 0x7f) << shift;
-        if b & 0x80 == 0 {
-            return Some(value);
-        }
-    }
-    None
 }
 
 /// The data of a DATA frame, without padding.
@@ -690,22 +670,6 @@ fn frame_header(out: &mut Vec<u8>, len: usize, kind: u8, flags: u8, stream: u32)
     out.extend_from_slice(&stream.to_be_bytes());
 }
 
-/// An HPACK integer with a `prefix`-bit prefix, `high` in the first byte's other bits.
-fn integer(out: &mut Vec<u8>, mut value: usize, prefix: u8, high: u8) {
-    let max = (1usize << prefix) - 1;
-    if value < max {
-        out.push(high | value as u8);
-        return;
-    }
-    out.push(high | max as u8);
-    value -= max;
-    while value >= 0x80 {
-        out.push((value & 0x7f) as u8 | 0x80);
-        value >>= 7;
-    }
-    out.push(value as u8);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -725,15 +689,6 @@ mod tests {
         assert_eq!(a.done, vec![Ok(()), Err("stream error: no".into())]);
         a.take(&[0, 0, 0, 0, 0]); // an empty message
         assert_eq!(a.done.len(), 3);
-    }
-
-    #[test]
-    fn integers_as_rfc_7541_writes_them() {
-        let mut b = Vec::new();
-        integer(&mut b, 10, 5, 0);
-        integer(&mut b, 1337, 5, 0);
-        integer(&mut b, 42, 8, 0);
-        assert_eq!(b, [0x0a, 0x1f, 0x9a, 0x0a, 0x2a]);
     }
 
     #[test]

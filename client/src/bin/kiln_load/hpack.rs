@@ -1,12 +1,13 @@
-//! HPACK (RFC 7541) decoding for the load generator's HTTP/2 client: integers,
-//! strings (raw or Huffman-coded), the static table and the dynamic table. Only
-//! decoding: the client's own header blocks are written by hand (`grpc_unary.rs`).
+//! HPACK (RFC 7541) for the load generator's HTTP/2 client: decoding (integers,
+//! strings raw or Huffman-coded, the static table and the dynamic table), and the
+//! integer encoding the client's own header blocks, written by hand in `grpc.rs`,
+//! use.
 
 use std::collections::VecDeque;
 use std::sync::OnceLock;
 
 /// A header block the decoder cannot read.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HpackError(pub &'static str);
 
 impl std::fmt::Display for HpackError {
@@ -211,9 +212,7 @@ fn integer(block: &mut &[u8], prefix: u8) -> Result<usize, HpackError> {
     }
     let mut shift = 0;
     loop {
-        let (&b, rest) = block
-            .split_first()
-            .ok_or(HpackError("header block cut short"))?;
+        let (&b, rest) = block.split_first().ok_or(cut)?;
         *block = rest;
         if shift > 21 {
             return Err(HpackError("integer too large"));
@@ -224,6 +223,23 @@ fn integer(block: &mut &[u8], prefix: u8) -> Result<usize, HpackError> {
             return Ok(value);
         }
     }
+}
+
+/// Writes `value` as an integer with a `prefix`-bit prefix, `high` in the first
+/// byte's other bits (RFC 7541 section 5.1).
+pub fn write_integer(out: &mut Vec<u8>, mut value: usize, prefix: u8, high: u8) {
+    let max = (1usize << prefix) - 1;
+    if value < max {
+        out.push(high | value as u8);
+        return;
+    }
+    out.push(high | max as u8);
+    value -= max;
+    while value >= 0x80 {
+        out.push((value & 0x7f) as u8 | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
 }
 
 /// A string literal (RFC 7541 section 5.2).
@@ -369,6 +385,15 @@ mod tests {
             out.push(((acc << (8 - bits)) as u8) | ((1u8 << (8 - bits)) - 1));
         }
         out
+    }
+
+    #[test]
+    fn integers_as_rfc_7541_writes_them() {
+        let mut b = Vec::new();
+        write_integer(&mut b, 10, 5, 0);
+        write_integer(&mut b, 1337, 5, 0);
+        write_integer(&mut b, 42, 8, 0);
+        assert_eq!(b, [0x0a, 0x1f, 0x9a, 0x0a, 0x2a]);
     }
 
     #[test]
