@@ -18,7 +18,7 @@ use std::task::{Context, Poll};
 
 use actix_web::body::{BodySize, MessageBody};
 use actix_web::http::header::ContentType;
-use actix_web::HttpResponse;
+use actix_web::{HttpResponse, HttpResponseBuilder};
 use bytes::Bytes;
 use kiln_worker_sdk::{tensor_byte_len, DataType};
 use serde_json::{Map, Value};
@@ -123,26 +123,34 @@ impl Encoded {
         body
     }
 
-    /// The HTTP answer: JSON only as `application/json`; otherwise
-    /// `application/octet-stream` with the header, the tensors sent from the
+    /// The HTTP answer's head: JSON only as `application/json`; otherwise
+    /// `application/octet-stream` with the header.
+    pub(super) fn response_head(&self) -> HttpResponseBuilder {
+        let mut head = HttpResponse::Ok();
+        match self.header_length() {
+            None => head.content_type(ContentType::json()),
+            Some(length) => head
+                .content_type(ContentType::octet_stream())
+                .insert_header((INFERENCE_HEADER_CONTENT_LENGTH, length.to_string())),
+        };
+        head
+    }
+
+    /// The HTTP answer ([`Encoded::response_head`]), the tensors sent from the
     /// response's own buffers.
     pub(super) fn into_response(self) -> HttpResponse {
-        let Some(length) = self.header_length() else {
-            return HttpResponse::Ok()
-                .content_type(ContentType::json())
-                .body(self.json);
-        };
+        let mut head = self.response_head();
+        if self.binary.is_empty() {
+            return head.body(self.json);
+        }
         let size = self.body_len() as u64;
         let mut chunks = Vec::with_capacity(self.binary.len() + 1);
         chunks.push(Bytes::from(self.json));
         chunks.extend(self.binary.into_iter().filter(|c| !c.is_empty()));
-        HttpResponse::Ok()
-            .content_type(ContentType::octet_stream())
-            .insert_header((INFERENCE_HEADER_CONTENT_LENGTH, length.to_string()))
-            .body(ChunkBody {
-                chunks: chunks.into_iter(),
-                size,
-            })
+        head.body(ChunkBody {
+            chunks: chunks.into_iter(),
+            size,
+        })
     }
 }
 

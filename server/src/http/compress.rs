@@ -6,15 +6,12 @@
 //! they have inflated it. Requests without `Accept-Encoding` (perf_analyzer,
 //! kiln-load) cost one header lookup.
 
-use actix_web::http::header::{
-    AcceptEncoding, ContentEncoding, ContentType, Encoding, Header, ACCEPT_ENCODING,
-};
+use actix_web::http::header::{AcceptEncoding, ContentEncoding, Encoding, Header, ACCEPT_ENCODING};
 use actix_web::{web, HttpRequest, HttpResponse};
 use flate2::{Compress, Compression, Crc, FlushCompress, Status};
 use std::cell::RefCell;
 
 use super::binary::Encoded;
-use super::INFERENCE_HEADER_CONTENT_LENGTH;
 use crate::error::ServerError;
 
 /// Bodies up to this size are compressed on the connection's thread; larger ones
@@ -65,7 +62,8 @@ thread_local! {
 /// `body` compressed with `encoding` at zlib's fastest level (1, nginx's default),
 /// to keep what an answer costs in CPU low.
 pub(super) fn compress(encoding: BodyEncoding, body: &[u8]) -> std::io::Result<Vec<u8>> {
-    let mut out = Vec::with_capacity(body.len() / 2 + 64);
+    // The gzip header and trailer, and room for the compressed body.
+    let mut out = Vec::with_capacity(GZIP_HEADER.len() + 8 + room(body.len()));
     COMPRESSORS.with(|cell| {
         let mut cell = cell.borrow_mut();
         let compressors = cell.get_or_insert_with(|| Compressors {
@@ -87,11 +85,16 @@ pub(super) fn compress(encoding: BodyEncoding, body: &[u8]) -> std::io::Result<V
     })
 }
 
+/// Output space to have free before compressing `input_len` more bytes.
+fn room(input_len: usize) -> usize {
+    input_len / 2 + 1024
+}
+
 /// Appends all of `input`, compressed by `compress` from a fresh start, to `out`.
 fn deflate(compress: &mut Compress, mut input: &[u8], out: &mut Vec<u8>) -> std::io::Result<()> {
     compress.reset();
     loop {
-        out.reserve(input.len() / 2 + 1024);
+        out.reserve(room(input.len()));
         let (before, written) = (compress.total_in(), out.len());
         let status = compress
             .compress_vec(input, out, FlushCompress::Finish)
@@ -113,7 +116,7 @@ pub(super) async fn respond(
     encoded: Encoded,
     encoding: BodyEncoding,
 ) -> Result<HttpResponse, ServerError> {
-    let header_length = encoded.header_length();
+    let mut response = encoded.response_head();
     let body = encoded.into_body();
     let failed = |e: &dyn std::fmt::Display| {
         ServerError::Internal(format!("cannot compress the answer: {e}"))
@@ -126,17 +129,10 @@ pub(super) async fn respond(
             .map_err(|e| failed(&e))?
     }
     .map_err(|e| failed(&e))?;
-    let mut response = HttpResponse::Ok();
     response.insert_header(match encoding {
         BodyEncoding::Gzip => ContentEncoding::Gzip,
         BodyEncoding::Deflate => ContentEncoding::Deflate,
     });
-    match header_length {
-        None => response.content_type(ContentType::json()),
-        Some(length) => response
-            .content_type(ContentType::octet_stream())
-            .insert_header((INFERENCE_HEADER_CONTENT_LENGTH, length.to_string())),
-    };
     Ok(response.body(compressed))
 }
 
