@@ -346,7 +346,7 @@ pub(super) fn triton_status(status: Status) -> Status {
 fn triton_code(headers: &mut HeaderMap) {
     if headers
         .get(Status::GRPC_STATUS)
-        .is_some_and(|s| s.as_bytes() == b"11")
+        .is_some_and(|s| Code::from_bytes(s.as_bytes()) == Code::OutOfRange)
     {
         let code = Code::ResourceExhausted as i32;
         headers.insert(Status::GRPC_STATUS, HeaderValue::from(code));
