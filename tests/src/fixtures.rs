@@ -1,5 +1,6 @@
 //! What the end-to-end tests share: temporary model repositories, POSIX
-//! shared-memory objects, and the echo-multi request with its expected answer.
+//! shared-memory objects, the echo-multi request with its expected answer, and
+//! gzip/deflate bodies.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -132,4 +133,32 @@ pub fn check_echo_multi(r: &kiln_client::InferResponse) {
         r.outputs[2].data.as_ref(),
         kiln_worker_sdk::encode_bytes(&["nlik", ""]).as_slice()
     );
+}
+
+/// `data` compressed as HTTP and gRPC name it: `gzip`, or `deflate` (zlib), at
+/// the best level.
+pub fn compress(encoding: &str, data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let level = flate2::Compression::best();
+    let written = if encoding == "gzip" {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), level);
+        e.write_all(data).and_then(|()| e.finish())
+    } else {
+        let mut e = flate2::write::ZlibEncoder::new(Vec::new(), level);
+        e.write_all(data).and_then(|()| e.finish())
+    };
+    written.expect("compressing into memory cannot fail")
+}
+
+/// `data` inflated from `encoding` (`gzip` or `deflate`).
+pub fn inflate(encoding: &str, data: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    match encoding {
+        "gzip" => flate2::read::GzDecoder::new(data).read_to_end(&mut out),
+        "deflate" => flate2::read::ZlibDecoder::new(data).read_to_end(&mut out),
+        other => panic!("unexpected Content-Encoding {other}"),
+    }
+    .expect("a valid compressed body");
+    out
 }

@@ -8,7 +8,7 @@ use kiln_client::InferResponse;
 use kiln_server::http::{
     decode_response_binary, encode_request_binary, INFERENCE_HEADER_CONTENT_LENGTH,
 };
-use kiln_tests::fixtures::{check_echo_multi, echo_multi_request};
+use kiln_tests::fixtures::{check_echo_multi, echo_multi_request, inflate};
 use kiln_tests::{requests_outcome, Kiln};
 use serde_json::{json, Value};
 
@@ -283,18 +283,6 @@ async fn post_accepting(
         header(INFERENCE_HEADER_CONTENT_LENGTH),
     );
     (encoding, length, response.bytes().await.unwrap().to_vec())
-}
-
-fn inflate(encoding: &str, body: &[u8]) -> Vec<u8> {
-    use std::io::Read;
-    let mut out = Vec::new();
-    match encoding {
-        "gzip" => flate2::read::GzDecoder::new(body).read_to_end(&mut out),
-        "deflate" => flate2::read::ZlibDecoder::new(body).read_to_end(&mut out),
-        other => panic!("unexpected Content-Encoding {other}"),
-    }
-    .unwrap();
-    out
 }
 
 /// `Accept-Encoding: gzip` or `deflate` (tritonclient's

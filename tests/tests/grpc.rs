@@ -14,7 +14,9 @@ use kiln_server::grpc::proto::{
     model_infer_request::InferInputTensor, model_repository_parameter, InferTensorContents,
     ModelInferRequest,
 };
-use kiln_tests::fixtures::{check_echo_multi, echo_multi_request, ShmObject, TempRepository};
+use kiln_tests::fixtures::{
+    check_echo_multi, compress, echo_multi_request, ShmObject, TempRepository,
+};
 use kiln_tests::{metric, requests_outcome, Kiln};
 use serde_json::Value;
 use tonic::Code;
@@ -632,21 +634,6 @@ fn framed_with_flag(flag: u8, message: &[u8]) -> Vec<u8> {
     body.extend_from_slice(&(message.len() as u32).to_be_bytes());
     body.extend_from_slice(message);
     body
-}
-
-/// `message` compressed as `encoding` names it (`gzip` or `deflate`: zlib).
-fn compress(encoding: &str, message: &[u8]) -> Vec<u8> {
-    use std::io::Write;
-    let level = flate2::Compression::default();
-    if encoding == "gzip" {
-        let mut e = flate2::write::GzEncoder::new(Vec::new(), level);
-        e.write_all(message).unwrap();
-        e.finish().unwrap()
-    } else {
-        let mut e = flate2::write::ZlibEncoder::new(Vec::new(), level);
-        e.write_all(message).unwrap();
-        e.finish().unwrap()
-    }
 }
 
 /// Compressed requests (`grpc-encoding` gzip or deflate, as tritonclient's

@@ -324,12 +324,7 @@ async fn bad_requests_get_the_right_status_and_the_server_stays_healthy() {
     }
     // Compressed bodies: an unknown encoding, a corrupt one, and a small gzip body
     // that decodes past --max-body-bytes.
-    let gzip = |text: &str| {
-        use std::io::Write;
-        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-        encoder.write_all(text.as_bytes()).unwrap();
-        encoder.finish().unwrap()
-    };
+    let gzip = |text: &str| kiln_tests::fixtures::compress("gzip", text.as_bytes());
     let big_gzip = gzip(&infer("UINT32", "[1,3000]", &big));
     assert!(big_gzip.len() < 4096);
     for (encoding, body, status, want) in [
