@@ -54,12 +54,6 @@ pub struct GrpcConfig {
     pub sched_batch: bool,
 }
 
-/// The service over `server`, with message size limits of `max_message_bytes`
-/// (see [`GrpcRoutes`]).
-pub fn service(server: Server, max_message_bytes: usize) -> GrpcRoutes {
-    GrpcRoutes::new(server, max_message_bytes)
-}
-
 /// Serves `server` on `listener`, on the caller's runtime, until `shutdown`
 /// resolves, then lets the open calls finish.
 pub async fn serve(
@@ -86,7 +80,7 @@ async fn serve_incoming(
     max_message_bytes: usize,
     shutdown: impl Future<Output = ()>,
 ) {
-    let routes = service(server, max_message_bytes);
+    let routes = GrpcRoutes::new(server, max_message_bytes);
     let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     http2
         .timer(TokioTimer::new())
