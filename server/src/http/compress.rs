@@ -56,7 +56,11 @@ struct Compressors {
 }
 
 thread_local! {
-    static COMPRESSORS: RefCell<Option<Compressors>> = const { RefCell::new(None) };
+    /// Made on a thread's first compressed answer.
+    static COMPRESSORS: RefCell<Compressors> = RefCell::new(Compressors {
+        raw: Compress::new(Compression::fast(), false),
+        zlib: Compress::new(Compression::fast(), true),
+    });
 }
 
 /// `body` compressed with `encoding` at zlib's fastest level (1, nginx's default),
@@ -65,11 +69,7 @@ pub(super) fn compress(encoding: BodyEncoding, body: &[u8]) -> std::io::Result<V
     // The gzip header and trailer, and room for the compressed body.
     let mut out = Vec::with_capacity(GZIP_HEADER.len() + 8 + room(body.len()));
     COMPRESSORS.with(|cell| {
-        let mut cell = cell.borrow_mut();
-        let compressors = cell.get_or_insert_with(|| Compressors {
-            raw: Compress::new(Compression::fast(), false),
-            zlib: Compress::new(Compression::fast(), true),
-        });
+        let compressors = &mut *cell.borrow_mut();
         match encoding {
             BodyEncoding::Gzip => {
                 out.extend_from_slice(&GZIP_HEADER);
