@@ -234,3 +234,80 @@ pub fn requests_outcome(text: &str, model: &str, outcome: &str) -> Option<f64> {
         &[("model", model), ("outcome", outcome)],
     )
 }
+
+/// Waits until the gauge `name{model}` of the server behind `c` reads `value`:
+/// ordering a test by what the server has seen, not by sleeping. Panics after
+/// about 10 s.
+pub async fn wait_metric(c: &HttpClient, name: &str, model: &str, value: f64) {
+    let mut last = None;
+    for _ in 0..1000 {
+        let text = c.metrics().await.unwrap();
+        last = metric(&text, name, &[("model", model)]);
+        if last == Some(value) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("`{name}` of model `{model}` never read {value} (last: {last:?})");
+}
+
+/// Waits until `model` has `n` requests accepted and not yet answered
+/// (`kiln_pending_requests`).
+pub async fn wait_pending(c: &HttpClient, model: &str, n: f64) {
+    wait_metric(c, "kiln_pending_requests", model, n).await;
+}
+
+/// Sends `head` (an HTTP/1.1 request's head, ending with the blank line) and then
+/// `body` over a fresh connection, and reads the answer while still sending: a
+/// server may answer (e.g. 413) and close before the whole body is out, so a
+/// failed write is not an error here. Returns the status and the answer's body.
+pub async fn http_raw(url: &str, head: &str, body: Vec<u8>) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = url.trim_start_matches("http://");
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut reader, mut writer) = stream.into_split();
+    let mut request = head.as_bytes().to_vec();
+    request.extend_from_slice(&body);
+    let sender = tokio::spawn(async move {
+        let _ = writer.write_all(&request).await;
+        writer
+    });
+    let mut answer = Vec::new();
+    let mut chunk = vec![0; 64 * 1024];
+    loop {
+        match reader.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => answer.extend_from_slice(&chunk[..n]),
+        }
+        if complete_answer(&answer) {
+            break;
+        }
+    }
+    sender.abort();
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no complete answer: {text:?}"));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {head:?}"));
+    (status, body.to_owned())
+}
+
+/// Whether `answer` holds a whole HTTP/1.1 answer with a `Content-Length`.
+fn complete_answer(answer: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(answer);
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return false;
+    };
+    head.lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse::<usize>().ok())
+                .flatten()
+        })
+        .is_some_and(|len| body.len() >= len)
+}

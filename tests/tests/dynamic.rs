@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use kiln_client::{DataType, HttpClient, InferRequest, InputTensor, Param, ParamValue};
-use kiln_tests::{metric, requests_outcome, Kiln};
+use kiln_tests::{metric, requests_outcome, wait_metric, wait_pending, Kiln};
 use serde_json::json;
 
 fn request(model: &str, values: &[i32], priority: Option<i64>) -> InferRequest {
@@ -32,19 +32,6 @@ fn request(model: &str, values: &[i32], priority: Option<i64>) -> InferRequest {
             .unwrap_or_default(),
         ..Default::default()
     }
-}
-
-/// Waits until `model` has `n` requests accepted and not yet answered: ordering by
-/// what the server has seen, not by sleeping.
-async fn wait_pending(c: &HttpClient, model: &str, n: f64) {
-    for _ in 0..1000 {
-        let text = c.metrics().await.unwrap();
-        if metric(&text, "kiln_pending_requests", &[("model", model)]) == Some(n) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("model `{model}` never had {n} pending requests");
 }
 
 /// The model's Triton configuration (`GET /v2/models/{m}/config`).
@@ -109,8 +96,10 @@ async fn timeouts_queue_limits_priority_and_cancellation() {
     )
     .await
     .unwrap();
+    // Each request's first value, in the order their answers came.
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
     let send = |values: Vec<i32>, priority: Option<i64>, timeout_us: Option<i64>| {
-        let c = c.clone();
+        let (c, done) = (c.clone(), done_tx.clone());
         tokio::spawn(async move {
             let mut r = request("faulty", &values, priority);
             if let Some(t) = timeout_us {
@@ -120,15 +109,16 @@ async fn timeouts_queue_limits_priority_and_cancellation() {
                 });
             }
             let result = c.infer(&r).await;
+            let _ = done.send(values[0]);
             (values[0], result)
         })
     };
     // 1. The slow request holds the only buffer set for 1 s.
     let slow = send(vec![-3], Some(1), None);
     wait_pending(&c, "faulty", 1.0).await;
-    tokio::time::sleep(Duration::from_millis(50)).await; // let it take the set
-                                                         // 2. A request with a 100 ms timeout is answered when it expires, before the
-                                                         //    slow one finishes, and never reaches the worker.
+    wait_metric(&c, "kiln_batch_size_count", "faulty", 1.0).await;
+    // 2. A request with a 100 ms timeout is answered when it expires, before the
+    //    slow one finishes, and never reaches the worker.
     let expired = send(vec![5], Some(1), Some(100_000)).await.unwrap();
     assert!(!slow.is_finished(), "the timeout was not proactive");
     let err = expired.1.unwrap_err();
@@ -143,6 +133,7 @@ async fn timeouts_queue_limits_priority_and_cancellation() {
     assert_eq!(refused.status(), Some(429), "{refused}");
     // 4. A high-priority request sent after them runs before them.
     let high = send(vec![11], Some(1), None);
+    wait_pending(&c, "faulty", 4.0).await;
     // 5. An HTTP client that gives up: its request leaves the queue unbatched,
     //    counted as cancelled.
     let quitter = reqwest::Client::builder()
@@ -156,21 +147,27 @@ async fn timeouts_queue_limits_priority_and_cancellation() {
         .await;
     assert!(gone.is_err(), "the client should have timed out");
     // After the slow request, the high-priority one runs before the two queued
-    // earlier: it finishes while neither of them (1 s each) can have.
-    slow.await.unwrap().1.unwrap();
-    let (id, result) = high.await.unwrap();
-    result.unwrap();
-    assert_eq!(id, 11);
-    assert!(
-        !low_a.is_finished() && !low_b.is_finished(),
-        "low priority ran first"
-    );
-    let mut finished = vec![id];
-    for t in [low_a, low_b] {
-        let (id, result) = t.await.unwrap();
-        result.unwrap();
-        finished.push(id);
+    // earlier (each of those takes 1 s, so the order of the answers is the order
+    // of the batches).
+    for task in [slow, high, low_a, low_b] {
+        let (id, result) = task.await.unwrap();
+        result.unwrap_or_else(|e| panic!("request {id}: {e}"));
     }
+    drop(done_tx);
+    let mut answered = Vec::new();
+    while let Some(id) = done_rx.recv().await {
+        answered.push(id);
+    }
+    let after_slow: Vec<_> = answered
+        .iter()
+        .copied()
+        .filter(|id| [11, 21, 22].contains(id))
+        .collect();
+    assert_eq!(
+        after_slow,
+        [11, 21, 22],
+        "answers in the order {answered:?}"
+    );
     let text = c.metrics().await.unwrap();
     let config = triton_config(&kiln.url, "faulty").await;
     let db = &config["dynamic_batching"];
@@ -192,10 +189,11 @@ async fn timeouts_queue_limits_priority_and_cancellation() {
     assert_eq!(outcome(&c, "faulty", "cancelled").await, 1.0);
     // slow + high + two low: the expired and cancelled ones never ran.
     assert_eq!(outcome(&c, "faulty", "success").await, 4.0, "{text}");
-    // Priority order: every batch holds one request; the high one was batched first.
-    let order = kiln_tests::metric(&text, "kiln_batch_size_count", &[("model", "faulty")]).unwrap();
-    assert_eq!(order, 4.0);
-    assert_eq!(finished.len(), 3);
+    // Every batch held one request.
+    assert_eq!(
+        metric(&text, "kiln_batch_size_count", &[("model", "faulty")]),
+        Some(4.0)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -219,7 +217,17 @@ async fn a_request_whose_caller_goes_away_is_removed_before_batching() {
         let r = request(&endpoint, &[-3], None);
         tokio::spawn(async move { c.infer(r).await })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Wait until the slow request's batch runs.
+    let mut running = false;
+    for _ in 0..1000 {
+        let text = client.server().metrics_text();
+        running = metric(&text, "kiln_batch_size_count", &[("model", &endpoint)]) == Some(1.0);
+        if running {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(running, "the slow request never ran");
     // The caller gives up after 100 ms, while the slow request holds the only set.
     let gave_up = tokio::time::timeout(
         Duration::from_millis(100),
