@@ -36,6 +36,10 @@ pub enum ServerError {
     /// Loading a worker failed; nothing of it remains (HTTP 400).
     #[error("cannot load worker `{worker}`: {reason}")]
     LoadFailed { worker: String, reason: String },
+    /// A restricted API called without its header (`--http-restricted-api`,
+    /// `--grpc-restricted-protocol`): HTTP 403, gRPC UNAVAILABLE, as Triton answers.
+    #[error("{0}")]
+    Restricted(String),
     /// A bug or a lost internal reply (HTTP 500).
     #[error("internal error: {0}")]
     Internal(String),
@@ -48,6 +52,7 @@ impl ServerError {
             ServerError::InvalidRequest(_)
             | ServerError::AlreadyExists(_)
             | ServerError::LoadFailed { .. } => 400,
+            ServerError::Restricted(_) => 403,
             ServerError::NotFound(_) => 404,
             ServerError::TooLarge(_) => 413,
             ServerError::QueueFull { .. } | ServerError::Exhausted(_) => 429,
@@ -67,7 +72,7 @@ impl ServerError {
             ServerError::QueueFull { .. } | ServerError::Exhausted(_) => {
                 tonic::Code::ResourceExhausted
             }
-            ServerError::Unavailable(_) => tonic::Code::Unavailable,
+            ServerError::Unavailable(_) | ServerError::Restricted(_) => tonic::Code::Unavailable,
             ServerError::WorkerFailed(_) | ServerError::Internal(_) => tonic::Code::Internal,
         }
     }

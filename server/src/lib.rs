@@ -17,6 +17,7 @@ pub mod ordering;
 pub mod params;
 pub mod plugin;
 pub mod repository;
+pub mod restricted;
 pub mod sched;
 pub mod sequence;
 pub mod server;

@@ -8,6 +8,7 @@ use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use kiln_server::grpc::{GrpcConfig, GrpcServer};
 use kiln_server::http::{serve, HttpConfig};
+use kiln_server::restricted::RestrictedApis;
 use kiln_server::{Param, ParamValue, Server, ServerConfig};
 
 #[derive(Parser)]
@@ -71,6 +72,23 @@ struct ServeArgs {
     /// handing out the rest of its batch (`false`: the default policy).
     #[arg(long, env = "KILN_SCHED_BATCH", default_value_t = true, action = clap::ArgAction::Set)]
     sched_batch: bool,
+    // Access (issue #11, restricted APIs): Triton's flags, repeatable, one group
+    // `<API_1>,<API_2>,...:<key>=<value>` each; in the environment, groups are
+    // separated by `;`.
+    /// Restrict REST API categories (health, metadata, inference, shared-memory,
+    /// model-config, model-repository, statistics, trace, logging) to requests
+    /// carrying the header `<key>: <value>`; others get 403.
+    #[arg(long, env = "KILN_HTTP_RESTRICTED_API", value_delimiter = ';')]
+    http_restricted_api: Vec<String>,
+    /// The same for gRPC: the header is `triton-grpc-protocol-<key>`; others get
+    /// UNAVAILABLE.
+    #[arg(
+        long,
+        visible_alias = "grpc-restricted-api",
+        env = "KILN_GRPC_RESTRICTED_PROTOCOL",
+        value_delimiter = ';'
+    )]
+    grpc_restricted_protocol: Vec<String>,
 }
 
 /// Parses `WORKER[:key=value,...]`.
@@ -103,10 +121,13 @@ async fn main() -> anyhow::Result<()> {
         .iter()
         .map(|s| parse_load(s))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let restricted =
+        RestrictedApis::parse(&args.http_restricted_api, &args.grpc_restricted_protocol)?;
     let server = Server::start(ServerConfig {
         plugin_dirs: args.plugin_dirs.clone(),
         model_repository: args.model_repository.clone(),
     })?;
+    server.restrict(restricted)?;
     let mut models: Vec<String> = Vec::new();
     for name in &args.load_model {
         if name == "*" {

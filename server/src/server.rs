@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
 use kiln_worker_sdk::Param;
@@ -14,6 +14,7 @@ use crate::manager::{Manager, Models};
 use crate::metrics::Metrics;
 use crate::plugin::Plugins;
 use crate::repository::{Entry, Repository};
+use crate::restricted::RestrictedApis;
 use crate::shm::SharedMemory;
 
 /// How to start a [`Server`].
@@ -38,6 +39,7 @@ struct Inner {
     ready: AtomicBool,
     repository: Option<Repository>,
     shared_memory: SharedMemory,
+    restricted: OnceLock<RestrictedApis>,
 }
 
 impl Server {
@@ -64,6 +66,7 @@ impl Server {
                 ready: AtomicBool::new(false),
                 repository: config.model_repository.map(Repository::new),
                 shared_memory: SharedMemory::new(),
+                restricted: OnceLock::new(),
             }),
         })
     }
@@ -138,6 +141,21 @@ impl Server {
     /// shared by every protocol.
     pub fn shared_memory(&self) -> &SharedMemory {
         &self.inner.shared_memory
+    }
+
+    /// Restricts the protocols' APIs (Triton's `--http-restricted-api` and
+    /// `--grpc-restricted-protocol`). Call it before serving: the HTTP and gRPC
+    /// servers read it once as they start. Refused once set.
+    pub fn restrict(&self, apis: RestrictedApis) -> Result<()> {
+        self.inner
+            .restricted
+            .set(apis)
+            .map_err(|_| ServerError::Internal("the APIs are already restricted".into()))
+    }
+
+    /// The protocols' restricted APIs (none unless [`Server::restrict`] set them).
+    pub fn restricted(&self) -> &RestrictedApis {
+        self.inner.restricted.get_or_init(RestrictedApis::default)
     }
 
     /// Whether the server takes requests.

@@ -17,6 +17,7 @@
 
 use std::convert::Infallible;
 use std::future::ready;
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -33,6 +34,7 @@ use tonic::{Code, Status};
 use super::proto::grpc_inference_service_server::GrpcInferenceServiceServer;
 use super::proto::ModelInferRequest;
 use super::service::{status, KilnGrpc, Pending};
+use crate::restricted::Restrictions;
 use crate::server::Server;
 
 /// The path of `ModelInfer`.
@@ -48,6 +50,8 @@ pub struct GrpcRoutes {
     tonic: GrpcInferenceServiceServer<KilnGrpc>,
     server: Server,
     max_message_bytes: usize,
+    /// `--grpc-restricted-protocol`; `None` when nothing is restricted.
+    restricted: Option<Arc<Restrictions>>,
 }
 
 impl GrpcRoutes {
@@ -60,10 +64,12 @@ impl GrpcRoutes {
             .accept_compressed(CompressionEncoding::Deflate)
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes);
+        let restricted = Some(Arc::clone(&server.restricted().grpc)).filter(|r| !r.is_empty());
         GrpcRoutes {
             tonic,
             server,
             max_message_bytes,
+            restricted,
         }
     }
 }
@@ -76,6 +82,13 @@ impl hyper::service::Service<http::Request<Incoming>> for GrpcRoutes {
     /// Runs on the connection's task (hyper calls it as each request arrives; the
     /// future it returns runs on a task of its own).
     fn call(&self, request: http::Request<Incoming>) -> Self::Future {
+        if let Some(refused) = self
+            .restricted
+            .as_ref()
+            .and_then(|r| r.check_grpc(request.uri().path(), request.headers()))
+        {
+            return Box::pin(ready(Ok(status(refused).into_http())));
+        }
         let deadline = grpc_timeout(request.headers());
         let answer: Self::Future =
             if request.uri().path() == MODEL_INFER && !compressed(request.headers()) {

@@ -8,6 +8,7 @@ mod binary;
 mod compress;
 mod json;
 mod peer;
+mod restricted;
 mod routes;
 mod shm;
 mod triton;
@@ -46,6 +47,7 @@ pub fn serve(
     server: Server,
     config: HttpConfig,
 ) -> std::io::Result<(actix_web::dev::Server, Vec<SocketAddr>)> {
+    let restrictions = std::sync::Arc::clone(&server.restricted().http);
     let state = web::Data::new(routes::State {
         server,
         max_body_bytes: config.max_body_bytes,
@@ -58,7 +60,7 @@ pub fn serve(
         }
         App::new()
             .app_data(state.clone())
-            .configure(routes::configure)
+            .configure(|cfg| routes::configure(cfg, &restrictions))
             .default_service(web::to(routes::not_found))
     })
     .on_connect(peer::on_connect)

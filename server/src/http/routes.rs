@@ -6,10 +6,11 @@ use serde_json::{json, Map, Value};
 
 use super::json::params_from_json;
 use super::shm::{decode_request_shm, encode_response_shm};
-use super::{shm, triton, HttpError, INFERENCE_HEADER_CONTENT_LENGTH};
+use super::{restricted, shm, triton, HttpError, INFERENCE_HEADER_CONTENT_LENGTH};
 use crate::error::ServerError;
 use crate::group::WorkerGroup;
 use crate::infer::expected_shape;
+use crate::restricted::{Category, Restrictions};
 use crate::server::Server;
 
 /// Shared by every handler.
@@ -20,58 +21,103 @@ pub struct State {
 
 type Reply = Result<HttpResponse, HttpError>;
 
-/// Registers every route; a known path with the wrong method answers 405.
-pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.service(get("/v2/health/live", live))
-        .service(get("/v2/health/ready", ready))
-        .service(get("/v2", server_metadata))
-        .service(get("/v2/models", list_models))
-        .service(get("/v2/models/stats", triton::all_stats))
-        .service(get("/v2/models/{model}", model_metadata))
-        .service(get("/v2/models/{model}/versions/{version}", model_metadata))
-        .service(get("/v2/models/{model}/ready", model_ready))
-        .service(get(
-            "/v2/models/{model}/versions/{version}/ready",
-            model_ready,
-        ))
-        .service(get("/v2/models/{model}/config", triton::config))
-        .service(get(
+/// Registers every route, each in its Triton API category (a restricted category's
+/// routes behind the check of its header, [`super::restricted`]); a known path with
+/// the wrong method answers 405.
+pub fn configure(cfg: &mut web::ServiceConfig, restrictions: &Restrictions) {
+    use Category::*;
+    let mut add = |category, resource| restricted::add(cfg, restrictions, category, resource);
+    add(Health, get("/v2/health/live", live));
+    add(Health, get("/v2/health/ready", ready));
+    add(Metadata, get("/v2", server_metadata));
+    add(Metadata, get("/v2/models", list_models));
+    add(Statistics, get("/v2/models/stats", triton::all_stats));
+    add(Metadata, get("/v2/models/{model}", model_metadata));
+    add(
+        Metadata,
+        get("/v2/models/{model}/versions/{version}", model_metadata),
+    );
+    add(Health, get("/v2/models/{model}/ready", model_ready));
+    add(
+        Health,
+        get("/v2/models/{model}/versions/{version}/ready", model_ready),
+    );
+    add(
+        ModelConfig,
+        get("/v2/models/{model}/config", triton::config),
+    );
+    add(
+        ModelConfig,
+        get(
             "/v2/models/{model}/versions/{version}/config",
             triton::config,
-        ))
-        .service(get("/v2/models/{model}/stats", triton::model_stats))
-        .service(get(
+        ),
+    );
+    add(
+        Statistics,
+        get("/v2/models/{model}/stats", triton::model_stats),
+    );
+    add(
+        Statistics,
+        get(
             "/v2/models/{model}/versions/{version}/stats",
             triton::model_stats,
-        ))
-        .service(get("/metrics", metrics))
-        .service(post("/v2/models/{model}/infer", infer))
-        .service(post("/v2/models/{model}/versions/{version}/infer", infer))
-        .service(post("/v2/workers/{worker}/load", load))
-        .service(post("/v2/workers/{endpoint}/unload", unload))
-        .service(post("/v2/repository/index", repository_index))
-        .service(post("/v2/repository/models/{model}/load", repository_load))
-        .service(post(
-            "/v2/repository/models/{model}/unload",
-            repository_unload,
-        ))
-        .service(get("/v2/systemsharedmemory/status", shm::status_all))
-        .service(get(
+        ),
+    );
+    // Triton serves metrics on a port of its own, unrestricted; kiln's are on the
+    // HTTP port and tell what statistics tell, so `statistics` covers them.
+    add(Statistics, get("/metrics", metrics));
+    add(Inference, post("/v2/models/{model}/infer", infer));
+    add(
+        Inference,
+        post("/v2/models/{model}/versions/{version}/infer", infer),
+    );
+    add(ModelRepository, post("/v2/workers/{worker}/load", load));
+    add(
+        ModelRepository,
+        post("/v2/workers/{endpoint}/unload", unload),
+    );
+    add(
+        ModelRepository,
+        post("/v2/repository/index", repository_index),
+    );
+    add(
+        ModelRepository,
+        post("/v2/repository/models/{model}/load", repository_load),
+    );
+    add(
+        ModelRepository,
+        post("/v2/repository/models/{model}/unload", repository_unload),
+    );
+    add(
+        SharedMemory,
+        get("/v2/systemsharedmemory/status", shm::status_all),
+    );
+    add(
+        SharedMemory,
+        get(
             "/v2/systemsharedmemory/region/{region}/status",
             shm::status_region,
-        ))
-        .service(post(
+        ),
+    );
+    add(
+        SharedMemory,
+        post(
             "/v2/systemsharedmemory/region/{region}/register",
             shm::register,
-        ))
-        .service(post(
+        ),
+    );
+    add(
+        SharedMemory,
+        post(
             "/v2/systemsharedmemory/region/{region}/unregister",
             shm::unregister,
-        ))
-        .service(post(
-            "/v2/systemsharedmemory/unregister",
-            shm::unregister_all,
-        ));
+        ),
+    );
+    add(
+        SharedMemory,
+        post("/v2/systemsharedmemory/unregister", shm::unregister_all),
+    );
 }
 
 fn get<F, Args>(path: &str, handler: F) -> actix_web::Resource
