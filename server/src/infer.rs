@@ -142,6 +142,12 @@ pub fn validate(info: &WorkerInfo, batch_size: usize, request: InferRequest) -> 
                             names(&info.outputs)
                         ))
                     })?;
+                // As Triton: the same output requested twice is a bad request.
+                if mask & (1 << index) != 0 {
+                    return Err(ServerError::invalid(format!(
+                        "output `{name}` is requested more than once"
+                    )));
+                }
                 mask |= 1 << index;
             }
             mask
@@ -368,5 +374,12 @@ mod tests {
             .unwrap()
             .to_string()
             .contains("unknown output `Z`"));
+        let mut req = request(&[1, 2], &[1.0; 2], &[1, 1], &bytes);
+        req.outputs = Some(vec!["Y".into(), "Y".into()]);
+        assert!(validate(&info(), 8, req)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("output `Y` is requested more than once"));
     }
 }

@@ -198,6 +198,7 @@ pub struct ModelConfig {
     /// The served version when it is a number (policy `specific`), else `None`
     /// (policy `latest`).
     pub version: Option<i64>,
+    /// The group's batch size (0: the worker does not batch): what infer enforces.
     pub max_batch_size: u32,
     pub inputs: Vec<ConfigTensor>,
     pub outputs: Vec<ConfigTensor>,
@@ -294,7 +295,13 @@ impl ModelConfig {
             platform: platform(worker),
             backend: worker.to_owned(),
             version: version.parse().ok(),
-            max_batch_size: info.max_batch_size,
+            // What infer enforces: the group's batch size (at most the worker's
+            // max_batch_size), so clients and perf_analyzer never send more.
+            max_batch_size: if info.max_batch_size > 0 {
+                u32::try_from(settings.batch_size).unwrap_or(u32::MAX)
+            } else {
+                0
+            },
             inputs: tensors(&info.inputs),
             outputs: tensors(&info.outputs),
             allow_ragged_batch: info.allow_ragged_batch,

@@ -61,7 +61,11 @@ async fn config_describes_each_loaded_group() {
     assert_eq!(echo["name"], "echo");
     assert_eq!(echo["platform"], "kiln_echo");
     assert_eq!(echo["backend"], "echo");
-    assert_eq!(echo["max_batch_size"], 4096);
+    // The group's batch size, which infer enforces, not the worker's 4096.
+    assert_eq!(echo["max_batch_size"], 8);
+    kiln.client.infer(&echo_request(8, 1)).await.unwrap();
+    let err = kiln.client.infer(&echo_request(9, 1)).await.unwrap_err();
+    assert_eq!(err.status(), Some(400), "{err}");
     assert_eq!(echo["input"][0]["name"], "INPUT0");
     assert_eq!(echo["input"][0]["data_type"], "TYPE_UINT32");
     assert_eq!(echo["input"][0]["dims"], json!([-1]));
@@ -242,4 +246,63 @@ async fn stats_count_what_the_instances_ran() {
         assert_eq!(status, 404, "{path}");
         assert!(body["error"].is_string(), "{path}: {body}");
     }
+}
+
+/// Details Triton's own QA tests check: the same output requested twice is a bad
+/// request over both protocols, and a repository-index request with a field it
+/// does not know is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_outputs_and_unknown_index_fields_are_refused() {
+    let repo =
+        kiln_tests::fixtures::TempRepository::new(&[("echo-r", "worker = \"echo\"\n", &[1])]);
+    let kiln = Kiln::start(&["--model-repository", &repo.arg(), "--load", "echo-multi"]);
+    let mut request = kiln_tests::fixtures::echo_multi_request("multi");
+    request.outputs = Some(vec!["OUTPUT1".into(), "OUTPUT1".into()]);
+    let err = kiln.client.infer(&request).await.unwrap_err();
+    assert_eq!(err.status(), Some(400), "{err}");
+    assert!(
+        err.to_string()
+            .contains("`OUTPUT1` is requested more than once"),
+        "{err}"
+    );
+    let message = kiln_server::grpc::convert::encode_request(&request);
+    let status = kiln
+        .grpc()
+        .await
+        .raw()
+        .model_infer(message)
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("more than once"), "{status:?}");
+    // Two different outputs are fine.
+    request.outputs = Some(vec!["OUTPUT1".into(), "OUTPUT0".into()]);
+    assert_eq!(kiln.client.infer(&request).await.unwrap().outputs.len(), 2);
+
+    let index = |body: &'static str| {
+        let url = format!("{}/v2/repository/index", kiln.url);
+        async move {
+            let response = reqwest::Client::new()
+                .post(url)
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, body) = index(r#"{"ready": true, "bogus": 1}"#).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("`bogus`"),
+        "{body}"
+    );
+    let (status, body) = index(r#"{"ready": "yes"}"#).await;
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = index(r#"{"ready": false}"#).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body[0]["name"], "echo-r", "{body}");
+    let (status, body) = index(r#"{"ready": true}"#).await;
+    assert_eq!((status, body), (200, json!([])));
 }

@@ -367,7 +367,7 @@ pub(super) async fn json_object(
 /// Triton's repository index: every model in the repository with its state.
 async fn repository_index(state: web::Data<State>, payload: web::Payload) -> Reply {
     let body = json_object(payload, state.max_body_bytes).await?;
-    let only_ready = body.get("ready").and_then(Value::as_bool).unwrap_or(false);
+    let only_ready = index_request(&body)?;
     let index: Vec<Value> = crate::triton::repository_index(&state.server, only_ready)?
         .into_iter()
         .map(
@@ -375,6 +375,23 @@ async fn repository_index(state: web::Data<State>, payload: web::Payload) -> Rep
         )
         .collect();
     Ok(HttpResponse::Ok().json(index))
+}
+
+/// The `ready` of a repository-index request body (`{"ready": bool}`, optional);
+/// any other field, or a `ready` that is not a boolean, is a 400.
+fn index_request(body: &Map<String, Value>) -> Result<bool, HttpError> {
+    if let Some(field) = body.keys().find(|k| k.as_str() != "ready") {
+        return Err(HttpError(ServerError::invalid(format!(
+            "unexpected field `{field}` in the repository index request (only `ready` is known)"
+        ))));
+    }
+    match body.get("ready") {
+        None => Ok(false),
+        Some(Value::Bool(ready)) => Ok(*ready),
+        Some(other) => Err(HttpError(ServerError::invalid(format!(
+            "`ready` must be a boolean, got {other}"
+        )))),
+    }
 }
 
 /// Triton's repository load; `parameters` may override the model's config, and

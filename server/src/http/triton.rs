@@ -244,7 +244,8 @@ mod tests {
         assert_eq!(c["name"], "echo");
         assert_eq!(c["platform"], "kiln_echo");
         assert_eq!(c["backend"], "echo");
-        assert_eq!(c["max_batch_size"], 256);
+        // The group's batch size (8), not the worker's 256: what infer enforces.
+        assert_eq!(c["max_batch_size"], 8);
         assert_eq!(c["version_policy"], json!({"specific": {"versions": [1]}}));
         assert_eq!(c["input"][0]["name"], "INPUT0");
         assert_eq!(c["input"][0]["data_type"], "TYPE_UINT32");
