@@ -311,3 +311,43 @@ fn complete_answer(answer: &[u8]) -> bool {
         })
         .is_some_and(|len| body.len() >= len)
 }
+
+/// Fills `model`'s queue while a slow request holds its only buffer set:
+/// `send(v)` sends one request with value `v` (1, 2, …), each once the server has
+/// accepted the one before (`kiln_pending_requests` is `pending_before` plus those
+/// accepted), until one ends without being accepted: the refused one, returned
+/// beside the accepted ones (value, task). Panics when `holder` (the slow request)
+/// ends first, or when more than `most` are accepted.
+pub async fn fill_until_refused<T: Send + 'static>(
+    c: &HttpClient,
+    model: &str,
+    pending_before: f64,
+    most: usize,
+    holder: &tokio::task::JoinHandle<impl Send + 'static>,
+    mut send: impl FnMut(i32) -> tokio::task::JoinHandle<T>,
+) -> (Vec<(i32, tokio::task::JoinHandle<T>)>, T) {
+    let mut accepted = Vec::new();
+    loop {
+        let value = accepted.len() as i32 + 1;
+        let request = send(value);
+        let pending = pending_before + accepted.len() as f64 + 1.0;
+        let mut queued = false;
+        for _ in 0..1000 {
+            assert!(!holder.is_finished(), "the slow request ended first");
+            if request.is_finished() {
+                break;
+            }
+            let text = c.metrics().await.unwrap();
+            queued = metric(&text, "kiln_pending_requests", &[("model", model)]) == Some(pending);
+            if queued {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if !queued {
+            return (accepted, request.await.unwrap());
+        }
+        accepted.push((value, request));
+        assert!(accepted.len() <= most, "{} accepted", accepted.len());
+    }
+}

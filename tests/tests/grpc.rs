@@ -741,20 +741,25 @@ async fn a_full_queue_answers_resource_exhausted() {
     };
     // As over REST: -3 makes the worker take 1 s and holds the only buffer set.
     let running = send(-3);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let blocked = send(-3); // taken by the batcher, waiting for a buffer set
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let queued: Vec<_> = (1..=2).map(send).collect(); // fill the queue
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let (code, text) = failure(send(9).await.unwrap());
+    kiln_tests::wait_pending(&kiln.client, "faulty", 1.0).await;
+    kiln_tests::wait_metric(&kiln.client, "kiln_batch_size_count", "faulty", 1.0).await;
+    // Then one at a time, each accepted before the next, until one is refused: the
+    // batcher may hold one (waiting for the buffer set) beside the queue's two.
+    let (accepted, refused) =
+        kiln_tests::fill_until_refused(&kiln.client, "faulty", 1.0, 3, &running, send).await;
+    assert!(
+        accepted.len() >= 2,
+        "a queue of 2 accepted {}",
+        accepted.len()
+    );
+    let (code, text) = failure(refused);
     assert_eq!(code, Code::ResourceExhausted, "{text}");
     assert!(text.contains("queue of 2 is full"), "{text}");
     running.await.unwrap().unwrap();
-    blocked.await.unwrap().unwrap();
-    for (i, task) in queued.into_iter().enumerate() {
+    for (value, task) in accepted {
         assert_eq!(
             task.await.unwrap().unwrap().outputs[0].values::<i32>(),
-            vec![i as i32 + 1]
+            vec![value]
         );
     }
 }

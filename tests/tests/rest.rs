@@ -1,7 +1,4 @@
 //! End-to-end over REST: the real `kiln` binary, real plugins, real sockets.
-
-use std::time::Duration;
-
 use kiln_client::{ClientError, DataType, InferRequest, InputTensor};
 use kiln_tests::{metric, requests_outcome, Kiln};
 use serde_json::{json, Value};
@@ -486,43 +483,20 @@ async fn a_full_queue_answers_429_and_loses_nothing_accepted() {
     };
     let running = send(vec![-3]); // holds the only buffer set for 1 s
     kiln_tests::wait_pending(&c, &endpoint, 1.0).await;
-    kiln_tests::wait_metric(&c, "kiln_buffer_pool_in_use", &endpoint, 1.0).await;
+    kiln_tests::wait_metric(&c, "kiln_batch_size_count", &endpoint, 1.0).await;
     // Then requests are sent one at a time, each accepted before the next, until
     // one is refused: the batcher may hold one (waiting for a buffer set) beside
     // the queue's two, so two or three are accepted.
-    let mut accepted = Vec::new();
-    let refused = loop {
-        let value = accepted.len() as i32 + 1;
-        let body = format!(
-            r#"{{"inputs":[{{"name":"INPUT0","shape":[1,1],"datatype":"INT32","data":[{value}]}}]}}"#
-        );
-        let url = format!("{}/v2/models/{endpoint}/infer", kiln.url);
-        let request = tokio::spawn(reqwest::Client::new().post(url).body(body).send());
-        let pending = accepted.len() as f64 + 2.0;
-        let mut queued = false;
-        for _ in 0..1000 {
-            assert!(!running.is_finished(), "the slow request ended first");
-            if request.is_finished() {
-                break;
-            }
-            let text = c.metrics().await.unwrap();
-            queued =
-                metric(&text, "kiln_pending_requests", &[("model", &endpoint)]) == Some(pending);
-            if queued {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        if !queued {
-            break request.await.unwrap().unwrap();
-        }
-        accepted.push((value, request));
-        assert!(
-            accepted.len() <= 3,
-            "a queue of 2 accepted {}",
-            accepted.len()
-        );
-    };
+    let url = format!("{}/v2/models/{endpoint}/infer", kiln.url);
+    let (accepted, refused) =
+        kiln_tests::fill_until_refused(&c, &endpoint, 1.0, 3, &running, |value| {
+            let body = format!(
+                r#"{{"inputs":[{{"name":"INPUT0","shape":[1,1],"datatype":"INT32","data":[{value}]}}]}}"#
+            );
+            tokio::spawn(reqwest::Client::new().post(url.clone()).body(body).send())
+        })
+        .await;
+    let refused = refused.unwrap();
     assert!(
         accepted.len() >= 2,
         "a queue of 2 accepted {}",
