@@ -1,4 +1,5 @@
 //! End-to-end over REST: the real `kiln` binary, real plugins, real sockets.
+
 use kiln_client::{ClientError, DataType, InferRequest, InputTensor};
 use kiln_tests::{metric, requests_outcome, Kiln};
 use serde_json::{json, Value};

@@ -15,6 +15,7 @@ and 2), not loaded.
 import os
 import threading
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -48,21 +49,60 @@ def echo_multi_arrays():
     return (a, b, c), expected
 
 
+def faulty_gauge(name):
+    """The value of kiln's metric `name` for the model `faulty` (0 when absent)."""
+    url = "http://{}/metrics".format(os.environ["KILN_HTTP_URL"])
+    with urllib.request.urlopen(url) as answer:
+        text = answer.read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + "{") and 'model="faulty"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def wait_until(condition, what):
+    """Waits (up to about 10 s) until `condition()` holds: ordering by what the
+    server has seen, not by sleeping."""
+    for _ in range(1000):
+        if condition():
+            return
+        time.sleep(0.01)
+    raise AssertionError("never happened: " + what)
+
+
 def fill_queue_then_refuse(send):
     """Drives `faulty` (one buffer set, a queue of two) to a full queue: a request
-    that takes 1 s holds the set, a second waits for it in the batcher, two fill
-    the queue, and the next is refused at once. `send(key, value)` sends one
-    request and returns `{key: its result or error}`; all five are returned."""
+    that takes 1 s holds the set, then requests `q1`, `q2`, ... are sent one at a
+    time, each once the server has accepted the one before, until one is refused
+    (the batcher may hold one, waiting for the set, beside the queue's two).
+    `send(key, value)` sends one request and returns `{key: its result or
+    error}`; returns them all, the refused one under `refused`."""
     results = {}
     threads = []
-    for key, value in [("running", -3), ("blocked", -3), ("q1", 1), ("q2", 2)]:
-        t = threading.Thread(target=lambda k=key, v=value: results.update(send(k, v)))
+
+    def start(key, value):
+        t = threading.Thread(target=lambda: results.update(send(key, value)))
         t.start()
         threads.append(t)
-        time.sleep(0.2)
-    results.update(send("refused", 9))
+
+    batches = faulty_gauge("kiln_batch_size_count")
+    start("running", -3)
+    wait_until(lambda: faulty_gauge("kiln_batch_size_count") > batches, "the slow batch runs")
+    for value in range(1, 5):
+        key = "q{}".format(value)
+        start(key, value)
+        wait_until(
+            lambda: key in results or faulty_gauge("kiln_pending_requests") == 1 + value,
+            key + " accepted or refused",
+        )
+        assert "running" not in results, "the slow request ended first"
+        if key in results:
+            results["refused"] = results.pop(key)
+            break
     for t in threads:
         t.join()
+    assert "refused" in results, "no request was refused"
+    assert 2 <= value - 1 <= 3, "a queue of 2 accepted {}".format(value - 1)
     return results
 
 
