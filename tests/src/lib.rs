@@ -312,42 +312,62 @@ fn complete_answer(answer: &[u8]) -> bool {
         .is_some_and(|len| body.len() >= len)
 }
 
-/// Fills `model`'s queue while a slow request holds its only buffer set:
-/// `send(v)` sends one request with value `v` (1, 2, …), each once the server has
-/// accepted the one before (`kiln_pending_requests` is `pending_before` plus those
-/// accepted), until one ends without being accepted: the refused one, returned
-/// beside the accepted ones (value, task). Panics when `holder` (the slow request)
-/// ends first, or when more than `most` are accepted.
+/// How many requests `model` has accepted in all: pending plus answered
+/// (`success`, `failure`), read from the server's metrics.
+pub async fn accepted(c: &HttpClient, model: &str) -> f64 {
+    let text = c.metrics().await.unwrap();
+    metric(&text, "kiln_pending_requests", &[("model", model)]).unwrap_or(0.0)
+        + requests_outcome(&text, model, "success").unwrap_or(0.0)
+        + requests_outcome(&text, model, "failure").unwrap_or(0.0)
+}
+
+/// Waits until `model` has accepted `n` requests in all (see [`accepted`]),
+/// however many have finished meanwhile.
+pub async fn wait_accepted(c: &HttpClient, model: &str, n: f64) {
+    let mut last = 0.0;
+    for _ in 0..1000 {
+        last = accepted(c, model).await;
+        if last == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("model `{model}` never accepted {n} requests (last: {last})");
+}
+
+/// Fills `model`'s queue while slow requests hold its only buffer set: `send(v)`
+/// sends one request with value `v` (1, 2, …), each once the server has accepted
+/// the one before (counted by [`accepted`], so a request finishing meanwhile does
+/// not matter), until one ends without being accepted: the refused one, returned
+/// beside the accepted ones (value, task). Panics when more than `most` are
+/// accepted.
 pub async fn fill_until_refused<T: Send + 'static>(
     c: &HttpClient,
     model: &str,
-    pending_before: f64,
     most: usize,
-    holder: &tokio::task::JoinHandle<impl Send + 'static>,
     mut send: impl FnMut(i32) -> tokio::task::JoinHandle<T>,
 ) -> (Vec<(i32, tokio::task::JoinHandle<T>)>, T) {
-    let mut accepted = Vec::new();
+    let before = accepted(c, model).await;
+    let mut taken = Vec::new();
     loop {
-        let value = accepted.len() as i32 + 1;
+        let value = taken.len() as i32 + 1;
         let request = send(value);
-        let pending = pending_before + accepted.len() as f64 + 1.0;
+        let want = before + taken.len() as f64 + 1.0;
         let mut queued = false;
         for _ in 0..1000 {
-            assert!(!holder.is_finished(), "the slow request ended first");
             if request.is_finished() {
                 break;
             }
-            let text = c.metrics().await.unwrap();
-            queued = metric(&text, "kiln_pending_requests", &[("model", model)]) == Some(pending);
+            queued = accepted(c, model).await == want;
             if queued {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         if !queued {
-            return (accepted, request.await.unwrap());
+            return (taken, request.await.unwrap());
         }
-        accepted.push((value, request));
-        assert!(accepted.len() <= most, "{} accepted", accepted.len());
+        taken.push((value, request));
+        assert!(taken.len() <= most, "{} accepted", taken.len());
     }
 }

@@ -113,10 +113,14 @@ async fn timeouts_queue_limits_priority_and_cancellation() {
             (values[0], result)
         })
     };
-    // 1. The slow request holds the only buffer set for 1 s.
+    // 1. The slow request holds the only buffer set for 1 s, and a second one at
+    //    the same (high) priority is queued to run next: 2 s in which to queue
+    //    the rest, however slowly they arrive.
     let slow = send(vec![-3], Some(1), None);
     wait_pending(&c, "faulty", 1.0).await;
     wait_metric(&c, "kiln_batch_size_count", "faulty", 1.0).await;
+    let slow_next = send(vec![-3], Some(1), None);
+    wait_pending(&c, "faulty", 2.0).await;
     // 2. A request with a 100 ms timeout is answered when it expires, before the
     //    slow one finishes, and never reaches the worker.
     let expired = send(vec![5], Some(1), Some(100_000)).await.unwrap();
@@ -126,14 +130,18 @@ async fn timeouts_queue_limits_priority_and_cancellation() {
     assert!(err.to_string().contains("timeout expired"), "{err}");
     // 3. Level 2 holds two requests (each takes 1 s: `-3`); a third is refused with 429.
     let low_a = send(vec![21, -3], None, None);
-    wait_pending(&c, "faulty", 2.0).await;
-    let low_b = send(vec![22, -3], None, None);
     wait_pending(&c, "faulty", 3.0).await;
+    let low_b = send(vec![22, -3], None, None);
+    wait_pending(&c, "faulty", 4.0).await;
     let refused = send(vec![23], None, None).await.unwrap().1.unwrap_err();
     assert_eq!(refused.status(), Some(429), "{refused}");
     // 4. A high-priority request sent after them runs before them.
     let high = send(vec![11], Some(1), None);
-    wait_pending(&c, "faulty", 4.0).await;
+    wait_pending(&c, "faulty", 5.0).await;
+    assert!(
+        !slow_next.is_finished(),
+        "too slow to queue them all in 2 s"
+    );
     // 5. An HTTP client that gives up: its request leaves the queue unbatched,
     //    counted as cancelled.
     let quitter = reqwest::Client::builder()
@@ -149,7 +157,7 @@ async fn timeouts_queue_limits_priority_and_cancellation() {
     // After the slow request, the high-priority one runs before the two queued
     // earlier (each of those takes 1 s, so the order of the answers is the order
     // of the batches).
-    for task in [slow, high, low_a, low_b] {
+    for task in [slow, slow_next, high, low_a, low_b] {
         let (id, result) = task.await.unwrap();
         result.unwrap_or_else(|e| panic!("request {id}: {e}"));
     }
@@ -187,12 +195,12 @@ async fn timeouts_queue_limits_priority_and_cancellation() {
     assert_eq!(outcome(&c, "faulty", "timeout").await, 1.0);
     assert_eq!(outcome(&c, "faulty", "rejected").await, 1.0);
     assert_eq!(outcome(&c, "faulty", "cancelled").await, 1.0);
-    // slow + high + two low: the expired and cancelled ones never ran.
-    assert_eq!(outcome(&c, "faulty", "success").await, 4.0, "{text}");
+    // Two slow + high + two low: the expired and cancelled ones never ran.
+    assert_eq!(outcome(&c, "faulty", "success").await, 5.0, "{text}");
     // Every batch held one request.
     assert_eq!(
         metric(&text, "kiln_batch_size_count", &[("model", "faulty")]),
-        Some(4.0)
+        Some(5.0)
     );
 }
 

@@ -735,18 +735,20 @@ async fn model_infer_bodies_in_pieces_late_or_malformed() {
 async fn a_full_queue_answers_resource_exhausted() {
     let kiln = Kiln::start(&["--load", "faulty:batch_size=1,max_buffers=1,queue_size=2"]);
     let c = kiln.grpc().await;
+    // As over REST: -3 makes the worker take 1 s (each request here does) and
+    // holds the only buffer set.
     let send = |v: i32| {
         let c = c.clone();
-        tokio::spawn(async move { c.infer(&faulty_request(v)).await })
+        let mut request = faulty_request(v);
+        request.inputs[0] = InputTensor::from_slice("INPUT0", DataType::Int32, &[1, 2], &[v, -3]);
+        tokio::spawn(async move { c.infer(&request).await })
     };
-    // As over REST: -3 makes the worker take 1 s and holds the only buffer set.
-    let running = send(-3);
+    let running = send(0);
     kiln_tests::wait_pending(&kiln.client, "faulty", 1.0).await;
     kiln_tests::wait_metric(&kiln.client, "kiln_batch_size_count", "faulty", 1.0).await;
     // Then one at a time, each accepted before the next, until one is refused: the
     // batcher may hold one (waiting for the buffer set) beside the queue's two.
-    let (accepted, refused) =
-        kiln_tests::fill_until_refused(&kiln.client, "faulty", 1.0, 3, &running, send).await;
+    let (accepted, refused) = kiln_tests::fill_until_refused(&kiln.client, "faulty", 3, send).await;
     assert!(
         accepted.len() >= 2,
         "a queue of 2 accepted {}",
@@ -759,7 +761,7 @@ async fn a_full_queue_answers_resource_exhausted() {
     for (value, task) in accepted {
         assert_eq!(
             task.await.unwrap().unwrap().outputs[0].values::<i32>(),
-            vec![value]
+            vec![value, -3]
         );
     }
 }

@@ -208,42 +208,39 @@ async fn endpoint_naming_sharing_and_unload() {
         let r = c.infer(&echo_request(model, i, &[7, 8])).await.unwrap();
         assert_eq!(r.outputs[0].values::<u32>(), vec![8, 9]);
     }
-    // Unload drains: every request accepted before it is answered, 200. A slow
-    // request (-3: 1 s) holds faulty's only buffer set, so the others are still
-    // queued when the unload begins.
+    // Unload drains: every request accepted before it is answered, 200. Each
+    // takes 1 s (-3) on faulty's one instance, so some are still queued when the
+    // unload begins, however slowly they arrived.
     let faulty = c
         .load("faulty", &json!({"batch_size": 1, "max_buffers": 1}))
         .await
         .unwrap();
-    let faulty_request = |v: i32| InferRequest {
+    let faulty_request = |values: &[i32]| InferRequest {
         model: faulty.clone(),
         inputs: vec![InputTensor::from_slice(
             "INPUT0",
             DataType::Int32,
-            &[1, 1],
-            &[v],
+            &[1, values.len() as i64],
+            values,
         )],
         ..Default::default()
     };
-    let accepted: Vec<_> = [-3, 1, 2, 3]
-        .into_iter()
-        .enumerate()
-        .map(|(i, v)| {
-            let (c, r) = (c.clone(), faulty_request(v));
-            let task = tokio::spawn(async move { c.infer(&r).await });
-            (v, i, task)
+    let accepted: Vec<_> = (1..=4)
+        .map(|v| {
+            let (c, r) = (c.clone(), faulty_request(&[v, -3]));
+            (v, tokio::spawn(async move { c.infer(&r).await }))
         })
         .collect();
-    kiln_tests::wait_pending(c, &faulty, 4.0).await;
+    kiln_tests::wait_accepted(c, &faulty, 4.0).await;
     c.unload(&faulty).await.unwrap();
-    for (v, i, task) in accepted {
+    for (v, task) in accepted {
         let r = task
             .await
             .unwrap()
-            .unwrap_or_else(|e| panic!("request {i}: {e}"));
-        assert_eq!(r.outputs[0].values::<i32>(), vec![v]);
+            .unwrap_or_else(|e| panic!("request {v}: {e}"));
+        assert_eq!(r.outputs[0].values::<i32>(), vec![v, -3]);
     }
-    let err = c.infer(&faulty_request(4)).await.unwrap_err();
+    let err = c.infer(&faulty_request(&[5])).await.unwrap_err();
     assert_eq!(err.status(), Some(404), "{err}");
     // Then the endpoint is gone.
     c.unload("echo-1").await.unwrap();
@@ -490,9 +487,10 @@ async fn a_full_queue_answers_429_and_loses_nothing_accepted() {
     // the queue's two, so two or three are accepted.
     let url = format!("{}/v2/models/{endpoint}/infer", kiln.url);
     let (accepted, refused) =
-        kiln_tests::fill_until_refused(&c, &endpoint, 1.0, 3, &running, |value| {
+        kiln_tests::fill_until_refused(&c, &endpoint, 3, |value| {
+            // Each takes 1 s too (-3): the queue drains slower than it is filled.
             let body = format!(
-                r#"{{"inputs":[{{"name":"INPUT0","shape":[1,1],"datatype":"INT32","data":[{value}]}}]}}"#
+                r#"{{"inputs":[{{"name":"INPUT0","shape":[1,2],"datatype":"INT32","data":[{value},-3]}}]}}"#
             );
             tokio::spawn(reqwest::Client::new().post(url.clone()).body(body).send())
         })
@@ -519,7 +517,7 @@ async fn a_full_queue_answers_429_and_loses_nothing_accepted() {
         let response = task.await.unwrap().unwrap();
         assert_eq!(response.status(), 200);
         let body: Value = response.json().await.unwrap();
-        assert_eq!(body["outputs"][0]["data"], json!([value]), "{body}");
+        assert_eq!(body["outputs"][0]["data"], json!([value, -3]), "{body}");
     }
     let text = c.metrics().await.unwrap();
     assert_eq!(requests_outcome(&text, "faulty", "rejected"), Some(1.0));
