@@ -2,6 +2,9 @@
 //! client's load request that sets one is refused (400 / INVALID_ARGUMENT, naming
 //! it) before the worker's `init`, so nothing is probed, parsed or `dlopen`ed.
 
+// The helpers are test support: a failed setup step should fail the test loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
