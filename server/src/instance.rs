@@ -329,7 +329,7 @@ fn answer(ctx: &InstanceContext, batch: Batch<Reply>, ran: Ran, mut queue_ns: u6
     for (j, member) in batch.members.into_iter().enumerate() {
         let reply = member.reply;
         if let Some(error) = ran.failure(j) {
-            rows -= member.rows;
+            rows = rows.saturating_sub(member.rows);
             let waited = ran.building.saturating_duration_since(member.arrived);
             queue_ns = queue_ns.saturating_sub(nanos(waited));
             failed_ns = failed_ns.saturating_add(nanos(member.arrived.elapsed()));
