@@ -322,3 +322,57 @@ impl<'o, 'a> Output<'o, 'a> {
         Ok(buf)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{Harness, TestTensor};
+    use crate::types::{BatcherKind, TensorSpec, WorkerInfo};
+    use crate::worker::Worker;
+
+    /// Asks for an output of the shape its input's values say (rows × cols).
+    struct Sized;
+
+    impl Worker for Sized {
+        fn init(_: Params<'_>) -> Result<Self, WorkerError> {
+            Ok(Sized)
+        }
+
+        fn info(&self) -> WorkerInfo {
+            WorkerInfo {
+                inputs: vec![TensorSpec::new("DIMS", DataType::Int64, &[2])].into(),
+                outputs: vec![TensorSpec::new("OUT", DataType::Fp32, &[-1, -1])].into(),
+                max_batch_size: 0,
+                batcher: BatcherKind::Soft,
+                allow_ragged_batch: false,
+            }
+        }
+
+        fn run(&mut self, batch: &mut Batch<'_, '_>) -> Result<(), WorkerError> {
+            let dims = batch.input(0)?.as_slice::<i64>()?.to_vec();
+            let shape = Shape::new(&dims).ok_or("bad dims")?;
+            let mut output = batch.output(0)?;
+            output.allocate_as::<f32>(&[shape])?.fill(1.0);
+            Ok(())
+        }
+    }
+
+    fn run(dims: [i64; 2]) -> Result<Vec<f32>, WorkerError> {
+        let mut h = Harness::start::<Sized>(&[])?;
+        let input = TestTensor::new("DIMS", DataType::Int64, &[2], &dims);
+        Ok(h.run(&[vec![input]])?[0][0].values::<f32>())
+    }
+
+    #[test]
+    fn output_sizes_are_checked_not_wrapped_or_aborted() {
+        assert_eq!(run([2, 3]).unwrap(), vec![1.0; 6]);
+        // The element count saturates, and × 4 bytes overflows: an error, not a
+        // panic (debug) or a wrapped, too small buffer (release).
+        let err = run([i64::MAX, 4]).unwrap_err();
+        assert!(err.0.contains("overflows"), "{err}");
+        // A size that does not overflow but cannot be allocated: the harness's
+        // buffer (as the server's) answers an error instead of aborting.
+        let err = run([1 << 40, 1 << 20]).unwrap_err();
+        assert!(err.0.contains("cannot allocate"), "{err}");
+    }
+}
