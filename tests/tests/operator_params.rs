@@ -174,3 +174,14 @@ async fn repository_load_overrides_cannot_name_files_or_libraries() {
         .unwrap();
     assert!(c.is_ready().await.unwrap());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_names_them_on_the_command_line() {
+    let model_dir = kiln_tests::model_repository().join("ocr-cls/1");
+    let load = format!("onnx:model_dir={},model=model.onnx", model_dir.display());
+    let kiln = Kiln::start(&["--load", &load, "--load", "echo:model_dir=/nonexistent"]);
+    let c = &kiln.client;
+    let meta = c.model_metadata("onnx").await.unwrap();
+    assert_eq!(meta["inputs"].as_array().unwrap().len(), 1, "{meta}");
+    assert!(c.model_metadata("echo").await.is_ok());
+}
