@@ -1,5 +1,6 @@
 //! 64-byte aligned, growable CPU memory.
 
+use kiln_worker_sdk::reexports::{RResult, RString};
 use kiln_worker_sdk::OutputBuffer;
 
 /// Alignment of every [`AlignedBuf`], enough for any tensor element and for SIMD.
@@ -81,6 +82,20 @@ impl AlignedBuf {
         self.as_mut_slice()
     }
 
+    /// Like [`AlignedBuf::resize`], but an error instead of a panic or an abort when
+    /// the memory cannot be had (a plugin's output size is not trusted).
+    pub fn try_resize(&mut self, len: usize) -> Result<&mut [u8], String> {
+        let blocks = len.div_ceil(ALIGN);
+        if blocks > self.blocks.len() {
+            self.blocks
+                .try_reserve_exact(blocks - self.blocks.len())
+                .map_err(|e| format!("cannot allocate {len} bytes: {e}"))?;
+            self.blocks.resize(blocks, Block([0; ALIGN]));
+        }
+        self.len = len;
+        Ok(self.as_mut_slice())
+    }
+
     /// Appends `bytes`.
     pub fn extend_from_slice(&mut self, bytes: &[u8]) {
         let start = self.len;
@@ -88,9 +103,17 @@ impl AlignedBuf {
     }
 }
 
+/// Runs inside the plugin's call into the host (an `extern "C"` shim that aborts on
+/// a panic), so it never panics nor aborts: an impossible size is an error.
 impl OutputBuffer for AlignedBuf {
-    fn resize(&mut self, len: usize) -> kiln_worker_sdk::reexports::RSliceMut<'_, u8> {
-        AlignedBuf::resize(self, len).into()
+    fn resize(
+        &mut self,
+        len: usize,
+    ) -> RResult<kiln_worker_sdk::reexports::RSliceMut<'_, u8>, RString> {
+        match self.try_resize(len) {
+            Ok(buf) => RResult::ROk(buf.into()),
+            Err(e) => RResult::RErr(e.into()),
+        }
     }
 }
 
@@ -111,5 +134,19 @@ mod tests {
         b.clear();
         assert!(b.is_empty());
         assert_eq!(b.capacity(), cap);
+    }
+
+    #[test]
+    fn impossible_sizes_are_errors_not_aborts() {
+        let mut b = AlignedBuf::with_capacity(64);
+        b.extend_from_slice(&[9; 10]);
+        for len in [usize::MAX, usize::MAX / 2, isize::MAX as usize] {
+            assert!(b.try_resize(len).is_err(), "{len}");
+            let through_the_trait = OutputBuffer::resize(&mut b, len);
+            assert!(through_the_trait.is_err(), "{len}");
+        }
+        // The buffer is unharmed and still usable.
+        assert_eq!(b.try_resize(100).unwrap().len(), 100);
+        assert_eq!(b.as_slice()[..10], [9; 10]);
     }
 }

@@ -87,6 +87,16 @@ impl ServerError {
         }
     }
 
+    /// The error of a request the worker failed alone: an invalid request is 400 /
+    /// INVALID_ARGUMENT, any other failure 500 / INTERNAL (as a failed batch).
+    pub fn from_request(error: &kiln_worker_sdk::RequestError) -> Self {
+        let message = error.message.to_string();
+        match error.kind {
+            kiln_worker_sdk::RequestErrorKind::Invalid => ServerError::InvalidRequest(message),
+            kiln_worker_sdk::RequestErrorKind::Internal => ServerError::WorkerFailed(message),
+        }
+    }
+
     /// Shorthand for [`ServerError::InvalidRequest`].
     pub fn invalid(message: impl Into<String>) -> Self {
         ServerError::InvalidRequest(message.into())

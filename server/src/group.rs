@@ -80,6 +80,8 @@ pub struct WorkerGroup {
     /// Batcher threads (the rest of `threads` run instances).
     batcher_threads: usize,
     sequence: Option<SequenceRuntime>,
+    /// The worker's declared request parameters, checked at admission.
+    request_params: crate::worker_params::RequestParams,
 }
 
 /// A stateful group's link to its sequence batcher.
@@ -94,13 +96,15 @@ struct SequenceRuntime {
 
 impl WorkerGroup {
     /// Starts a group around initialized worker instances (all of one plugin, all
-    /// with the same `info`).
+    /// with the same `info`); `request_params` are the worker's declared request
+    /// parameters.
     pub fn start(
         name: GroupName,
         info: WorkerInfo,
         settings: GroupSettings,
         instances: Vec<WorkerBox>,
         metrics: ModelMetrics,
+        request_params: crate::worker_params::RequestParams,
     ) -> Result<Arc<WorkerGroup>> {
         let GroupName {
             endpoint,
@@ -214,6 +218,7 @@ impl WorkerGroup {
                 events: events_tx,
                 instances: AtomicUsize::new(0),
             }),
+            request_params,
         });
         for instance in instances {
             group.add_instance(instance)?;
@@ -265,9 +270,16 @@ impl WorkerGroup {
             parameters,
             ..
         } = request;
-        let (priority, timeout) = scheduling(&parameters).inspect_err(|_| {
-            metrics.invalid.inc();
-        })?;
+        let (priority, timeout) = scheduling(&parameters)
+            .and_then(|scheduling| {
+                // The worker's declared request parameters: a bad value fails this
+                // request alone, before it can share a batch.
+                self.request_params.check(&parameters)?;
+                Ok(scheduling)
+            })
+            .inspect_err(|_| {
+                metrics.invalid.inc();
+            })?;
         let tensors = InferRequest {
             inputs,
             outputs,

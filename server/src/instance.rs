@@ -1,6 +1,8 @@
 //! A worker instance's thread: take a batch, run it across the boundary, split the
 //! outputs back per request and answer each one. A failed batch fails only its own
-//! requests; the instance is then restarted through `release` → `acquire`.
+//! requests; the instance is then restarted through `release` → `acquire`. A request
+//! the worker failed alone (`Batch::fail`) gets its own error and the rest of its
+//! batch is answered normally.
 //! Each batch's stages (queue, building the boundary batch, `run`, answering) are
 //! timed here for [`ModelStats`].
 
@@ -13,8 +15,8 @@ use crossbeam_channel::Receiver;
 use kiln_batchers::{Batch, Member};
 use kiln_worker_sdk::reexports::RStr;
 use kiln_worker_sdk::{
-    tensor_byte_len, BatchFfi, InputFfi, OutputBuffer_TO, OutputFfi, RequestFfi, Shape, TD_Opaque,
-    WorkerBox, WorkerInfo,
+    tensor_byte_len, BatchFfi, InputFfi, OutputBuffer_TO, OutputFfi, RequestError, RequestFfi,
+    Shape, TD_Opaque, WorkerBox, WorkerInfo,
 };
 
 use crate::error::ServerError;
@@ -154,9 +156,10 @@ fn report_states(
         let Some(handle) = member.sequence else {
             continue;
         };
-        let state = match &parts {
-            Some(parts) => Some(link.states_of(parts, j)?),
-            None => None,
+        // A request failed alone leaves its sequence's state as it was.
+        let state = match (&parts, ran.and_then(|ran| ran.failure(j))) {
+            (Some(parts), None) => Some(link.states_of(parts, j)?),
+            _ => None,
         };
         sequences.push((handle, state));
     }
@@ -182,13 +185,22 @@ struct RunOutput {
     shapes: Vec<Shape>,
 }
 
-/// A batch that ran: its outputs, when building its `BatchFfi` began, and when
-/// `run` was called and returned.
+/// A batch that ran: its outputs, the requests the worker failed alone (by index;
+/// usually none, and then nothing is allocated), when building its `BatchFfi`
+/// began, and when `run` was called and returned.
 struct Ran {
     outputs: Vec<RunOutput>,
+    failures: Vec<(usize, RequestError)>,
     building: Instant,
     built: Instant,
     ran: Instant,
+}
+
+impl Ran {
+    /// The error request `j` was failed with, if it was.
+    fn failure(&self, j: usize) -> Option<&RequestError> {
+        self.failures.iter().find(|(i, _)| *i == j).map(|(_, e)| e)
+    }
 }
 
 fn run_batch(
@@ -236,17 +248,15 @@ fn run_batch(
             }
         })
         .collect();
-    let requests: Vec<RequestFfi<'_>> = batch
+    let mut requests: Vec<RequestFfi<'_>> = batch
         .members
         .iter()
-        .map(|m: &Member<Reply>| RequestFfi {
-            params: m.params.as_slice().into(),
-        })
+        .map(|m: &Member<Reply>| RequestFfi::new(&m.params))
         .collect();
     let mut ffi = BatchFfi {
         inputs: inputs.as_slice().into(),
         outputs: outputs.as_mut_slice().into(),
-        requests: requests.as_slice().into(),
+        requests: requests.as_mut_slice().into(),
     };
     let built = Instant::now();
     worker
@@ -254,6 +264,11 @@ fn run_batch(
         .into_result()
         .map_err(|e| e.into_string())?;
     let ran = Instant::now();
+    let failures: Vec<(usize, RequestError)> = requests
+        .into_iter()
+        .enumerate()
+        .filter_map(|(j, r)| r.failure.into_option().map(|e| (j, e)))
+        .collect();
     let written: Vec<(bool, usize)> = outputs.iter().map(|o| (o.written, o.len)).collect();
     drop(outputs);
     let outputs = info
@@ -295,20 +310,37 @@ fn run_batch(
         .collect::<Result<_, String>>()?;
     Ok(Ran {
         outputs,
+        failures,
         building,
         built,
         ran,
     })
 }
 
-/// Answers every request of a batch that ran. The statistics are recorded before
-/// the responses are sent, so a client that has its answer also sees it counted.
-fn answer(ctx: &InstanceContext, batch: Batch<Reply>, ran: Ran, queue_ns: u64) {
-    let (requests, rows, order) = (batch.len(), batch.rows, batch.order);
+/// Answers every request of a batch that ran: those the worker failed alone with
+/// their own error, the others with their outputs. The statistics are recorded
+/// before the responses are sent, so a client that has its answer also sees it
+/// counted.
+fn answer(ctx: &InstanceContext, batch: Batch<Reply>, ran: Ran, mut queue_ns: u64) {
+    let (requests, mut rows, order) = (batch.len(), batch.rows, batch.order);
     let outputs = &ran.outputs;
     let mut replies = Vec::with_capacity(requests);
+    let (mut invalid, mut failed, mut failed_ns) = (0u64, 0u64, 0u64);
     for (j, member) in batch.members.into_iter().enumerate() {
         let reply = member.reply;
+        if let Some(error) = ran.failure(j) {
+            rows = rows.saturating_sub(member.rows);
+            let waited = ran.building.saturating_duration_since(member.arrived);
+            queue_ns = queue_ns.saturating_sub(nanos(waited));
+            failed_ns = failed_ns.saturating_add(nanos(member.arrived.elapsed()));
+            let error = ServerError::from_request(error);
+            match error {
+                ServerError::InvalidRequest(_) => invalid += 1,
+                _ => failed += 1,
+            }
+            replies.push((reply.tx, Err(error)));
+            continue;
+        }
         let tensors = ctx
             .info
             .outputs
@@ -335,10 +367,19 @@ fn answer(ctx: &InstanceContext, batch: Batch<Reply>, ran: Ran, queue_ns: u64) {
         infer: ran.ran.saturating_duration_since(ran.built),
         output: ran.ran.elapsed(),
     };
-    ctx.stats.record_success(requests, rows, queue_ns, timing);
+    let succeeded = requests - (invalid + failed) as usize;
+    if succeeded > 0 {
+        ctx.stats.record_success(succeeded, rows, queue_ns, timing);
+    }
+    if invalid + failed > 0 {
+        ctx.stats
+            .record_failure((invalid + failed) as usize, failed_ns);
+    }
     let m = &ctx.metrics;
     m.pending.dec_by(requests as i64);
-    m.success.inc_by(requests as u64);
+    m.success.inc_by(succeeded as u64);
+    m.invalid.inc_by(invalid);
+    m.failure.inc_by(failed);
     deliver(ctx, order, replies);
 }
 

@@ -24,6 +24,7 @@ pub mod server;
 pub mod shm;
 pub mod stats;
 pub mod triton;
+pub mod worker_params;
 
 pub use error::ServerError;
 pub use infer::{InferRequest, InferResponse, InputTensor, OutputTensor};

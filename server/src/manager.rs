@@ -17,6 +17,7 @@ use crate::group::{resolve, GroupName, WorkerGroup};
 use crate::metrics::Metrics;
 use crate::params::{identity, GroupParams};
 use crate::plugin::{check_name, Plugins};
+use crate::worker_params::{check_client_keys, RequestParams};
 
 /// Endpoint name → group, as published by the Manager.
 pub type Models = HashMap<String, Arc<WorkerGroup>>;
@@ -25,6 +26,7 @@ enum Command {
     Load {
         worker: String,
         params: Vec<Param>,
+        client_keys: Vec<String>,
         reply: oneshot::Sender<Result<String>>,
     },
     LoadModel {
@@ -32,6 +34,7 @@ enum Command {
         version: u64,
         worker: String,
         params: Vec<Param>,
+        client_keys: Vec<String>,
         reply: oneshot::Sender<Result<String>>,
     },
     Unload {
@@ -73,12 +76,20 @@ impl Manager {
         })
     }
 
-    /// Loads `worker` with `params`; returns the endpoint name.
-    pub async fn load(&self, worker: &str, params: Vec<Param>) -> Result<String> {
+    /// Loads `worker` with `params`; returns the endpoint name. `client_keys` are
+    /// the parameters a client set: one the worker reserves to the operator is
+    /// refused before any instance is created.
+    pub async fn load(
+        &self,
+        worker: &str,
+        params: Vec<Param>,
+        client_keys: Vec<String>,
+    ) -> Result<String> {
         let (reply, rx) = oneshot::channel();
         self.send(Command::Load {
             worker: worker.to_ascii_lowercase(),
             params,
+            client_keys,
             reply,
         })?;
         rx.await.map_err(|_| stopped())?
@@ -86,13 +97,14 @@ impl Manager {
 
     /// Loads a repository model as endpoint `name` (version `version`). Loading a
     /// model that is loaded with other parameters replaces it: the new group starts,
-    /// takes the name, then the old one drains.
+    /// takes the name, then the old one drains. `client_keys` as for [`Manager::load`].
     pub async fn load_model(
         &self,
         name: &str,
         version: u64,
         worker: &str,
         params: Vec<Param>,
+        client_keys: Vec<String>,
     ) -> Result<String> {
         let (reply, rx) = oneshot::channel();
         self.send(Command::LoadModel {
@@ -100,6 +112,7 @@ impl Manager {
             version,
             worker: worker.to_ascii_lowercase(),
             params,
+            client_keys,
             reply,
         })?;
         rx.await.map_err(|_| stopped())?
@@ -150,9 +163,10 @@ impl State {
                 Command::Load {
                     worker,
                     params,
+                    client_keys,
                     reply,
                 } => {
-                    let result = self.load(&worker, params);
+                    let result = self.load(&worker, params, &client_keys);
                     if let Err(e) = &result {
                         spdlog::warn!("load of `{worker}` failed: {e}");
                     }
@@ -163,9 +177,10 @@ impl State {
                     version,
                     worker,
                     params,
+                    client_keys,
                     reply,
                 } => {
-                    let result = self.load_model(name, version, &worker, params);
+                    let result = self.load_model(name, version, &worker, params, &client_keys);
                     if let Err(e) = &result {
                         spdlog::warn!("load of model `{worker}` failed: {e}");
                     }
@@ -190,8 +205,17 @@ impl State {
         self.models.store(Arc::new(self.groups.clone()));
     }
 
-    fn load(&mut self, worker: &str, params: Vec<Param>) -> Result<String> {
+    /// Loads the plugin (the operator's library) and refuses any parameter in
+    /// `client_keys` the worker reserves to the operator, before any `init`.
+    fn plugin(&mut self, worker: &str, client_keys: &[String]) -> Result<WorkerModRef> {
+        let module = self.plugins.load(worker)?;
+        check_client_keys(worker, (module.parameters())().as_slice(), client_keys)?;
+        Ok(module)
+    }
+
+    fn load(&mut self, worker: &str, params: Vec<Param>, client_keys: &[String]) -> Result<String> {
         check_name(worker)?;
+        let module = self.plugin(worker, client_keys)?;
         let group_params = GroupParams::parse(&params)?;
         let id = identity(&params);
         let existing = self
@@ -201,7 +225,6 @@ impl State {
             .cloned();
         if let Some(group) = existing {
             if !group_params.share {
-                let module = self.plugins.load(worker)?;
                 let (instances, info) = init_instances(module, worker, &params, 1)?;
                 if info != *group.worker_info {
                     teardown(instances, Stage::Initialized);
@@ -218,7 +241,15 @@ impl State {
             return Ok(group.endpoint.clone());
         }
         let endpoint = self.free_name(worker);
-        let group = self.build_group(endpoint.clone(), worker, id, &params, &group_params, "1")?;
+        let group = self.build_group(
+            module,
+            endpoint.clone(),
+            worker,
+            id,
+            &params,
+            &group_params,
+            "1",
+        )?;
         self.groups.insert(endpoint.clone(), group);
         self.publish();
         Ok(endpoint)
@@ -230,9 +261,11 @@ impl State {
         version: u64,
         worker: &str,
         params: Vec<Param>,
+        client_keys: &[String],
     ) -> Result<String> {
         check_name(&name)?;
         check_name(worker)?;
+        let module = self.plugin(worker, client_keys)?;
         let group_params = GroupParams::parse(&params)?;
         let id = identity(&params);
         let version = version.to_string();
@@ -241,7 +274,15 @@ impl State {
                 return Ok(name);
             }
         }
-        let group = self.build_group(name.clone(), worker, id, &params, &group_params, &version)?;
+        let group = self.build_group(
+            module,
+            name.clone(),
+            worker,
+            id,
+            &params,
+            &group_params,
+            &version,
+        )?;
         let replaced = self.groups.insert(name.clone(), group);
         self.publish();
         if let Some(old) = replaced {
@@ -254,8 +295,10 @@ impl State {
 
     /// Creates, starts and returns a group (not yet published). On failure every
     /// instance is taken back down and nothing remains.
+    #[allow(clippy::too_many_arguments)]
     fn build_group(
         &mut self,
+        module: WorkerModRef,
         endpoint: String,
         worker: &str,
         id: String,
@@ -263,7 +306,6 @@ impl State {
         group_params: &GroupParams,
         version: &str,
     ) -> Result<Arc<WorkerGroup>> {
-        let module = self.plugins.load(worker)?;
         let (instances, info) = init_instances(module, worker, params, group_params.instances)?;
         let settings = match resolve(&info, group_params, instances.len()) {
             Ok(settings) => settings,
@@ -281,8 +323,9 @@ impl State {
             identity: id,
             version: version.to_owned(),
         };
-        let group =
-            WorkerGroup::start(name, info, settings, instances, metrics).inspect_err(|_| {
+        let request_params = RequestParams::new((module.parameters())().as_slice());
+        let group = WorkerGroup::start(name, info, settings, instances, metrics, request_params)
+            .inspect_err(|_| {
                 if fresh {
                     self.metrics.remove(&endpoint)
                 }

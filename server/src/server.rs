@@ -16,6 +16,7 @@ use crate::plugin::Plugins;
 use crate::repository::{Entry, Repository};
 use crate::restricted::RestrictedApis;
 use crate::shm::SharedMemory;
+use crate::worker_params::{client_keys, Origin};
 
 /// How to start a [`Server`].
 #[derive(Debug, Clone, Default)]
@@ -71,9 +72,22 @@ impl Server {
         })
     }
 
-    /// Loads `worker` with load-time `params`; returns the endpoint name.
+    /// Loads `worker` with load-time `params` set by the operator; returns the
+    /// endpoint name.
     pub async fn load(&self, worker: &str, params: Vec<Param>) -> Result<String> {
-        self.inner.manager.load(worker, params).await
+        self.load_as(Origin::Operator, worker, params).await
+    }
+
+    /// Loads `worker` with `params` from `origin`: a parameter the worker reserves
+    /// to the operator is refused (400) from a client, before any `init`.
+    pub async fn load_as(
+        &self,
+        origin: Origin,
+        worker: &str,
+        params: Vec<Param>,
+    ) -> Result<String> {
+        let keys = client_keys(origin, &params);
+        self.inner.manager.load(worker, params, keys).await
     }
 
     fn repository(&self) -> Result<&Repository> {
@@ -89,18 +103,40 @@ impl Server {
     }
 
     /// Loads model `name` of the repository (the latest version unless `version`),
-    /// with `overrides` replacing its configured parameters; returns the endpoint.
+    /// with `overrides` set by the operator replacing its configured parameters;
+    /// returns the endpoint.
     pub async fn load_model(
         &self,
         name: &str,
         version: Option<u64>,
         overrides: Vec<Param>,
     ) -> Result<String> {
+        self.load_model_as(Origin::Operator, name, version, overrides)
+            .await
+    }
+
+    /// [`Server::load_model`] with `overrides` from `origin`: the model's
+    /// `config.toml` is the operator's, a client's overrides may not set a parameter
+    /// the worker reserves to the operator.
+    pub async fn load_model_as(
+        &self,
+        origin: Origin,
+        name: &str,
+        version: Option<u64>,
+        overrides: Vec<Param>,
+    ) -> Result<String> {
         let name = name.to_ascii_lowercase();
+        let keys = client_keys(origin, &overrides);
         let resolved = self.repository()?.resolve(&name, version, overrides)?;
         self.inner
             .manager
-            .load_model(&name, resolved.version, &resolved.worker, resolved.params)
+            .load_model(
+                &name,
+                resolved.version,
+                &resolved.worker,
+                resolved.params,
+                keys,
+            )
             .await
     }
 

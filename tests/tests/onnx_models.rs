@@ -263,22 +263,18 @@ async fn repository_index_load_unload_and_config_errors() {
     assert_eq!(meta["parameters"]["max_batch_size"], 64);
     let err = c.load_model("nope", &json!({})).await.unwrap_err();
     assert_eq!(err.status(), Some(404), "{err}");
-    let err = c
-        .load_model("ocr-cls", &json!({"model": "../ocr-det/1/model.onnx"}))
-        .await
-        .unwrap_err();
-    assert!(
-        err.to_string().contains("inside the model's folder"),
-        "{err}"
-    );
-    let err = c
-        .load_model(
-            "ocr-cls",
-            &json!({"runtime": "/nonexistent/libonnxruntime.so"}),
-        )
-        .await
-        .unwrap_err();
-    assert_eq!(err.status(), Some(400), "{err}");
+    // Files and libraries are the operator's to name, not a load request's.
+    for overrides in [
+        json!({"model": "../ocr-det/1/model.onnx"}),
+        json!({"runtime": "/nonexistent/libonnxruntime.so"}),
+    ] {
+        let err = c.load_model("ocr-cls", &overrides).await.unwrap_err();
+        assert_eq!(err.status(), Some(400), "{err}");
+        assert!(
+            err.to_string().contains("may only be set by the operator"),
+            "{err}"
+        );
+    }
     c.unload_model("silero-vad").await.unwrap();
     assert_eq!(
         c.model_metadata("silero-vad").await.unwrap_err().status(),
@@ -288,9 +284,6 @@ async fn repository_index_load_unload_and_config_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_or_foreign_runtime_is_a_clear_load_error() {
-    let repo = model_repository();
-    let kiln = Kiln::start(&["--model-repository", repo.to_str().unwrap()]);
-    let c = &kiln.client;
     let zlib = [
         "/usr/lib/x86_64-linux-gnu/libz.so.1",
         "/lib/x86_64-linux-gnu/libz.so.1",
@@ -298,18 +291,30 @@ async fn a_missing_or_foreign_runtime_is_a_clear_load_error() {
     .into_iter()
     .find(|p| std::path::Path::new(p).exists())
     .expect("zlib is present on Debian");
-    for (runtime, want) in [
-        ("/nonexistent/libonnxruntime.so", "file not found"),
-        (zlib, "cannot load ONNX Runtime"),
+    // The operator names the runtime, in the models' config.toml.
+    let config =
+        |runtime: &str| format!("worker = \"onnx\"\n[parameters]\nruntime = \"{runtime}\"\n");
+    let (missing, foreign) = (config("/nonexistent/libonnxruntime.so"), config(zlib));
+    let repo = kiln_tests::fixtures::TempRepository::new(&[
+        ("missing", &missing, &[1]),
+        ("foreign", &foreign, &[1]),
+        ("good", "worker = \"onnx\"\n", &[1]),
+    ]);
+    let model = model_repository().join("ocr-cls/1/model.onnx");
+    for name in ["missing", "foreign", "good"] {
+        std::os::unix::fs::symlink(&model, repo.path().join(name).join("1/model.onnx")).unwrap();
+    }
+    let kiln = Kiln::start(&["--model-repository", &repo.arg()]);
+    let c = &kiln.client;
+    for (name, want) in [
+        ("missing", "file not found"),
+        ("foreign", "cannot load ONNX Runtime"),
     ] {
-        let err = c
-            .load_model("ocr-cls", &json!({"runtime": runtime}))
-            .await
-            .unwrap_err();
+        let err = c.load_model(name, &json!({})).await.unwrap_err();
         assert_eq!(err.status(), Some(400), "{err}");
-        assert!(err.to_string().contains(want), "{runtime}: {err}");
+        assert!(err.to_string().contains(want), "{name}: {err}");
     }
     // A failed runtime load leaves nothing behind: the right one still loads.
-    c.load_model("ocr-cls", &json!({})).await.unwrap();
+    c.load_model("good", &json!({})).await.unwrap();
     assert!(c.is_ready().await.unwrap());
 }

@@ -8,20 +8,21 @@
 
 use abi_stable::sabi_trait;
 use abi_stable::sabi_types::RMut;
-use abi_stable::std_types::{RSlice, RSliceMut, RStr};
+use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RStr, RString};
 use abi_stable::StableAbi;
 use bytemuck::Pod;
 
-use crate::error::WorkerError;
+use crate::error::{RequestError, WorkerError};
 use crate::types::{DataType, Param, Params, Shape};
 
 /// A host-owned output buffer the worker may resize. Implemented by the host (the
 /// server's pooled aligned buffers, or the SDK's test harness).
 #[sabi_trait]
 pub trait OutputBuffer {
-    /// Resizes the buffer to `len` bytes and returns it. Contents are unspecified
-    /// (stale data may remain): the worker must write every byte it reports.
-    fn resize(&mut self, len: usize) -> RSliceMut<'_, u8>;
+    /// Resizes the buffer to `len` bytes and returns it, or an error when the
+    /// memory cannot be had (never aborts). Contents are unspecified (stale data may
+    /// remain): the worker must write every byte it reports.
+    fn resize(&mut self, len: usize) -> RResult<RSliceMut<'_, u8>, RString>;
 }
 
 /// A borrowed, type-erased [`OutputBuffer`].
@@ -55,11 +56,24 @@ pub struct OutputFfi<'a> {
     pub written: bool,
 }
 
-/// Per-request metadata: the request's own parameters.
+/// Per-request metadata: the request's own parameters, and the slot where the
+/// worker may fail this request alone ([`Batch::fail`]).
 #[repr(C)]
 #[derive(StableAbi)]
 pub struct RequestFfi<'a> {
     pub params: RSlice<'a, Param>,
+    /// Set by the worker: this request failed; the others of the batch stand.
+    pub failure: ROption<RequestError>,
+}
+
+impl<'a> RequestFfi<'a> {
+    /// A request with these parameters, not failed.
+    pub fn new(params: &'a [Param]) -> Self {
+        RequestFfi {
+            params: params.into(),
+            failure: ROption::RNone,
+        }
+    }
 }
 
 /// A batch as it crosses the boundary (`'s`: the slices, `'a`: what they point to).
@@ -68,14 +82,14 @@ pub struct RequestFfi<'a> {
 pub struct BatchFfi<'s, 'a> {
     pub inputs: RSlice<'s, InputFfi<'a>>,
     pub outputs: RSliceMut<'s, OutputFfi<'a>>,
-    pub requests: RSlice<'s, RequestFfi<'a>>,
+    pub requests: RSliceMut<'s, RequestFfi<'a>>,
 }
 
 /// The batch handed to [`crate::Worker::run`].
 pub struct Batch<'b, 'a> {
     inputs: &'b [InputFfi<'a>],
     outputs: &'b mut [OutputFfi<'a>],
-    requests: &'b [RequestFfi<'a>],
+    requests: &'b mut [RequestFfi<'a>],
 }
 
 impl<'b, 'a> Batch<'b, 'a> {
@@ -83,7 +97,7 @@ impl<'b, 'a> Batch<'b, 'a> {
     pub fn new(ffi: &'b mut BatchFfi<'_, 'a>) -> Self {
         Batch {
             inputs: ffi.inputs.as_slice(),
-            requests: ffi.requests.as_slice(),
+            requests: ffi.requests.as_mut_slice(),
             outputs: ffi.outputs.as_mut_slice(),
         }
     }
@@ -107,6 +121,27 @@ impl<'b, 'a> Batch<'b, 'a> {
                 .get(index)
                 .map_or(&[], |r| r.params.as_slice()),
         )
+    }
+
+    /// Fails request `index` alone with `error`; the worker still writes its rows of
+    /// every output (they keep their place in the batch, and nobody receives them).
+    /// The other requests are answered normally. Failing it again replaces the error.
+    pub fn fail(&mut self, index: usize, error: RequestError) -> Result<(), WorkerError> {
+        let count = self.requests.len();
+        let request = self.requests.get_mut(index).ok_or_else(|| {
+            WorkerError::new(format!(
+                "cannot fail request {index}: the batch has {count}"
+            ))
+        })?;
+        request.failure = ROption::RSome(error);
+        Ok(())
+    }
+
+    /// Whether request `index` was failed with [`Batch::fail`].
+    pub fn is_failed(&self, index: usize) -> bool {
+        self.requests
+            .get(index)
+            .is_some_and(|r| r.failure.is_some())
     }
 
     /// Number of inputs.
@@ -230,8 +265,17 @@ impl<'o, 'a> Output<'o, 'a> {
                 self.ffi.name
             ))
         })?;
-        let elements: usize = shapes.iter().map(Shape::element_count).sum();
-        self.allocate_bytes(shapes, elements * size)
+        let len = shapes
+            .iter()
+            .try_fold(0usize, |sum, s| sum.checked_add(s.element_count()))
+            .and_then(|elements| elements.checked_mul(size))
+            .ok_or_else(|| {
+                WorkerError::new(format!(
+                    "output `{}`: the shapes' size overflows",
+                    self.ffi.name
+                ))
+            })?;
+        self.allocate_bytes(shapes, len)
     }
 
     /// Like [`Output::allocate`], typed.
@@ -260,7 +304,14 @@ impl<'o, 'a> Output<'o, 'a> {
         self.ffi.shapes.as_mut_slice().copy_from_slice(shapes);
         self.ffi.len = len;
         self.ffi.written = true;
-        let buf = self.ffi.buffer.resize(len).into_mut_slice();
+        let name = self.ffi.name;
+        let buf = match self.ffi.buffer.resize(len) {
+            RResult::ROk(buf) => buf.into_mut_slice(),
+            RResult::RErr(e) => {
+                self.ffi.written = false;
+                return Err(WorkerError::new(format!("output `{name}`: {e}")));
+            }
+        };
         if buf.len() != len {
             return Err(WorkerError::new(format!(
                 "output `{}`: host gave {} bytes for {len}",
@@ -269,5 +320,59 @@ impl<'o, 'a> Output<'o, 'a> {
             )));
         }
         Ok(buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{Harness, TestTensor};
+    use crate::types::{BatcherKind, TensorSpec, WorkerInfo};
+    use crate::worker::Worker;
+
+    /// Asks for an output of the shape its input's values say (rows × cols).
+    struct Sized;
+
+    impl Worker for Sized {
+        fn init(_: Params<'_>) -> Result<Self, WorkerError> {
+            Ok(Sized)
+        }
+
+        fn info(&self) -> WorkerInfo {
+            WorkerInfo {
+                inputs: vec![TensorSpec::new("DIMS", DataType::Int64, &[2])].into(),
+                outputs: vec![TensorSpec::new("OUT", DataType::Fp32, &[-1, -1])].into(),
+                max_batch_size: 0,
+                batcher: BatcherKind::Soft,
+                allow_ragged_batch: false,
+            }
+        }
+
+        fn run(&mut self, batch: &mut Batch<'_, '_>) -> Result<(), WorkerError> {
+            let dims = batch.input(0)?.as_slice::<i64>()?.to_vec();
+            let shape = Shape::new(&dims).ok_or("bad dims")?;
+            let mut output = batch.output(0)?;
+            output.allocate_as::<f32>(&[shape])?.fill(1.0);
+            Ok(())
+        }
+    }
+
+    fn run(dims: [i64; 2]) -> Result<Vec<f32>, WorkerError> {
+        let mut h = Harness::start::<Sized>(&[])?;
+        let input = TestTensor::new("DIMS", DataType::Int64, &[2], &dims);
+        Ok(h.run(&[vec![input]])?[0][0].values::<f32>())
+    }
+
+    #[test]
+    fn output_sizes_are_checked_not_wrapped_or_aborted() {
+        assert_eq!(run([2, 3]).unwrap(), vec![1.0; 6]);
+        // The element count saturates, and × 4 bytes overflows: an error, not a
+        // panic (debug) or a wrapped, too small buffer (release).
+        let err = run([i64::MAX, 4]).unwrap_err();
+        assert!(err.0.contains("overflows"), "{err}");
+        // A size that does not overflow but cannot be allocated: the harness's
+        // buffer (as the server's) answers an error instead of aborting.
+        let err = run([1 << 40, 1 << 20]).unwrap_err();
+        assert!(err.0.contains("cannot allocate"), "{err}");
     }
 }

@@ -29,3 +29,42 @@ impl From<abi_stable::std_types::RString> for WorkerError {
         WorkerError(message.into_string())
     }
 }
+
+/// What kind of failure one request of a batch met (see [`RequestError`]).
+#[repr(u8)]
+#[derive(abi_stable::StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestErrorKind {
+    /// The request itself is at fault (a bad parameter or input value): the client
+    /// gets HTTP 400 / gRPC INVALID_ARGUMENT.
+    Invalid,
+    /// The worker could not serve this request: HTTP 500 / gRPC INTERNAL.
+    Internal,
+}
+
+/// The failure of one request of a batch, set with [`crate::Batch::fail`]; the
+/// other requests of the batch are answered normally.
+#[repr(C)]
+#[derive(abi_stable::StableAbi, Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct RequestError {
+    pub kind: RequestErrorKind,
+    pub message: abi_stable::std_types::RString,
+}
+
+impl RequestError {
+    /// The request is invalid (HTTP 400 / INVALID_ARGUMENT).
+    pub fn invalid(message: impl Into<String>) -> Self {
+        RequestError {
+            kind: RequestErrorKind::Invalid,
+            message: message.into().into(),
+        }
+    }
+
+    /// The worker failed this request (HTTP 500 / INTERNAL).
+    pub fn internal(message: impl Into<String>) -> Self {
+        RequestError {
+            kind: RequestErrorKind::Internal,
+            message: message.into().into(),
+        }
+    }
+}

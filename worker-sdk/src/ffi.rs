@@ -19,6 +19,7 @@ use abi_stable::StableAbi;
 use crate::batch::{Batch, BatchFfi};
 use crate::error::WorkerError;
 use crate::logging::{self, LogSink};
+use crate::spec::{ParamScope, ParamSpec};
 use crate::types::{Param, Params, WorkerInfo};
 use crate::worker::Worker;
 
@@ -55,8 +56,11 @@ pub struct WorkerMod {
     /// Installs the host's logging callback in the plugin.
     pub set_logger: extern "C" fn(LogSink),
     /// Creates an uninitialized worker instance.
-    #[sabi(last_prefix_field)]
     pub new_worker: extern "C" fn() -> WorkerBox,
+    /// The worker's parameter declarations ([`Worker::PARAMETERS`]), which the
+    /// host reads before any `init`.
+    #[sabi(last_prefix_field)]
+    pub parameters: extern "C" fn() -> RSlice<'static, ParamSpec>,
 }
 
 impl RootModule for WorkerModRef {
@@ -124,7 +128,14 @@ pub fn panic_message(payload: &(dyn Any + Send)) -> String {
 impl<W: Worker> WorkerFfi for Adapter<W> {
     fn init(&mut self, params: RSlice<'_, Param>) -> RResult<WorkerInfo, RString> {
         guard(|| {
-            let worker = W::init(Params(params.as_slice()))?;
+            let params = Params(params.as_slice());
+            // Load-time values the worker declared are checked before it sees them.
+            for spec in W::PARAMETERS {
+                if spec.scope != ParamScope::Request {
+                    spec.check(params)?;
+                }
+            }
+            let worker = W::init(params)?;
             let info = worker.info();
             self.worker = Some(worker);
             Ok(info)
@@ -163,6 +174,11 @@ pub extern "C" fn new_worker<W: Worker>() -> WorkerBox {
     WorkerFfi_TO::from_value(Adapter::<W>::new(), TD_Opaque)
 }
 
+/// The parameter declarations of `W` (exported through the root module).
+pub extern "C" fn parameters<W: Worker>() -> RSlice<'static, ParamSpec> {
+    RSlice::from_slice(W::PARAMETERS)
+}
+
 /// Installs the host's logging callback (exported through the root module).
 pub extern "C" fn set_logger(sink: LogSink) {
     let _ = catch_unwind(|| logging::install(sink));
@@ -179,6 +195,7 @@ macro_rules! export_worker {
             $crate::WorkerMod {
                 set_logger: $crate::ffi::set_logger,
                 new_worker: $crate::ffi::new_worker::<$worker>,
+                parameters: $crate::ffi::parameters::<$worker>,
             }
             .leak_into_prefix()
         }

@@ -20,6 +20,7 @@ pub mod batch;
 pub mod error;
 pub mod ffi;
 pub mod logging;
+pub mod spec;
 pub mod testing;
 pub mod types;
 pub mod worker;
@@ -28,9 +29,10 @@ pub use batch::{
     Batch, BatchFfi, Input, InputFfi, Output, OutputBuffer, OutputBufferRef, OutputBuffer_TO,
     OutputFfi, RequestFfi,
 };
-pub use error::WorkerError;
+pub use error::{RequestError, RequestErrorKind, WorkerError};
 pub use ffi::{WorkerBox, WorkerFfi, WorkerFfi_TO, WorkerMod, WorkerModRef};
 pub use logging::LogSink;
+pub use spec::{ParamKind, ParamScope, ParamSpec};
 pub use types::{
     encode_bytes, params_from_pairs, tensor_byte_len, BatcherKind, DataType, Param, ParamValue,
     Params, Shape, TensorSpec, WorkerInfo, MAX_RANK,
@@ -48,5 +50,5 @@ pub mod reexports {
     };
     pub use abi_stable::prefix_type::PrefixTypeTrait;
     pub use abi_stable::sabi_types::RMut;
-    pub use abi_stable::std_types::{RResult, RSlice, RSliceMut, RStr, RString};
+    pub use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RStr, RString};
 }

@@ -3,10 +3,10 @@
 //! exactly as they are when served) on batches built from plain vectors.
 
 use abi_stable::sabi_types::RMut;
-use abi_stable::std_types::{RSliceMut, RStr};
+use abi_stable::std_types::{RResult, RSliceMut, RStr, RString};
 
 use crate::batch::{BatchFfi, InputFfi, OutputBuffer, OutputFfi, RequestFfi};
-use crate::error::WorkerError;
+use crate::error::{RequestError, WorkerError};
 use crate::ffi::{new_worker, WorkerBox};
 use crate::types::{params_from_pairs, tensor_byte_len, DataType, Param, Shape, WorkerInfo};
 use crate::worker::Worker;
@@ -50,18 +50,31 @@ impl AlignedBytes {
         &bytemuck::cast_slice(&self.words)[..self.len]
     }
 
-    fn resize(&mut self, len: usize) -> &mut [u8] {
-        self.words.resize(len.div_ceil(16), 0);
+    /// Resizes to `len` bytes; an error (never an abort) when the memory cannot be had.
+    fn resize(&mut self, len: usize) -> Result<&mut [u8], String> {
+        let words = len.div_ceil(16);
+        let more = words.saturating_sub(self.words.len());
+        self.words
+            .try_reserve_exact(more)
+            .map_err(|e| format!("cannot allocate {len} bytes: {e}"))?;
+        self.words.resize(words, 0);
         self.len = len;
-        &mut bytemuck::cast_slice_mut(&mut self.words)[..len]
+        Ok(&mut bytemuck::cast_slice_mut(&mut self.words)[..len])
     }
 }
 
 impl OutputBuffer for AlignedBytes {
-    fn resize(&mut self, len: usize) -> RSliceMut<'_, u8> {
-        AlignedBytes::resize(self, len).into()
+    fn resize(&mut self, len: usize) -> RResult<RSliceMut<'_, u8>, RString> {
+        match AlignedBytes::resize(self, len) {
+            Ok(buf) => RResult::ROk(buf.into()),
+            Err(e) => RResult::RErr(e.into()),
+        }
     }
 }
+
+/// One request's answer from [`Harness::run_requests`]: its outputs, or the error
+/// the worker failed it with ([`crate::Batch::fail`]).
+pub type Outcome = Result<Vec<TestTensor>, RequestError>;
 
 /// Drives one worker instance through its lifecycle.
 pub struct Harness {
@@ -87,16 +100,32 @@ impl Harness {
     }
 
     /// Runs one batch of `requests` (each a list of tensors, one per declared input,
-    /// in any order) and returns each request's outputs in declared order.
+    /// in any order) and returns each request's outputs in declared order. A request
+    /// the worker failed alone fails the call with its message.
     pub fn run(
         &mut self,
         requests: &[Vec<TestTensor>],
     ) -> Result<Vec<Vec<TestTensor>>, WorkerError> {
+        let requests: Vec<(Vec<TestTensor>, Vec<Param>)> =
+            requests.iter().map(|r| (r.clone(), Vec::new())).collect();
+        self.run_requests(&requests)?
+            .into_iter()
+            .map(|outcome| outcome.map_err(|e| WorkerError::new(e.message.into_string())))
+            .collect()
+    }
+
+    /// Runs one batch of requests, each its tensors and its parameters, and returns
+    /// each request's outcome: the batch's error fails the call, a request the
+    /// worker failed alone has its own error.
+    pub fn run_requests(
+        &mut self,
+        requests: &[(Vec<TestTensor>, Vec<Param>)],
+    ) -> Result<Vec<Outcome>, WorkerError> {
         let mut input_data: Vec<(AlignedBytes, Vec<Shape>)> = Vec::new();
         for spec in self.info.inputs.iter() {
             let mut bytes = Vec::new();
             let mut shapes = Vec::new();
-            for request in requests {
+            for (request, _) in requests {
                 let tensor = request
                     .iter()
                     .find(|t| t.name == spec.name.as_str())
@@ -107,7 +136,7 @@ impl Harness {
                 shapes.push(tensor.shape);
             }
             let mut aligned = AlignedBytes::default();
-            aligned.resize(bytes.len()).copy_from_slice(&bytes);
+            aligned.resize(bytes.len())?.copy_from_slice(&bytes);
             input_data.push((aligned, shapes));
         }
         let inputs: Vec<InputFfi<'_>> = self
@@ -148,18 +177,18 @@ impl Harness {
                 written: false,
             })
             .collect();
-        let metas: Vec<RequestFfi<'_>> = requests
+        let mut metas: Vec<RequestFfi<'_>> = requests
             .iter()
-            .map(|_| RequestFfi {
-                params: (&[][..]).into(),
-            })
+            .map(|(_, params)| RequestFfi::new(params))
             .collect();
         let mut batch = BatchFfi {
             inputs: inputs.as_slice().into(),
             outputs: outputs.as_mut_slice().into(),
-            requests: metas.as_slice().into(),
+            requests: metas.as_mut_slice().into(),
         };
         self.worker.run(&mut batch).into_result()?;
+        let failures: Vec<Option<RequestError>> =
+            metas.into_iter().map(|m| m.failure.into_option()).collect();
         let written: Vec<(bool, usize)> = outputs.iter().map(|o| (o.written, o.len)).collect();
         drop(outputs);
         let mut responses = vec![Vec::new(); requests.len()];
@@ -192,7 +221,14 @@ impl Harness {
                 });
             }
         }
-        Ok(responses)
+        Ok(responses
+            .into_iter()
+            .zip(failures)
+            .map(|(tensors, failure)| match failure {
+                Some(error) => Err(error),
+                None => Ok(tensors),
+            })
+            .collect())
     }
 
     /// Restarts the instance as the server does after a failed batch.

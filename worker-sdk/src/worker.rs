@@ -2,12 +2,19 @@
 
 use crate::batch::Batch;
 use crate::error::WorkerError;
+use crate::spec::ParamSpec;
 use crate::types::{Params, WorkerInfo};
 
 /// A worker: one instance of a plugin's compute. The server drives each instance on
 /// one thread through `init → allocate → acquire → run… → release → deallocate →
 /// destroy` (destroy is `Drop`). Panics in any step are caught at the boundary.
 pub trait Worker: Send + Sized + 'static {
+    /// The worker's parameters: which load-time ones only the operator may set
+    /// (files, folders, libraries, hosts), and the request parameters the server
+    /// checks at admission. Read by the server before any `init`; parameters not
+    /// declared here are passed through unchecked.
+    const PARAMETERS: &'static [ParamSpec] = &[];
+
     /// Creates the worker from its load-time parameters (`batch_size`, and any of the
     /// worker's own).
     fn init(params: Params<'_>) -> Result<Self, WorkerError>;
@@ -25,7 +32,9 @@ pub trait Worker: Send + Sized + 'static {
         Ok(())
     }
 
-    /// Runs one batch: read the inputs, allocate and fill every output.
+    /// Runs one batch: read the inputs, allocate and fill every output. An error
+    /// fails every request of the batch (HTTP 500); [`Batch::fail`] fails one
+    /// request alone, with its own error.
     fn run(&mut self, batch: &mut Batch<'_, '_>) -> Result<(), WorkerError>;
 
     /// Releases what `acquire` took.

@@ -11,8 +11,8 @@
 //! The guide is docs/writing-a-worker.md.
 
 use kiln_worker_sdk::{
-    export_worker, Batch, BatcherKind, DataType, Params, TensorSpec, Worker, WorkerError,
-    WorkerInfo,
+    export_worker, Batch, BatcherKind, DataType, ParamKind, ParamSpec, Params, TensorSpec, Worker,
+    WorkerError, WorkerInfo,
 };
 
 /// Largest batch (in rows) this worker accepts. The group's `batch_size` load-time
@@ -26,6 +26,18 @@ pub struct Template {
 }
 
 impl Worker for Template {
+    /// The parameters the server checks for this worker, read before any `init`:
+    /// `ParamSpec::load` (anyone who may load it), `ParamSpec::operator` (only the
+    /// operator: use it for anything naming a file, folder, library or host) and
+    /// `ParamSpec::request` (per request, checked at admission).
+    const PARAMETERS: &'static [ParamSpec] = &[ParamSpec::load(
+        "scale",
+        ParamKind::Float {
+            min: f64::MIN,
+            max: f64::MAX,
+        },
+    )];
+
     /// Called once per instance with every load-time parameter (the server's own,
     /// such as `batch_size`, included). An error here fails the load cleanly.
     fn init(params: Params<'_>) -> Result<Self, WorkerError> {

@@ -292,7 +292,12 @@ impl GrpcInferenceService for KilnGrpc {
         let mut params = repository_params(r.parameters).map_err(status)?;
         let version = triton::take_version(&mut params).map_err(status)?;
         self.server
-            .load_model(&r.model_name, version, params)
+            .load_model_as(
+                crate::worker_params::Origin::Client,
+                &r.model_name,
+                version,
+                params,
+            )
             .await
             .map_err(status)?;
         Ok(Response::new(RepositoryModelLoadResponse {}))

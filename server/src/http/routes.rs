@@ -336,9 +336,10 @@ async fn load(state: web::Data<State>, path: web::Path<String>, payload: web::Pa
         })?;
         params_from_json(map)?
     };
+    let worker = path.into_inner().to_ascii_lowercase();
     let endpoint = state
         .server
-        .load(&path.into_inner().to_ascii_lowercase(), params)
+        .load_as(crate::worker_params::Origin::Client, &worker, params)
         .await?;
     Ok(HttpResponse::Ok().json(json!({ "endpoint": endpoint })))
 }
@@ -413,9 +414,15 @@ async fn repository_load(
     };
     let mut params = params_from_json(overrides)?;
     let version = crate::triton::take_version(&mut params)?;
-    state
-        .server
-        .load_model(&path.into_inner(), version, params)
+    let model = path.into_inner();
+    let server = &state.server;
+    server
+        .load_model_as(
+            crate::worker_params::Origin::Client,
+            &model,
+            version,
+            params,
+        )
         .await?;
     Ok(HttpResponse::Ok().json(json!({})))
 }

@@ -8,8 +8,8 @@
 use std::hint::black_box;
 
 use kiln_worker_sdk::{
-    export_worker, Batch, BatcherKind, DataType, Params, TensorSpec, Worker, WorkerError,
-    WorkerInfo,
+    export_worker, Batch, BatcherKind, DataType, ParamKind, ParamSpec, Params, TensorSpec, Worker,
+    WorkerError, WorkerInfo,
 };
 
 /// Floats in the per-batch scratch buffer (64 KiB).
@@ -47,6 +47,18 @@ impl Cost {
 }
 
 impl Worker for Cost {
+    const PARAMETERS: &'static [ParamSpec] = &[
+        ParamSpec::load("dim", ParamKind::Int { min: 1, max: 4096 }),
+        ParamSpec::load(
+            "fixed_passes",
+            ParamKind::Int {
+                min: 1,
+                max: 1 << 20,
+            },
+        ),
+        ParamSpec::load("max_batch_size", ParamKind::Int { min: 1, max: 4096 }),
+    ];
+
     fn init(params: Params<'_>) -> Result<Self, WorkerError> {
         let get = |key: &str, default: i64, max: i64| -> Result<usize, WorkerError> {
             match params.int(key)?.unwrap_or(default) {

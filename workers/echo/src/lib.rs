@@ -1,11 +1,13 @@
 //! `echo`: UINT32 `INPUT0` of shape [-1] → `OUTPUT0` = input + 1 (AMD Inference Server
 //! parity). Elementwise, so requests of any length share a batch. A request may carry
 //! the parameter `increment` (0..=4294967295) to add something other than 1; each
-//! request of a batch gets its own.
+//! request of a batch gets its own. `increment` is declared, so the server refuses a
+//! bad value at admission; should one reach `run` anyway, that request alone fails
+//! (400) and the rest of its batch is answered.
 
 use kiln_worker_sdk::{
-    export_worker, Batch, BatcherKind, DataType, Params, TensorSpec, Worker, WorkerError,
-    WorkerInfo,
+    export_worker, Batch, BatcherKind, DataType, ParamKind, ParamSpec, Params, RequestError,
+    TensorSpec, Worker, WorkerError, WorkerInfo,
 };
 
 /// Largest batch (rows) echo accepts.
@@ -17,6 +19,23 @@ pub struct Echo {
 }
 
 impl Worker for Echo {
+    const PARAMETERS: &'static [ParamSpec] = &[
+        ParamSpec::load(
+            "max_batch_size",
+            ParamKind::Int {
+                min: 1,
+                max: MAX_BATCH,
+            },
+        ),
+        ParamSpec::request(
+            "increment",
+            ParamKind::Int {
+                min: 0,
+                max: u32::MAX as i64,
+            },
+        ),
+    ];
+
     fn init(params: Params<'_>) -> Result<Self, WorkerError> {
         let max = params.int("max_batch_size")?.unwrap_or(MAX_BATCH);
         if !(1..=MAX_BATCH).contains(&max) {
@@ -42,11 +61,18 @@ impl Worker for Echo {
         let values = input.as_slice::<u32>()?;
         let mut increments = Vec::with_capacity(batch.request_count());
         for request in 0..batch.request_count() {
-            let increment = batch.params(request).int("increment")?.unwrap_or(1);
-            increments.push(
-                u32::try_from(increment)
-                    .map_err(|_| format!("increment {increment} is outside 0..=4294967295"))?,
-            );
+            let increment = batch.params(request).int("increment").and_then(|v| {
+                let v = v.unwrap_or(1);
+                u32::try_from(v).map_err(|_| format!("increment {v} is outside 0..=4294967295"))
+            });
+            match increment {
+                Ok(increment) => increments.push(increment),
+                Err(message) => {
+                    // This request alone fails; its rows are still written.
+                    batch.fail(request, RequestError::invalid(message))?;
+                    increments.push(0);
+                }
+            }
         }
         let mut output = batch.output(0)?;
         let out = output.allocate_as::<u32>(input.shapes())?;
@@ -89,6 +115,33 @@ mod tests {
         assert_eq!(out[0][0].shape.dims(), &[1, 3]);
         assert_eq!(out[1][0].values::<u32>(), vec![11, 0]);
         assert_eq!(out[1][0].shape.dims(), &[2, 1]);
+    }
+
+    #[test]
+    fn a_bad_increment_fails_its_request_alone() {
+        use kiln_worker_sdk::{Param, ParamValue, RequestErrorKind};
+        let mut h = Harness::start::<Echo>(&[]).unwrap();
+        let tensor = |v: u32| vec![TestTensor::new("INPUT0", DataType::Uint32, &[1, 1], &[v])];
+        let increment = |value: ParamValue| {
+            vec![Param {
+                key: "increment".into(),
+                value,
+            }]
+        };
+        let out = h
+            .run_requests(&[
+                (tensor(1), Vec::new()),
+                (tensor(2), increment(ParamValue::Int(-1))),
+                (tensor(3), increment(ParamValue::Str("x".into()))),
+                (tensor(4), increment(ParamValue::Int(5))),
+            ])
+            .unwrap();
+        assert_eq!(out[0].as_ref().unwrap()[0].values::<u32>(), vec![2]);
+        let err = out[1].as_ref().unwrap_err();
+        assert_eq!(err.kind, RequestErrorKind::Invalid);
+        assert!(err.message.contains("-1"), "{err}");
+        assert_eq!(out[2].as_ref().unwrap_err().kind, RequestErrorKind::Invalid);
+        assert_eq!(out[3].as_ref().unwrap()[0].values::<u32>(), vec![9]);
     }
 
     #[test]

@@ -1,13 +1,16 @@
 //! `faulty`: a worker for testing failure handling. INT32 `INPUT0` [-1] is copied to
 //! `OUTPUT0`, except that a batch holding the value -1 panics and one holding -2
 //! returns an error; one holding -3 takes 1 s (a slow worker, to test overload).
+//! A request holding -4 is failed alone as invalid (400), one holding -5 alone as a
+//! worker fault (500): the rest of the batch is answered. A batch holding -6 asks the
+//! host for an output of an impossible size (the host must refuse, not abort).
 //! `fail_init=true` makes `init` fail and `fail_acquire=true` makes `acquire` fail (to
 //! test load rollback). Every lifecycle step is logged, so tests can read the order
 //! in the server's log.
 
 use kiln_worker_sdk::{
-    export_worker, Batch, BatcherKind, DataType, Params, TensorSpec, Worker, WorkerError,
-    WorkerInfo,
+    export_worker, Batch, BatcherKind, DataType, ParamKind, ParamSpec, Params, RequestError,
+    TensorSpec, Worker, WorkerError, WorkerInfo,
 };
 
 /// The faulty worker.
@@ -16,6 +19,11 @@ pub struct Faulty {
 }
 
 impl Worker for Faulty {
+    const PARAMETERS: &'static [ParamSpec] = &[
+        ParamSpec::load("fail_init", ParamKind::Bool),
+        ParamSpec::load("fail_acquire", ParamKind::Bool),
+    ];
+
     fn init(params: Params<'_>) -> Result<Self, WorkerError> {
         if params.bool("fail_init")?.unwrap_or(false) {
             return Err("init failed as asked (fail_init=true)".into());
@@ -71,7 +79,24 @@ impl Worker for Faulty {
         if values.contains(&-3) {
             std::thread::sleep(std::time::Duration::from_millis(1000));
         }
+        let mut start = 0;
+        for (request, shape) in input.shapes().iter().enumerate() {
+            let end = start + shape.element_count();
+            let mine = &values[start..end];
+            if mine.contains(&-4) {
+                batch.fail(request, RequestError::invalid("faulty worker refused -4"))?;
+            } else if mine.contains(&-5) {
+                batch.fail(
+                    request,
+                    RequestError::internal("faulty worker failed on -5"),
+                )?;
+            }
+            start = end;
+        }
         let mut output = batch.output(0)?;
+        if values.contains(&-6) {
+            output.allocate_bytes(input.shapes(), usize::MAX / 2)?;
+        }
         output
             .allocate_as::<i32>(input.shapes())?
             .copy_from_slice(values);
@@ -111,6 +136,41 @@ mod tests {
             &[5i32, 6],
         )];
         assert_eq!(h.run(&[good]).unwrap()[0][0].values::<i32>(), vec![5, 6]);
+    }
+
+    #[test]
+    fn requests_fail_alone_with_their_class() {
+        use kiln_worker_sdk::RequestErrorKind;
+        let mut h = Harness::start::<Faulty>(&[]).unwrap();
+        let tensor = |v: i32| {
+            (
+                vec![TestTensor::new("INPUT0", DataType::Int32, &[1, 1], &[v])],
+                Vec::new(),
+            )
+        };
+        let out = h
+            .run_requests(&[tensor(7), tensor(-4), tensor(-5), tensor(8)])
+            .unwrap();
+        assert_eq!(out[0].as_ref().unwrap()[0].values::<i32>(), vec![7]);
+        assert_eq!(out[1].as_ref().unwrap_err().kind, RequestErrorKind::Invalid);
+        assert_eq!(
+            out[2].as_ref().unwrap_err().kind,
+            RequestErrorKind::Internal
+        );
+        assert_eq!(out[3].as_ref().unwrap()[0].values::<i32>(), vec![8]);
+    }
+
+    #[test]
+    fn an_impossible_output_size_is_an_error() {
+        let mut h = Harness::start::<Faulty>(&[]).unwrap();
+        let huge = vec![TestTensor::new(
+            "INPUT0",
+            DataType::Int32,
+            &[1, 1],
+            &[-6i32],
+        )];
+        let err = h.run(&[huge]).unwrap_err();
+        assert!(err.0.contains("cannot allocate"), "{err}");
     }
 
     #[test]

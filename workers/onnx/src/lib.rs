@@ -21,6 +21,10 @@
 //! (`disable`, `basic`, `extended`, `all`; default `all`), `max_batch_size`,
 //! `batch_axis.<tensor>`, `input.<name>`.
 //! The session is created in `acquire` and dropped in `release`.
+//!
+//! `model_dir`, `model` and `runtime` name files and a library: they are declared
+//! operator-only ([`Onnx::PARAMETERS`]), so the server refuses them from a client's
+//! load request before `init` (which would probe the files and `dlopen` the runtime).
 
 mod axes;
 mod constant;
@@ -31,7 +35,8 @@ mod signature;
 use std::path::{Component, Path, PathBuf};
 
 use kiln_worker_sdk::{
-    export_worker, Batch, BatcherKind, Params, Shape, TensorSpec, Worker, WorkerError, WorkerInfo,
+    export_worker, Batch, BatcherKind, ParamKind, ParamSpec, Params, Shape, TensorSpec, Worker,
+    WorkerError, WorkerInfo,
 };
 use ort::environment::Environment;
 use ort::session::builder::GraphOptimizationLevel;
@@ -323,6 +328,14 @@ fn model_shape(
 }
 
 impl Worker for Onnx {
+    const PARAMETERS: &'static [ParamSpec] = &[
+        ParamSpec::operator("model_dir"),
+        ParamSpec::operator("model"),
+        ParamSpec::operator("runtime"),
+        ParamSpec::load("intra_op_threads", ParamKind::Int { min: 1, max: 256 }),
+        ParamSpec::load("inter_op_threads", ParamKind::Int { min: 1, max: 256 }),
+    ];
+
     fn init(params: Params<'_>) -> Result<Self, WorkerError> {
         let path = model_path(&params)?;
         let environment = runtime::environment(&runtime::locate(params.string("runtime")))?;
