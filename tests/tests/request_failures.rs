@@ -98,7 +98,7 @@ async fn a_worker_fails_one_request_of_a_batch_with_its_class() {
     // batch_size=3 and a long timeout: the three requests make one batch.
     let kiln = Kiln::start(&["--load", "faulty:batch_size=3,timeout=60000"]);
     let c = &kiln.client;
-    for (bad_value, status) in [(-4, 400), (-5, 500)] {
+    for (bad_value, status) in [(-7, 400), (-8, 500)] {
         let good_a = request("faulty", DataType::Int32, &[7, 8], Vec::new());
         let bad = request("faulty", DataType::Int32, &[bad_value], Vec::new());
         let good_b = request("faulty", DataType::Int32, &[9], Vec::new());
@@ -112,8 +112,8 @@ async fn a_worker_fails_one_request_of_a_batch_with_its_class() {
     // The same over gRPC.
     let g = kiln.grpc().await;
     for (bad_value, code) in [
-        (-4, tonic::Code::InvalidArgument),
-        (-5, tonic::Code::Internal),
+        (-7, tonic::Code::InvalidArgument),
+        (-8, tonic::Code::Internal),
     ] {
         let good_a = request("faulty", DataType::Int32, &[1], Vec::new());
         let bad = request("faulty", DataType::Int32, &[bad_value], Vec::new());

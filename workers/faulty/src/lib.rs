@@ -1,7 +1,7 @@
 //! `faulty`: a worker for testing failure handling. INT32 `INPUT0` [-1] is copied to
 //! `OUTPUT0`, except that a batch holding the value -1 panics and one holding -2
 //! returns an error; one holding -3 takes 1 s (a slow worker, to test overload).
-//! A request holding -4 is failed alone as invalid (400), one holding -5 alone as a
+//! A request holding -7 is failed alone as invalid (400), one holding -8 alone as a
 //! worker fault (500): the rest of the batch is answered. A batch holding -6 asks the
 //! host for an output of an impossible size (the host must refuse, not abort).
 //! `fail_init=true` makes `init` fail and `fail_acquire=true` makes `acquire` fail (to
@@ -83,12 +83,12 @@ impl Worker for Faulty {
         for (request, shape) in input.shapes().iter().enumerate() {
             let end = start + shape.element_count();
             let mine = &values[start..end];
-            if mine.contains(&-4) {
-                batch.fail(request, RequestError::invalid("faulty worker refused -4"))?;
-            } else if mine.contains(&-5) {
+            if mine.contains(&-7) {
+                batch.fail(request, RequestError::invalid("faulty worker refused -7"))?;
+            } else if mine.contains(&-8) {
                 batch.fail(
                     request,
-                    RequestError::internal("faulty worker failed on -5"),
+                    RequestError::internal("faulty worker failed on -8"),
                 )?;
             }
             start = end;
@@ -149,7 +149,7 @@ mod tests {
             )
         };
         let out = h
-            .run_requests(&[tensor(7), tensor(-4), tensor(-5), tensor(8)])
+            .run_requests(&[tensor(7), tensor(-7), tensor(-8), tensor(8)])
             .unwrap();
         assert_eq!(out[0].as_ref().unwrap()[0].values::<i32>(), vec![7]);
         assert_eq!(out[1].as_ref().unwrap_err().kind, RequestErrorKind::Invalid);
