@@ -8,8 +8,8 @@
 //!
 //! In an inference request, a tensor whose `parameters` carry
 //! `shared_memory_region`, `shared_memory_byte_size` and optionally
-//! `shared_memory_offset` has no `data`: an input's bytes are read from the region
-//! (without a copy), an output is written into it after inference and answered with
+//! `shared_memory_offset` has no `data`: an input's bytes are copied out of the
+//! region when the request is decoded (see [`crate::shm`] for why), an output is written into it after inference and answered with
 //! `"parameters": {"shared_memory_region": r, "shared_memory_byte_size": written}`
 //! instead of data. Where each output goes is returned beside the protocol-free
 //! [`InferRequest`] as an [`OutputPlacement`]; the protocol's keys never reach the
@@ -95,7 +95,8 @@ impl ShmParams {
 }
 
 /// The data of an input in shared memory: `byte_size` must fit its shape and
-/// datatype exactly. A view of the mapping, not a copy.
+/// datatype exactly. A copy, read when the request is decoded: an object truncated
+/// meanwhile is a 400, and later changes of the region do not reach the request.
 pub(super) fn read_input(
     tensor: &SizedTensor<'_>,
     params: &ShmParams,
@@ -285,7 +286,7 @@ mod tests {
     }
 
     #[test]
-    fn inputs_are_views_of_the_region() {
+    fn inputs_are_copied_from_the_region() {
         let object = Object::new(&[[0; 4].as_slice(), &words(&[7, 8, 9])].concat());
         let shm = SharedMemory::new();
         shm.register("in", &object.key, 0, 16).unwrap();
@@ -298,11 +299,14 @@ mod tests {
         let (request, placement) = decode(&shm, body).unwrap();
         let data = &request.inputs[0].data;
         assert_eq!(data.as_ref(), words(&[7, 8, 9]).as_slice());
-        assert_eq!(
-            data.as_ptr(),
-            shm.read("in", 4, 1).unwrap().as_ptr(),
-            "a copy"
-        );
+        // Read at decode time: the object truncated afterwards changes nothing.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&object.path)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        assert_eq!(data.as_ref(), words(&[7, 8, 9]).as_slice());
         assert_eq!(
             request.parameters,
             vec![Param {
