@@ -189,12 +189,7 @@ pub fn params_from_json(map: Map<String, Value>) -> Result<Vec<Param>> {
 }
 
 fn decode_data(dtype: DataType, elements: usize, raw: &RawValue) -> Result<Bytes, String> {
-    let capacity = dtype
-        .size()
-        .unwrap_or(8)
-        .saturating_mul(elements)
-        .min(1 << 26);
-    let mut out = Vec::with_capacity(capacity);
+    let mut out = Vec::with_capacity(reserve(dtype, elements, raw.get().len()));
     let mut count = 0usize;
     let mut de = serde_json::Deserializer::from_str(raw.get());
     Flat {
@@ -211,6 +206,18 @@ fn decode_data(dtype: DataType, elements: usize, raw: &RawValue) -> Result<Bytes
         ));
     }
     Ok(Bytes::from(out))
+}
+
+/// The bytes to reserve for `elements` values of `dtype` written as `json_len` bytes
+/// of JSON: what the shape declares, but never more than that JSON can hold (the
+/// shape is not yet checked against the model, and `[16777216]` with three values
+/// must not reserve 16 MiB). Each value takes at least one character and a
+/// separator; BYTES values, of unknown size, get the JSON's length and grow.
+fn reserve(dtype: DataType, elements: usize, json_len: usize) -> usize {
+    match dtype.size() {
+        Some(size) => size.saturating_mul(elements.min(json_len / 2 + 1)),
+        None => json_len,
+    }
 }
 
 /// Flattens nested JSON arrays of scalars into little-endian bytes of `dtype`.
@@ -694,6 +701,23 @@ mod tests {
         .unwrap_err()
         .to_string()
         .contains("no data"));
+    }
+
+    #[test]
+    fn reserves_what_the_json_can_hold() {
+        // Three values declared as 16 Mi: the reserve follows the JSON.
+        assert_eq!(reserve(DataType::Uint8, 1 << 24, "[1,2,3]".len()), 4);
+        assert_eq!(reserve(DataType::Fp64, 1 << 24, 7), 32);
+        // The shape's size when the JSON could hold it.
+        assert_eq!(reserve(DataType::Int32, 3, 7), 12);
+        assert_eq!(reserve(DataType::Bytes, 1 << 24, 9), 9);
+        assert_eq!(reserve(DataType::Fp32, usize::MAX, usize::MAX), usize::MAX);
+        let err = one_input("UINT8", "[16777216]", "[1,2,3]").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("the shape holds 16777216 elements but data has 3"),
+            "{err}"
+        );
     }
 
     #[test]
