@@ -13,7 +13,7 @@ use crate::infer::{InferRequest, InferResponse};
 use crate::manager::{Manager, Models};
 use crate::metrics::Metrics;
 use crate::plugin::Plugins;
-use crate::repository::{Entry, Repository};
+use crate::repository::{Entry, Repository, Resolved};
 use crate::shm::SharedMemory;
 
 /// How to start a [`Server`].
@@ -93,11 +93,32 @@ impl Server {
         version: Option<u64>,
         overrides: Vec<Param>,
     ) -> Result<String> {
-        let name = name.to_ascii_lowercase();
-        let resolved = self.repository()?.resolve(&name, version, overrides)?;
+        let resolved = self.resolve_model(name, version, overrides)?;
+        self.load_resolved(name, resolved).await
+    }
+
+    /// The first half of [`Server::load_model`]: reads model `name`'s configuration
+    /// from the repository (files: a caller on an I/O thread runs it elsewhere).
+    pub fn resolve_model(
+        &self,
+        name: &str,
+        version: Option<u64>,
+        overrides: Vec<Param>,
+    ) -> Result<Resolved> {
+        self.repository()?
+            .resolve(&name.to_ascii_lowercase(), version, overrides)
+    }
+
+    /// The second half of [`Server::load_model`]: loads model `name` as `resolved`.
+    pub async fn load_resolved(&self, name: &str, resolved: Resolved) -> Result<String> {
         self.inner
             .manager
-            .load_model(&name, resolved.version, &resolved.worker, resolved.params)
+            .load_model(
+                &name.to_ascii_lowercase(),
+                resolved.version,
+                &resolved.worker,
+                resolved.params,
+            )
             .await
     }
 
