@@ -496,6 +496,11 @@ mod tests {
             {"name": "z"}]});
         let (request, placement) = decode(&shm, body).unwrap();
         assert_eq!(request.outputs, Some(vec!["y".into(), "z".into()]));
+        // The work of encoding: `y` goes to shared memory, `z` binary.
+        assert_eq!(placement.encoding_work(&response(&[1, 2])), (0, 8));
+        let mut as_json = placement.clone();
+        as_json.binary.all = false;
+        assert_eq!(as_json.encoding_work(&response(&[1, 2])), (4, 8));
         // Unregistering now does not take the window from the request.
         shm.unregister("out");
         let encoded = encode_response_shm(&response(&[1, 2]), &placement).unwrap();
