@@ -89,6 +89,12 @@ struct ServeArgs {
         value_delimiter = ';'
     )]
     grpc_restricted_protocol: Vec<String>,
+    // Shared memory and HTTP decoding (hardening, shared-memory slice).
+    /// Most bytes of shared-memory inputs the server holds at once: each is copied
+    /// out of its region when its request is decoded (beyond: 429, and 413 for one
+    /// input larger than this).
+    #[arg(long, env = "KILN_SHM_MAX_HELD_BYTES", default_value_t = kiln_server::shm::DEFAULT_MAX_HELD_BYTES)]
+    shm_max_held_bytes: usize,
 }
 
 /// Parses `WORKER[:key=value,...]`.
@@ -128,6 +134,9 @@ async fn main() -> anyhow::Result<()> {
         model_repository: args.model_repository.clone(),
     })?;
     server.restrict(restricted)?;
+    server
+        .shared_memory()
+        .set_max_held_bytes(args.shm_max_held_bytes);
     let mut models: Vec<String> = Vec::new();
     for name in &args.load_model {
         if name == "*" {

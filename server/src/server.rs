@@ -13,7 +13,7 @@ use crate::infer::{InferRequest, InferResponse};
 use crate::manager::{Manager, Models};
 use crate::metrics::Metrics;
 use crate::plugin::Plugins;
-use crate::repository::{Entry, Repository};
+use crate::repository::{Entry, Repository, Resolved};
 use crate::restricted::RestrictedApis;
 use crate::shm::SharedMemory;
 use crate::worker_params::{client_keys, Origin};
@@ -125,17 +125,41 @@ impl Server {
         version: Option<u64>,
         overrides: Vec<Param>,
     ) -> Result<String> {
-        let name = name.to_ascii_lowercase();
         let keys = client_keys(origin, &overrides);
-        let resolved = self.repository()?.resolve(&name, version, overrides)?;
+        let resolved = self.resolve_model(name, version, overrides)?;
+        self.load_resolved(name, resolved, keys).await
+    }
+
+    /// The first half of [`Server::load_model_as`]: reads model `name`'s
+    /// configuration from the repository (files: a caller on an I/O thread runs it
+    /// elsewhere).
+    pub fn resolve_model(
+        &self,
+        name: &str,
+        version: Option<u64>,
+        overrides: Vec<Param>,
+    ) -> Result<Resolved> {
+        self.repository()?
+            .resolve(&name.to_ascii_lowercase(), version, overrides)
+    }
+
+    /// The second half of [`Server::load_model_as`]: loads model `name` as
+    /// `resolved`; `client_keys` are the parameters a client set
+    /// ([`crate::worker_params::client_keys`]).
+    pub async fn load_resolved(
+        &self,
+        name: &str,
+        resolved: Resolved,
+        client_keys: Vec<String>,
+    ) -> Result<String> {
         self.inner
             .manager
             .load_model(
-                &name,
+                &name.to_ascii_lowercase(),
                 resolved.version,
                 &resolved.worker,
                 resolved.params,
-                keys,
+                client_keys,
             )
             .await
     }

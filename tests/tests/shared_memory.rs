@@ -257,3 +257,85 @@ async fn shared_memory_errors() {
     assert_eq!(status, 200, "{v}");
     assert_eq!(object.read_u32(16, 4), vec![3, 4, 5, 6]);
 }
+
+/// Polls `/metrics` until `name{model="faulty"}` is `n`.
+async fn wait_faulty(kiln: &Kiln, name: &str, n: f64) {
+    for _ in 0..1000 {
+        let text = kiln.client.metrics().await.unwrap();
+        if kiln_tests::metric(&text, name, &[("model", "faulty")]) == Some(n) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("`{name}` of faulty never reached {n}");
+}
+
+/// The bytes copied out of shared memory and held by requests are bounded
+/// (`--shm-max-held-bytes`): beyond, a request is refused at once with 429; one
+/// input larger than the bound is 413.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_memory_inputs_held_are_bounded() {
+    let kiln = Kiln::start(&[
+        "--load",
+        "faulty:instances=1,max_buffers=1",
+        "--shm-max-held-bytes",
+        "8192",
+    ]);
+    let object = Object::new(16384);
+    assert_eq!(register(&kiln, "in", &object.key, 0, 16384).await.0, 200);
+    let from_region = |count: usize| {
+        json!({"inputs": [{"name": "INPUT0", "shape": [1, count], "datatype": "INT32",
+                           "parameters": place("in", 4 * count, 0)}]})
+    };
+    let send = |body: Value| {
+        let url = kiln.url.clone();
+        tokio::spawn(async move { call(&url, "POST", "/v2/models/faulty/infer", Some(body)).await })
+    };
+    // A slow request (-3: 1 s) holds the only buffer set; two more, 4 KiB each from
+    // the region, wait behind it and hold the whole bound.
+    let slow = send(
+        json!({"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "INT32",
+                                       "data": [-3]}]}),
+    );
+    wait_faulty(&kiln, "kiln_batch_size_count", 1.0).await;
+    let waiting = [send(from_region(1024)), send(from_region(1024))];
+    wait_faulty(&kiln, "kiln_pending_requests", 3.0).await;
+    let (status, v) = call(
+        &kiln.url,
+        "POST",
+        "/v2/models/faulty/infer",
+        Some(from_region(1)),
+    )
+    .await;
+    assert_eq!(status, 429, "{v}");
+    assert!(
+        error(&v).contains("8192 bytes of shared-memory inputs"),
+        "{v}"
+    );
+    assert_eq!(slow.await.unwrap().0, 200);
+    for task in waiting {
+        let (status, v) = task.await.unwrap();
+        assert_eq!(status, 200, "{v}");
+    }
+    // Released with their answers: the bound is free again.
+    let (status, v) = call(
+        &kiln.url,
+        "POST",
+        "/v2/models/faulty/infer",
+        Some(from_region(2048)),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let (status, v) = call(
+        &kiln.url,
+        "POST",
+        "/v2/models/faulty/infer",
+        Some(from_region(2049)),
+    )
+    .await;
+    assert_eq!(status, 413, "{v}");
+    assert!(
+        error(&v).contains("exceed the server's limit of 8192"),
+        "{v}"
+    );
+}

@@ -35,8 +35,8 @@ pub fn decode_request(request: ModelInferRequest) -> Result<InferRequest> {
     decode(request, None).map(|(request, _)| request)
 }
 
-/// [`decode_request`], with inputs read from (without a copy) and outputs placed in
-/// `shm`'s regions where their parameters name one.
+/// [`decode_request`], with inputs copied out of (now, see [`crate::shm`]) and
+/// outputs placed in `shm`'s regions where their parameters name one.
 pub fn decode_request_shm(
     request: ModelInferRequest,
     shm: &SharedMemory,

@@ -212,7 +212,7 @@ pub fn decode_request_binary(
 ) -> Result<(InferRequest, BinaryOutputs)> {
     let (json, binary) = split(body, header)?;
     decode_request_parts(model, &json, binary, None)
-        .map(|(request, placement)| (request, placement.binary))
+        .map(|(request, placement, _)| (request, placement.binary))
 }
 
 /// Encodes a request with every input as binary tensor data, asking for every

@@ -17,7 +17,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::binary::{binary_data_size, BinaryOutputs, BinaryPart, Encoded, SizedTensor};
-use super::shm::{read_input, InShm, OutputPlacement, ShmParams};
+use super::shm::{input_window, InShm, OutputPlacement, ShmParams, ShmReads};
 use crate::error::{Result, ServerError};
 use crate::infer::{InferRequest, InferResponse, InputTensor, OutputTensor};
 use crate::shm::SharedMemory;
@@ -54,25 +54,28 @@ struct OutputRequestJson {
 
 /// Decodes a KServe v2 JSON inference request for `model`.
 pub fn decode_request(model: &str, body: &[u8]) -> Result<InferRequest> {
-    decode_request_parts(model, body, Bytes::new(), None).map(|(request, _)| request)
+    decode_request_parts(model, body, Bytes::new(), None).map(|(request, ..)| request)
 }
 
 /// Decodes the JSON header `json` of a request whose binary tensors are `binary`,
 /// its shared-memory tensors in `shm` (none allowed without it); also returns where
-/// the client wants each output.
+/// the client wants each output, and the shared-memory inputs still to be read
+/// (their data is empty until [`ShmReads::read_into`] fills it).
 pub(super) fn decode_request_parts(
     model: &str,
     json: &[u8],
     binary: Bytes,
     shm: Option<&SharedMemory>,
-) -> Result<(InferRequest, OutputPlacement)> {
+) -> Result<(InferRequest, OutputPlacement, ShmReads)> {
     let parsed: RequestJson<'_> = serde_json::from_slice(json)
         .map_err(|e| ServerError::invalid(format!("malformed inference request: {e}")))?;
     let mut part = BinaryPart::new(binary);
+    let mut reads = ShmReads::default();
     let inputs = parsed
         .inputs
         .into_iter()
-        .map(|input| decode_tensor(input, "input", &mut part, shm))
+        .enumerate()
+        .map(|(i, input)| decode_tensor(input, "input", &mut part, shm.map(|s| (s, i, &mut reads))))
         .collect::<Result<Vec<_>>>()?;
     part.finish("inputs")?;
     let mut parameters = parsed.parameters.unwrap_or_default();
@@ -95,16 +98,22 @@ pub(super) fn decode_request_parts(
         outputs,
         parameters: params_from_json(parameters)?,
     };
-    Ok((request, placement))
+    Ok((request, placement, reads))
 }
 
+/// Where a request's tensor `index` reads shared memory from: the registry, and the
+/// list its window joins.
+type ShmTarget<'a, 'r> = (&'a SharedMemory, usize, &'r mut ShmReads);
+
 /// One tensor (`kind` is "input" or "output"), its data from `data`, with
-/// `binary_data_size` from the binary part, or with `shared_memory_region` from `shm`.
+/// `binary_data_size` from the binary part, or with `shared_memory_region` from a
+/// window of `shm` (checked now, its data left empty and its window added to the
+/// reads; refused without `shm`).
 fn decode_tensor(
     input: InputJson<'_>,
     kind: &str,
     part: &mut BinaryPart,
-    shm: Option<&SharedMemory>,
+    shm: Option<ShmTarget<'_, '_>>,
 ) -> Result<InputTensor> {
     let name = &input.name;
     let dtype = DataType::parse(&input.datatype).ok_or_else(|| {
@@ -151,7 +160,11 @@ fn decode_tensor(
                 elements,
                 param: "shared_memory_byte_size",
             };
-            read_input(&tensor, &params, shm)?
+            let window = input_window(&tensor, &params, shm.as_ref().map(|s| s.0))?;
+            if let Some((_, index, reads)) = shm {
+                reads.push(index, window, elements);
+            }
+            Bytes::new()
         }
     };
     Ok(InputTensor {
@@ -189,12 +202,7 @@ pub fn params_from_json(map: Map<String, Value>) -> Result<Vec<Param>> {
 }
 
 fn decode_data(dtype: DataType, elements: usize, raw: &RawValue) -> Result<Bytes, String> {
-    let capacity = dtype
-        .size()
-        .unwrap_or(8)
-        .saturating_mul(elements)
-        .min(1 << 26);
-    let mut out = Vec::with_capacity(capacity);
+    let mut out = Vec::with_capacity(reserve(dtype, elements, raw.get().len()));
     let mut count = 0usize;
     let mut de = serde_json::Deserializer::from_str(raw.get());
     Flat {
@@ -211,6 +219,18 @@ fn decode_data(dtype: DataType, elements: usize, raw: &RawValue) -> Result<Bytes
         ));
     }
     Ok(Bytes::from(out))
+}
+
+/// The bytes to reserve for `elements` values of `dtype` written as `json_len` bytes
+/// of JSON: what the shape declares, but never more than that JSON can hold (the
+/// shape is not yet checked against the model, and `[16777216]` with three values
+/// must not reserve 16 MiB). Each value takes at least one character and a
+/// separator; BYTES values, of unknown size, get the JSON's length and grow.
+fn reserve(dtype: DataType, elements: usize, json_len: usize) -> usize {
+    match dtype.size() {
+        Some(size) => size.saturating_mul(elements.min(json_len / 2 + 1)),
+        None => json_len,
+    }
 }
 
 /// Flattens nested JSON arrays of scalars into little-endian bytes of `dtype`.
@@ -694,6 +714,23 @@ mod tests {
         .unwrap_err()
         .to_string()
         .contains("no data"));
+    }
+
+    #[test]
+    fn reserves_what_the_json_can_hold() {
+        // Three values declared as 16 Mi: the reserve follows the JSON.
+        assert_eq!(reserve(DataType::Uint8, 1 << 24, "[1,2,3]".len()), 4);
+        assert_eq!(reserve(DataType::Fp64, 1 << 24, 7), 32);
+        // The shape's size when the JSON could hold it.
+        assert_eq!(reserve(DataType::Int32, 3, 7), 12);
+        assert_eq!(reserve(DataType::Bytes, 1 << 24, 9), 9);
+        assert_eq!(reserve(DataType::Fp32, usize::MAX, usize::MAX), usize::MAX);
+        let err = one_input("UINT8", "[16777216]", "[1,2,3]").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("the shape holds 16777216 elements but data has 3"),
+            "{err}"
+        );
     }
 
     #[test]

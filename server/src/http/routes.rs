@@ -5,8 +5,7 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use super::json::params_from_json;
-use super::shm::{decode_request_shm, encode_response_shm};
-use super::{restricted, shm, triton, HttpError, INFERENCE_HEADER_CONTENT_LENGTH};
+use super::{offload, restricted, shm, triton, HttpError, INFERENCE_HEADER_CONTENT_LENGTH};
 use crate::error::ServerError;
 use crate::group::WorkerGroup;
 use crate::infer::expected_shape;
@@ -294,12 +293,13 @@ async fn infer(state: web::Data<State>, req: HttpRequest, payload: web::Payload)
     let group = lookup(&state, &req)?;
     let body = read_body(&req, payload, state.max_body_bytes).await?;
     let header = req.headers().get(INFERENCE_HEADER_CONTENT_LENGTH);
-    let (request, placement) = decode_request_shm(
+    let (request, placement) = offload::decode_request(
+        &state.server,
         &group.endpoint,
         body,
         header.map(|v| v.as_bytes()),
-        state.server.shared_memory(),
     )
+    .await
     .inspect_err(|_| group.record_invalid())?;
     let reply = group.submit(request)?;
     let answer = match req.conn_data::<super::peer::Peer>() {
@@ -317,7 +317,7 @@ async fn infer(state: web::Data<State>, req: HttpRequest, payload: web::Payload)
             "the worker dropped the request".into(),
         ))
     })??;
-    let encoded = encode_response_shm(&response, &placement)?;
+    let encoded = offload::encode_response(response, placement).await?;
     match super::compress::negotiate(&req) {
         None => Ok(encoded.into_response()),
         Some(encoding) => Ok(super::compress::respond(encoded, encoding).await?),
@@ -369,7 +369,12 @@ pub(super) async fn json_object(
 async fn repository_index(state: web::Data<State>, payload: web::Payload) -> Reply {
     let body = json_object(payload, state.max_body_bytes).await?;
     let only_ready = index_request(&body)?;
-    let index: Vec<Value> = crate::triton::repository_index(&state.server, only_ready)?
+    // Reads the repository's folders and files: not on the connection's thread.
+    let server = state.server.clone();
+    let index = web::block(move || crate::triton::repository_index(&server, only_ready))
+        .await
+        .map_err(blocking_failed)??;
+    let index: Vec<Value> = index
         .into_iter()
         .map(
             |e| json!({"name": e.name, "version": e.version, "state": e.state, "reason": e.reason}),
@@ -414,17 +419,21 @@ async fn repository_load(
     };
     let mut params = params_from_json(overrides)?;
     let version = crate::triton::take_version(&mut params)?;
-    let model = path.into_inner();
-    let server = &state.server;
-    server
-        .load_model_as(
-            crate::worker_params::Origin::Client,
-            &model,
-            version,
-            params,
-        )
-        .await?;
+    let name = path.into_inner();
+    let keys = crate::worker_params::client_keys(crate::worker_params::Origin::Client, &params);
+    // Reads the model's files: not on the connection's thread.
+    let (server, model) = (state.server.clone(), name.clone());
+    let resolved = web::block(move || server.resolve_model(&model, version, params))
+        .await
+        .map_err(blocking_failed)??;
+    state.server.load_resolved(&name, resolved, keys).await?;
     Ok(HttpResponse::Ok().json(json!({})))
+}
+
+fn blocking_failed(e: actix_web::error::BlockingError) -> HttpError {
+    HttpError(ServerError::Internal(format!(
+        "a blocking task failed: {e}"
+    )))
 }
 
 async fn repository_unload(state: web::Data<State>, path: web::Path<String>) -> Reply {

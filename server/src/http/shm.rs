@@ -8,8 +8,8 @@
 //!
 //! In an inference request, a tensor whose `parameters` carry
 //! `shared_memory_region`, `shared_memory_byte_size` and optionally
-//! `shared_memory_offset` has no `data`: an input's bytes are read from the region
-//! (without a copy), an output is written into it after inference and answered with
+//! `shared_memory_offset` has no `data`: an input's bytes are copied out of the
+//! region when the request is decoded (see [`crate::shm`] for why), an output is written into it after inference and answered with
 //! `"parameters": {"shared_memory_region": r, "shared_memory_byte_size": written}`
 //! instead of data. Where each output goes is returned beside the protocol-free
 //! [`InferRequest`] as an [`OutputPlacement`]; the protocol's keys never reach the
@@ -86,25 +86,89 @@ impl ShmParams {
         })?;
         shm.slice(&self.region, self.offset, self.byte_size)
             .map_err(|e| match e {
-                ServerError::NotFound(message) | ServerError::InvalidRequest(message) => {
+                ServerError::NotFound(message) => {
                     ServerError::invalid(format!("{kind} `{name}`: {message}"))
                 }
-                other => other,
+                other => in_tensor(other, kind, name),
             })
     }
 }
 
-/// The data of an input in shared memory: `byte_size` must fit its shape and
-/// datatype exactly. A view of the mapping, not a copy.
-pub(super) fn read_input(
+/// The window of an input in shared memory: `byte_size` must fit its shape and
+/// datatype exactly. Its bytes are copied later, by [`ShmReads::read_into`].
+pub(super) fn input_window(
     tensor: &SizedTensor<'_>,
     params: &ShmParams,
     shm: Option<&SharedMemory>,
-) -> Result<Bytes> {
+) -> Result<ShmSlice> {
     tensor.check_size(params.byte_size)?;
-    let data = params.slice(tensor.kind, tensor.name, shm)?.read()?;
-    tensor.check_bytes(&data)?;
-    Ok(data)
+    params.slice(tensor.kind, tensor.name, shm)
+}
+
+/// The shared-memory inputs of a decoded request, still to be copied out of their
+/// regions (decoding checks the windows; copying them is the costly part, done
+/// where the caller chooses).
+#[derive(Default)]
+pub struct ShmReads(Vec<PendingRead>);
+
+struct PendingRead {
+    /// The input's index in the request.
+    input: usize,
+    window: ShmSlice,
+    /// Elements of the input's shape.
+    elements: usize,
+}
+
+impl ShmReads {
+    pub(super) fn push(&mut self, input: usize, window: ShmSlice, elements: usize) {
+        self.0.push(PendingRead {
+            input,
+            window,
+            elements,
+        });
+    }
+
+    /// The bytes to copy.
+    pub fn bytes(&self) -> usize {
+        self.0.iter().map(|r| r.window.len()).sum()
+    }
+
+    /// Copies each window into its input's data (a copy, read now: an object
+    /// truncated meanwhile is a 400, and later changes of the region do not reach
+    /// the request). BYTES elements must fill their window.
+    pub fn read_into(self, request: &mut InferRequest) -> Result<()> {
+        for read in self.0 {
+            let input = request.inputs.get_mut(read.input).ok_or_else(|| {
+                ServerError::Internal(format!("no input {} to read into", read.input))
+            })?;
+            let data = read
+                .window
+                .read()
+                .map_err(|e| in_tensor(e, "input", &input.name))?;
+            SizedTensor {
+                kind: "input",
+                name: &input.name,
+                dtype: input.dtype,
+                shape: &input.shape,
+                elements: read.elements,
+                param: BYTE_SIZE,
+            }
+            .check_bytes(&data)?;
+            input.data = data;
+        }
+        Ok(())
+    }
+}
+
+/// `e`, its message beginning with the tensor it concerns.
+fn in_tensor(e: ServerError, kind: &str, name: &str) -> ServerError {
+    let prefixed = |message: String| format!("{kind} `{name}`: {message}");
+    match e {
+        ServerError::InvalidRequest(m) => ServerError::InvalidRequest(prefixed(m)),
+        ServerError::TooLarge(m) => ServerError::TooLarge(prefixed(m)),
+        ServerError::Exhausted(m) => ServerError::Exhausted(prefixed(m)),
+        other => other,
+    }
 }
 
 /// Where each output of a response goes: into a shared-memory region when the
@@ -151,6 +215,20 @@ impl OutputPlacement {
         Ok(())
     }
 
+    /// The work of encoding `response`: its bytes to write as JSON, and those to
+    /// write into shared memory (binary outputs are sent as they are).
+    pub(super) fn encoding_work(&self, response: &InferResponse) -> (usize, usize) {
+        let (mut json, mut copy) = (0, 0);
+        for output in &response.outputs {
+            if self.shared_memory.iter().any(|(n, _)| *n == output.name) {
+                copy += output.data.len();
+            } else if !self.binary.is_binary(&output.name) {
+                json += output.data.len();
+            }
+        }
+        (json, copy)
+    }
+
     /// Writes the outputs placed in shared memory; each must fit its window (else
     /// nothing is written).
     fn write_outputs<'a>(&'a self, response: &'a InferResponse) -> Result<Vec<InShm<'a>>> {
@@ -173,7 +251,9 @@ impl OutputPlacement {
         placed
             .into_iter()
             .map(|(slice, output)| {
-                slice.write(&output.data)?;
+                slice
+                    .write(&output.data)
+                    .map_err(|e| in_tensor(e, "output", &output.name))?;
                 Ok(InShm {
                     output: &output.name,
                 })
@@ -192,7 +272,9 @@ pub fn decode_request_shm(
     shm: &SharedMemory,
 ) -> Result<(InferRequest, OutputPlacement)> {
     let (json, binary) = split(body, header)?;
-    decode_request_parts(model, &json, binary, Some(shm))
+    let (mut request, placement, reads) = decode_request_parts(model, &json, binary, Some(shm))?;
+    reads.read_into(&mut request)?;
+    Ok((request, placement))
 }
 
 /// Writes the outputs `placement` puts in shared memory, then encodes the response
@@ -285,7 +367,7 @@ mod tests {
     }
 
     #[test]
-    fn inputs_are_views_of_the_region() {
+    fn inputs_are_copied_from_the_region() {
         let object = Object::new(&[[0; 4].as_slice(), &words(&[7, 8, 9])].concat());
         let shm = SharedMemory::new();
         shm.register("in", &object.key, 0, 16).unwrap();
@@ -298,11 +380,14 @@ mod tests {
         let (request, placement) = decode(&shm, body).unwrap();
         let data = &request.inputs[0].data;
         assert_eq!(data.as_ref(), words(&[7, 8, 9]).as_slice());
-        assert_eq!(
-            data.as_ptr(),
-            shm.read("in", 4, 1).unwrap().as_ptr(),
-            "a copy"
-        );
+        // Read at decode time: the object truncated afterwards changes nothing.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&object.path)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        assert_eq!(data.as_ref(), words(&[7, 8, 9]).as_slice());
         assert_eq!(
             request.parameters,
             vec![Param {
@@ -411,6 +496,11 @@ mod tests {
             {"name": "z"}]});
         let (request, placement) = decode(&shm, body).unwrap();
         assert_eq!(request.outputs, Some(vec!["y".into(), "z".into()]));
+        // The work of encoding: `y` goes to shared memory, `z` binary.
+        assert_eq!(placement.encoding_work(&response(&[1, 2])), (0, 8));
+        let mut as_json = placement.clone();
+        as_json.binary.all = false;
+        assert_eq!(as_json.encoding_work(&response(&[1, 2])), (4, 8));
         // Unregistering now does not take the window from the request.
         shm.unregister("out");
         let encoded = encode_response_shm(&response(&[1, 2]), &placement).unwrap();
