@@ -30,6 +30,7 @@ fn requests() -> Vec<Request<u32>> {
             priority: None,
             timeout: None,
             sequence: None,
+            ticket: None,
             reply: i,
         })
         .collect()

@@ -367,6 +367,7 @@ mod tests {
             priority: None,
             timeout: None,
             sequence: None,
+            ticket: None,
             reply: id,
         }
     }
@@ -764,6 +765,7 @@ mod thread_tests {
             priority: None,
             timeout: None,
             sequence: None,
+            ticket: None,
             reply: id,
         }
     }

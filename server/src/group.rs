@@ -11,7 +11,7 @@ use arc_swap::ArcSwapOption;
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TrySendError};
 use kiln_batchers::dynamic::{run_dynamic_batcher, DynamicHost, Rejection};
 use kiln_batchers::sequence::{run_sequence_batcher, SequenceEvent};
-use kiln_batchers::{run_batcher, Batch, BatcherConfig, Request};
+use kiln_batchers::{run_batcher, Admission, Batch, BatcherConfig, Request};
 use kiln_buffers::{BufferSet, Pool};
 use kiln_worker_sdk::{BatcherKind, Shape, WorkerBox, WorkerInfo};
 use parking_lot::Mutex;
@@ -73,6 +73,9 @@ pub struct WorkerGroup {
     /// The model version served ("1" for workers loaded directly).
     pub version: String,
     queue: ArcSwapOption<Sender<Request<Reply>>>,
+    /// `queue_size`: the bound on requests accepted and not yet in a batch, wherever
+    /// they wait (the channel, a batcher's own queues, a batcher's hands).
+    admission: Arc<Admission>,
     batches: Receiver<Batch<Reply>>,
     pool: Arc<Pool<BufferSet>>,
     context: Arc<InstanceContext>,
@@ -119,6 +122,8 @@ impl WorkerGroup {
                 .map_or_else(|| info.clone(), |m| m.client_info.clone()),
         );
         let info = Arc::new(info);
+        // The channel never fills: `admission` refuses first (it also counts what
+        // the batchers took out and hold).
         let (queue_tx, queue_rx) = bounded::<Request<Reply>>(settings.queue_size);
         let (batch_tx, batch_rx) = unbounded::<Batch<Reply>>();
         let (input_caps, output_caps) = buffer_capacities(&info, settings.batch_size);
@@ -194,6 +199,7 @@ impl WorkerGroup {
             }
         }
         let batcher_threads = threads.len();
+        let admission = Admission::new(settings.queue_size);
         let group = Arc::new(WorkerGroup {
             endpoint,
             worker,
@@ -203,6 +209,7 @@ impl WorkerGroup {
             identity,
             version,
             queue: ArcSwapOption::from_pointee(queue_tx),
+            admission,
             batches: batch_rx,
             pool,
             context,
@@ -306,6 +313,14 @@ impl WorkerGroup {
                 self.endpoint
             )));
         }
+        // Refused at once when the bound is reached: nothing is queued.
+        let Some(ticket) = self.admission.try_admit() else {
+            metrics.rejected.inc();
+            return Err(ServerError::QueueFull {
+                model: self.endpoint.clone(),
+                capacity: self.settings.queue_size,
+            });
+        };
         let (reply_tx, reply_rx) = oneshot::channel();
         let request = Request {
             inputs: valid.inputs,
@@ -315,6 +330,7 @@ impl WorkerGroup {
             priority,
             timeout,
             sequence,
+            ticket: Some(ticket),
             reply: Reply {
                 tx: reply_tx,
                 id,

@@ -729,7 +729,7 @@ async fn model_infer_bodies_in_pieces_late_or_malformed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_answers_resource_exhausted() {
-    let kiln = Kiln::start(&["--load", "faulty:batch_size=1,max_buffers=1,queue_size=2"]);
+    let kiln = Kiln::start(&["--load", "faulty:batch_size=1,max_buffers=1,queue_size=3"]);
     let c = kiln.grpc().await;
     let send = |v: i32| {
         let c = c.clone();
@@ -744,7 +744,7 @@ async fn a_full_queue_answers_resource_exhausted() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let (code, text) = failure(send(9).await.unwrap());
     assert_eq!(code, Code::ResourceExhausted, "{text}");
-    assert!(text.contains("queue of 2 is full"), "{text}");
+    assert!(text.contains("queue of 3 is full"), "{text}");
     running.await.unwrap().unwrap();
     blocked.await.unwrap().unwrap();
     for (i, task) in queued.into_iter().enumerate() {

@@ -431,11 +431,12 @@ async fn a_panicking_plugin_fails_only_its_batch() {
 async fn a_full_queue_answers_429_and_loses_nothing_accepted() {
     let kiln = Kiln::start(&[]);
     let c = kiln.client.clone();
-    // One buffer set, one instance, a queue of two; -3 makes the worker take 1 s.
+    // One buffer set, one instance, a queue of three (the request the batcher holds
+    // counts); -3 makes the worker take 1 s.
     let endpoint = c
         .load(
             "faulty",
-            &json!({"batch_size": 1, "max_buffers": 1, "queue_size": 2}),
+            &json!({"batch_size": 1, "max_buffers": 1, "queue_size": 3}),
         )
         .await
         .unwrap();
@@ -475,7 +476,7 @@ async fn a_full_queue_answers_429_and_loses_nothing_accepted() {
         body["error"]
             .as_str()
             .unwrap()
-            .contains("queue of 2 is full"),
+            .contains("queue of 3 is full"),
         "{body}"
     );
     running.await.unwrap().unwrap();

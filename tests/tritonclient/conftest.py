@@ -7,7 +7,7 @@ tests/tests/tritonclient.rs starts kiln and runs these with pytest, passing:
 
 kiln serves: `echo-multi` (UINT32, FP32 -> FP64 doubled, BYTES reversed), `echo`
 (UINT32 + 1), `faulty` (INT32; -2 fails, -3 takes 1 s; one buffer set and a queue of
-two, to fill), `accumulate` (a running sum kept as a sequence's implicit state,
+three, to fill), `accumulate` (a running sum kept as a sequence's implicit state,
 reporting its control inputs; sequence batcher), and a model repository holding `echo-repo` (worker echo, versions 1
 and 2), not loaded.
 """
@@ -49,9 +49,9 @@ def echo_multi_arrays():
 
 
 def fill_queue_then_refuse(send):
-    """Drives `faulty` (one buffer set, a queue of two) to a full queue: a request
-    that takes 1 s holds the set, a second waits for it in the batcher, two fill
-    the queue, and the next is refused at once. `send(key, value)` sends one
+    """Drives `faulty` (one buffer set, a queue of three) to a full queue: a request
+    that takes 1 s holds the set, a second waits for it in the batcher (counted in
+    the queue), two more fill the queue, and the next is refused at once. `send(key, value)` sends one
     request and returns `{key: its result or error}`; all five are returned."""
     results = {}
     threads = []

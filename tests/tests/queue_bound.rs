@@ -1,0 +1,110 @@
+//! `queue_size` bounds every request accepted and not yet in a batch, whatever the
+//! batcher keeps in queues of its own: beyond it the server answers 429 with
+//! `Retry-After` at once (gRPC RESOURCE_EXHAUSTED), and everything it accepted is
+//! answered.
+
+// Test support: a failed step should fail the test loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use kiln_tests::wait::wait_pending;
+use kiln_tests::{requests_outcome, Kiln};
+use serde_json::{json, Value};
+
+/// Sends one `faulty` request holding `value` over plain JSON; returns the status,
+/// its `Retry-After` header and the body.
+async fn infer(
+    http: &reqwest::Client,
+    url: &str,
+    model: &str,
+    value: i32,
+) -> (u16, Option<String>, Value) {
+    let body = json!({"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 1], "data": [value]}]});
+    let response = http
+        .post(format!("{url}/v2/models/{model}/infer"))
+        .json(&body)
+        .send()
+        .await
+        .expect("an answer");
+    let status = response.status().as_u16();
+    let retry = response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    (status, retry, response.json().await.expect("a JSON body"))
+}
+
+/// One answer: status, `Retry-After`, body.
+type Answer = (u16, Option<String>, Value);
+
+/// Fires `n` requests at once (values 0..n); their answers arrive on the receiver
+/// as they come, each with the value it sent.
+fn flood(url: &str, model: &str, n: i32) -> tokio::sync::mpsc::UnboundedReceiver<(i32, Answer)> {
+    let http = reqwest::Client::new();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..n {
+        let (http, url, model, tx) = (http.clone(), url.to_owned(), model.to_owned(), tx.clone());
+        tokio::spawn(async move {
+            let _ = tx.send((i, infer(&http, &url, &model, i).await));
+        });
+    }
+    rx
+}
+
+/// Receives answers until `n` are refusals; returns the refusals and the others.
+async fn until_refused(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<(i32, Answer)>,
+    n: usize,
+) -> (Vec<Answer>, Vec<(i32, Answer)>) {
+    let (mut refused, mut other) = (Vec::new(), Vec::new());
+    while refused.len() < n {
+        let next = tokio::time::timeout(std::time::Duration::from_secs(30), rx.recv()).await;
+        let Ok(Some((value, answer))) = next else {
+            panic!("only {} refusals came back: {refused:?}", refused.len());
+        };
+        if answer.0 == 200 {
+            other.push((value, answer));
+        } else {
+            refused.push(answer);
+        }
+    }
+    (refused, other)
+}
+
+/// Finding 4 of the hardening issue, scaled down: the dynamic batcher used to move
+/// whatever the channel held into its own priority queues, so `queue_size` bounded
+/// only the channel and nothing was ever refused. A 100 s queue delay and batches of
+/// 64 keep everything accepted in the batcher's queues: exactly `queue_size` requests
+/// wait, every other one is refused at once with 429 and `Retry-After` (while the
+/// accepted ones still wait), and the accepted ones are all answered (here by the
+/// unload, which sends what is queued).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamic_batcher_queue_size_bounds_its_own_queues() {
+    let kiln = Kiln::start(&[]);
+    let c = kiln.client.clone();
+    let params = json!({"batcher": "dynamic", "batch_size": 64, "max_buffers": 1,
+        "queue_size": 20, "max_queue_delay_microseconds": 100_000_000});
+    c.load("faulty", &params).await.unwrap();
+    let mut answers = flood(&kiln.url, "faulty", 200);
+    let (refused, early) = until_refused(&mut answers, 180).await;
+    assert!(early.is_empty(), "answered before the delay: {early:?}");
+    for (status, retry, body) in &refused {
+        assert_eq!(*status, 429, "{body}");
+        assert_eq!(retry.as_deref(), Some("1"), "Retry-After on a 429");
+        let message = body["error"].as_str().unwrap_or_default();
+        assert!(message.contains("queue of 20 is full"), "{message}");
+    }
+    // The accepted requests still wait: the refusals did not wait for them.
+    wait_pending(&c, "faulty", 20.0).await;
+    let text = c.metrics().await.unwrap();
+    assert_eq!(requests_outcome(&text, "faulty", "rejected"), Some(180.0));
+    // Unloading sends what is queued: all 20 accepted are answered, each with its value.
+    c.unload("faulty").await.unwrap();
+    let mut accepted = 0;
+    while let Some((value, (status, _, body))) = answers.recv().await {
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["outputs"][0]["data"], json!([value]), "{body}");
+        accepted += 1;
+    }
+    assert_eq!(accepted, 20);
+}
