@@ -36,6 +36,12 @@ pub enum ServerError {
     /// Loading a worker failed; nothing of it remains (HTTP 400).
     #[error("cannot load worker `{worker}`: {reason}")]
     LoadFailed { worker: String, reason: String },
+    /// A load would take more than a server-wide limit allows (`--max-instances`,
+    /// …); the message names the flag and its value. HTTP 400, as every refused load
+    /// (Triton answers a failed load 400); gRPC RESOURCE_EXHAUSTED, the code for a
+    /// quota. No `Retry-After`: only an unload or the operator frees it.
+    #[error("{0}")]
+    LimitExceeded(String),
     /// A bug or a lost internal reply (HTTP 500).
     #[error("internal error: {0}")]
     Internal(String),
@@ -47,7 +53,8 @@ impl ServerError {
         match self {
             ServerError::InvalidRequest(_)
             | ServerError::AlreadyExists(_)
-            | ServerError::LoadFailed { .. } => 400,
+            | ServerError::LoadFailed { .. }
+            | ServerError::LimitExceeded(_) => 400,
             ServerError::NotFound(_) => 404,
             ServerError::TooLarge(_) => 413,
             ServerError::QueueFull { .. } | ServerError::Exhausted(_) => 429,
@@ -64,9 +71,9 @@ impl ServerError {
             | ServerError::TooLarge(_) => tonic::Code::InvalidArgument,
             ServerError::NotFound(_) => tonic::Code::NotFound,
             ServerError::AlreadyExists(_) => tonic::Code::AlreadyExists,
-            ServerError::QueueFull { .. } | ServerError::Exhausted(_) => {
-                tonic::Code::ResourceExhausted
-            }
+            ServerError::QueueFull { .. }
+            | ServerError::Exhausted(_)
+            | ServerError::LimitExceeded(_) => tonic::Code::ResourceExhausted,
             ServerError::Unavailable(_) => tonic::Code::Unavailable,
             ServerError::WorkerFailed(_) | ServerError::Internal(_) => tonic::Code::Internal,
         }

@@ -20,6 +20,7 @@ use tokio::sync::oneshot;
 use crate::error::{Result, ServerError};
 use crate::infer::{validate, InferRequest, InferResponse, MAX_OUTPUTS};
 use crate::instance::{run_instance, InstanceContext};
+use crate::limits::Demand;
 use crate::metrics::ModelMetrics;
 use crate::params::GroupParams;
 use crate::sequence::{SequenceGroupHost, SequenceLink, SequenceModel, SequenceParams};
@@ -82,6 +83,8 @@ pub struct WorkerGroup {
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Batcher threads (the rest of `threads` run instances).
     batcher_threads: usize,
+    /// The pool's memory at load (see [`pool_bytes`]), for the server-wide limits.
+    pool_bytes: u64,
     sequence: Option<SequenceRuntime>,
 }
 
@@ -200,6 +203,7 @@ impl WorkerGroup {
         }
         let batcher_threads = threads.len();
         let admission = Admission::new(settings.queue_size);
+        let pool_bytes = pool_bytes(&info, &settings);
         let group = Arc::new(WorkerGroup {
             endpoint,
             worker,
@@ -215,6 +219,7 @@ impl WorkerGroup {
             context,
             threads: Mutex::new(threads),
             batcher_threads,
+            pool_bytes,
             sequence: sequence_model.map(|model| SequenceRuntime {
                 batched: model.layout.batched,
                 model,
@@ -383,6 +388,34 @@ impl WorkerGroup {
             .saturating_sub(self.batcher_threads)
     }
 
+    /// Requests pending (accepted, not answered) and answered or refused so far, for
+    /// housekeeping: a few atomic loads.
+    pub fn activity(&self) -> (i64, u64) {
+        let m = &self.context.metrics;
+        let ended = [
+            &m.success,
+            &m.failure,
+            &m.rejected,
+            &m.invalid,
+            &m.unavailable,
+            &m.timeout,
+            &m.cancelled,
+        ]
+        .iter()
+        .map(|c| c.get())
+        .sum();
+        (m.pending.get(), ended)
+    }
+
+    /// What this group takes of the machine (for the server-wide limits).
+    pub fn demand(&self) -> Demand {
+        Demand {
+            instances: self.instance_count(),
+            batcher_threads: self.batcher_threads,
+            buffer_bytes: self.pool_bytes,
+        }
+    }
+
     /// Refreshes gauges that are read rather than counted.
     pub fn refresh_gauges(&self) {
         let m = &self.context.metrics;
@@ -522,6 +555,32 @@ pub fn resolve(info: &WorkerInfo, params: &GroupParams, instances: usize) -> Res
         dynamic: params.dynamic.clone(),
         sequence: params.sequence.clone(),
     })
+}
+
+/// What a group of `instances` instances with `settings` would take of the machine.
+pub fn demand(info: &WorkerInfo, settings: &GroupSettings, instances: usize) -> Demand {
+    Demand {
+        instances,
+        batcher_threads: batcher_threads(settings),
+        buffer_bytes: pool_bytes(info, settings),
+    }
+}
+
+/// Batcher threads a group runs: `batchers` for hard and soft, one scheduler for
+/// dynamic and sequence.
+fn batcher_threads(settings: &GroupSettings) -> usize {
+    match settings.batcher {
+        BatcherKind::Dynamic | BatcherKind::Sequence => 1,
+        BatcherKind::Hard | BatcherKind::Soft => settings.batchers,
+    }
+}
+
+/// The pool's memory at load: `max_buffers` sets of their initial sizes (buffers of
+/// dynamic shapes grow with use beyond this).
+pub fn pool_bytes(info: &WorkerInfo, settings: &GroupSettings) -> u64 {
+    let (inputs, outputs) = buffer_capacities(info, settings.batch_size);
+    let set: u64 = inputs.iter().chain(&outputs).map(|&b| b as u64).sum();
+    set.saturating_mul(settings.max_buffers as u64)
 }
 
 /// Initial buffer sizes: a full batch of each fixed-size tensor; dynamic ones grow
