@@ -3,8 +3,8 @@
 //! glibc keeps what a flood of requests freed in its arenas (one per thread that
 //! allocated: actix-web workers, gRPC threads, batchers, instances), so the process
 //! stayed at gigabytes long after the flood. A thread looks every `interval` at the
-//! loaded models; once requests were answered since the last trim and the server then
-//! stayed quiet for a whole interval (nothing pending, nothing answered), it calls
+//! loaded models; on the first few ticks after activity on which the server stayed
+//! quiet for a whole interval (nothing pending, nothing answered), it calls
 //! `malloc_trim(0)`, which returns every arena's free pages. Under steady traffic it
 //! never runs, so it costs the serving threads nothing; the tick itself reads a few
 //! atomics per model. Plugins allocate through the same glibc `malloc` (no host-only
@@ -54,26 +54,34 @@ impl Housekeeping {
     }
 }
 
-/// Decides when to trim: after activity, once a whole tick passed quietly.
+/// Quiet ticks after activity on which housekeeping trims: a burst's memory is
+/// freed over a few seconds (its answers are still being written to slow clients
+/// when nothing is pending any more), and a trim with nothing to return costs
+/// well under a millisecond.
+const TRIMS_AFTER_ACTIVITY: u32 = 5;
+
+/// Decides when to trim: on the first few quiet ticks after activity.
 #[derive(Default)]
 struct Quiet {
     /// Requests answered, at the last tick.
     last: u64,
-    /// Requests answered, at the last trim.
-    trimmed: u64,
+    /// Quiet ticks on which to trim still.
+    trims: u32,
 }
 
 impl Quiet {
     /// One tick with `pending` requests waiting and `answered` answered so far (a
-    /// sum over the loaded models: it may also go down, by an unload); `true`: trim.
+    /// sum over the loaded models: an unload may also lower it); `true`: trim.
     fn tick(&mut self, pending: i64, answered: u64) -> bool {
         let still = answered == self.last;
         self.last = answered;
-        if pending == 0 && still && answered != self.trimmed {
-            self.trimmed = answered;
-            return true;
+        if pending != 0 || !still {
+            self.trims = TRIMS_AFTER_ACTIVITY;
+            return false;
         }
-        false
+        let trim = self.trims > 0;
+        self.trims = self.trims.saturating_sub(1);
+        trim
     }
 }
 
@@ -114,15 +122,18 @@ mod tests {
     use super::Quiet;
 
     #[test]
-    fn trims_once_after_a_quiet_tick_that_follows_activity() {
+    fn trims_on_the_quiet_ticks_that_follow_activity() {
         let mut q = Quiet::default();
         assert!(!q.tick(0, 0), "nothing happened yet");
         assert!(!q.tick(5, 10), "busy");
         assert!(!q.tick(0, 20), "answered during this tick: not quiet yet");
-        assert!(q.tick(0, 20), "a quiet tick after activity");
-        assert!(!q.tick(0, 20), "already trimmed");
-        assert!(!q.tick(0, 21));
-        assert!(q.tick(0, 21));
-        assert!(!q.tick(3, 21), "pending");
+        for _ in 0..TRIMS_AFTER_ACTIVITY {
+            assert!(q.tick(0, 20), "a quiet tick after activity");
+        }
+        assert!(!q.tick(0, 20), "quiet for long: nothing more to return");
+        assert!(!q.tick(3, 20), "pending");
+        // The model that held them is unloaded: its counts leave the sum.
+        assert!(!q.tick(0, 5));
+        assert!(q.tick(0, 5));
     }
 }

@@ -176,6 +176,11 @@ impl Kiln {
             .expect("gRPC connection")
     }
 
+    /// The kiln process's id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Everything kiln logged so far.
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
