@@ -119,7 +119,7 @@ fn resident_bytes() -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::Quiet;
+    use super::{Quiet, TRIMS_AFTER_ACTIVITY};
 
     #[test]
     fn trims_on_the_quiet_ticks_that_follow_activity() {
