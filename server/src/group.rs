@@ -233,32 +233,61 @@ impl WorkerGroup {
         Ok(group)
     }
 
-    /// Starts one more worker instance on this group's batch queue.
+    /// Starts one more worker instance on this group's batch queue. If its thread
+    /// cannot be started, nothing of it remains: it is not counted, a stateful group's
+    /// batcher never hears of it, and the instance's lifecycle is ended.
     pub fn add_instance(&self, worker: WorkerBox) -> Result<()> {
         // A stateful group's instances each get their own batches (sequences are
         // pinned to one instance); the others share the group's batch queue.
-        let (rx, index) = match &self.sequence {
+        let (rx, outlet, index) = match &self.sequence {
             Some(seq) => {
                 let (tx, rx) = unbounded();
-                let index = seq.instances.fetch_add(1, Ordering::SeqCst);
-                seq.events
-                    .send(SequenceEvent::Instance { index, batches: tx })
-                    .map_err(|_| ServerError::Internal("the sequence batcher is gone".into()))?;
-                (rx, index)
+                // The Manager adds instances one at a time: the index is the count.
+                (rx, Some(tx), seq.instances.load(Ordering::SeqCst))
             }
-            None => (self.batches.clone(), 0),
+            None => (self.batches.clone(), None, 0),
         };
         let ctx = Arc::clone(&self.context);
+        // The thread takes the instance from this slot; if it never starts, the
+        // instance is still here to be taken down.
+        let slot = Arc::new(Mutex::new(Some(worker)));
+        let theirs = Arc::clone(&slot);
+        // Counted before its thread runs, so a request arriving as the load returns
+        // finds it; taken back if the thread cannot start.
         self.context.healthy.fetch_add(1, Ordering::SeqCst);
+        let n = self.threads.lock().len();
+        let spawned = spawn(format!("worker-{}-{n}", self.endpoint), move || {
+            let worker = theirs.lock().take();
+            if let Some(worker) = worker {
+                run_instance(worker, ctx, rx, index);
+            }
+        });
+        let handle = match spawned {
+            Ok(handle) => handle,
+            Err(e) => {
+                self.context.healthy.fetch_sub(1, Ordering::SeqCst);
+                let worker = slot.lock().take();
+                if let Some(mut worker) = worker {
+                    let _ = worker.release();
+                    let _ = worker.deallocate();
+                    worker.destroy();
+                }
+                return Err(e);
+            }
+        };
+        self.threads.lock().push(handle);
+        if let (Some(seq), Some(batches)) = (&self.sequence, outlet) {
+            seq.instances.fetch_add(1, Ordering::SeqCst);
+            // Should the batcher be gone, the batch queue's sender goes with this
+            // event: the thread sees the queue closed and ends the instance.
+            seq.events
+                .send(SequenceEvent::Instance { index, batches })
+                .map_err(|_| ServerError::Internal("the sequence batcher is gone".into()))?;
+        }
         self.context
             .metrics
             .instances
             .set(self.context.healthy.load(Ordering::SeqCst) as i64);
-        let n = self.threads.lock().len();
-        let handle = spawn(format!("worker-{}-{n}", self.endpoint), move || {
-            run_instance(worker, ctx, rx, index)
-        })?;
-        self.threads.lock().push(handle);
         Ok(())
     }
 
