@@ -227,8 +227,15 @@ impl WorkerGroup {
                 instances: AtomicUsize::new(0),
             }),
         });
-        for instance in instances {
-            group.add_instance(instance)?;
+        let mut pending = instances.into_iter();
+        while let Some(instance) = pending.next() {
+            if let Err(e) = group.add_instance(instance) {
+                // Nothing remains: the instances not started end here, the started
+                // ones with the group's threads.
+                pending.for_each(end_lifecycle);
+                group.drain();
+                return Err(e);
+            }
         }
         Ok(group)
     }
@@ -267,10 +274,8 @@ impl WorkerGroup {
             Err(e) => {
                 self.context.healthy.fetch_sub(1, Ordering::SeqCst);
                 let worker = slot.lock().take();
-                if let Some(mut worker) = worker {
-                    let _ = worker.release();
-                    let _ = worker.deallocate();
-                    worker.destroy();
+                if let Some(worker) = worker {
+                    end_lifecycle(worker);
                 }
                 return Err(e);
             }
@@ -541,6 +546,13 @@ fn scheduling(parameters: &[kiln_worker_sdk::Param]) -> Result<(Option<u32>, Opt
         })?)),
     };
     Ok((priority, timeout))
+}
+
+/// Ends the lifecycle of an acquired instance that never ran.
+fn end_lifecycle(mut worker: WorkerBox) {
+    let _ = worker.release();
+    let _ = worker.deallocate();
+    worker.destroy();
 }
 
 fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
