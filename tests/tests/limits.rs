@@ -75,6 +75,19 @@ async fn instances_per_model_and_in_total() {
         }
         other => panic!("repository load should be refused, got {other:?}"),
     }
+    // Over gRPC a load beyond a limit is RESOURCE_EXHAUSTED.
+    let refused = kiln.grpc().await.load_model("wide", &[]).await.unwrap_err();
+    assert_eq!(
+        refused.grpc_code(),
+        Some(tonic::Code::ResourceExhausted),
+        "{refused}"
+    );
+    assert!(
+        refused
+            .to_string()
+            .contains("--max-instances-per-model = 2"),
+        "{refused}"
+    );
     assert_eq!(models(&c).await, vec!["echo".to_owned(), second.clone()]);
     // An unload frees its share.
     c.unload(&second).await.unwrap();

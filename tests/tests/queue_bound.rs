@@ -6,6 +6,7 @@
 // Test support: a failed step should fail the test loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use kiln_client::{DataType, InferRequest, InputTensor};
 use kiln_tests::wait::wait_pending;
 use kiln_tests::{requests_outcome, Kiln};
 use serde_json::{json, Value};
@@ -96,8 +97,29 @@ async fn dynamic_batcher_queue_size_bounds_its_own_queues() {
     }
     // The accepted requests still wait: the refusals did not wait for them.
     wait_pending(&c, "faulty", 20.0).await;
+    // Over gRPC the same bound answers RESOURCE_EXHAUSTED.
+    let request = InferRequest {
+        model: "faulty".into(),
+        inputs: vec![InputTensor::from_slice(
+            "INPUT0",
+            DataType::Int32,
+            &[1, 1],
+            &[1i32],
+        )],
+        ..Default::default()
+    };
+    let refused = kiln.grpc().await.infer(&request).await.unwrap_err();
+    assert_eq!(
+        refused.grpc_code(),
+        Some(tonic::Code::ResourceExhausted),
+        "{refused}"
+    );
+    assert!(
+        refused.to_string().contains("queue of 20 is full"),
+        "{refused}"
+    );
     let text = c.metrics().await.unwrap();
-    assert_eq!(requests_outcome(&text, "faulty", "rejected"), Some(180.0));
+    assert_eq!(requests_outcome(&text, "faulty", "rejected"), Some(181.0));
     // Unloading sends what is queued: all 20 accepted are answered, each with its value.
     c.unload("faulty").await.unwrap();
     let mut accepted = 0;
