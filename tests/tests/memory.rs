@@ -14,8 +14,8 @@ use serde_json::json;
 
 /// Values per request: 4 MiB of INT32, well above glibc's initial mmap threshold.
 const VALUES: usize = 1 << 20;
-/// Requests of the flood, all pending at once: about 240 MiB of tensors.
-const FLOOD: usize = 60;
+/// Requests of the flood, all pending at once: 160 MiB of tensors.
+const FLOOD: usize = 40;
 
 /// The resident memory of process `pid` in bytes (`VmRSS` of /proc/PID/status).
 fn rss(pid: u32) -> u64 {
