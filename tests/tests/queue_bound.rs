@@ -8,7 +8,7 @@
 
 use kiln_client::{DataType, InferRequest, InputTensor};
 use kiln_tests::wait::wait_pending;
-use kiln_tests::{requests_outcome, Kiln};
+use kiln_tests::{metric, requests_outcome, Kiln};
 use serde_json::{json, Value};
 
 /// Sends one `faulty` request holding `value` over plain JSON; returns the status,
@@ -38,12 +38,19 @@ async fn infer(
 /// One answer: status, `Retry-After`, body.
 type Answer = (u16, Option<String>, Value);
 
-/// Fires `n` requests at once (values 0..n); their answers arrive on the receiver
-/// as they come, each with the value it sent.
-fn flood(url: &str, model: &str, n: i32) -> tokio::sync::mpsc::UnboundedReceiver<(i32, Answer)> {
+/// Fires `n` requests at once (values `first`, `first` + 1, … unless `first` is
+/// negative: then all hold `first`); their answers arrive on the receiver as they
+/// come, each with the value it sent.
+fn flood(
+    url: &str,
+    model: &str,
+    first: i32,
+    n: i32,
+) -> tokio::sync::mpsc::UnboundedReceiver<(i32, Answer)> {
     let http = reqwest::Client::new();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     for i in 0..n {
+        let i = if first < 0 { first } else { first + i };
         let (http, url, model, tx) = (http.clone(), url.to_owned(), model.to_owned(), tx.clone());
         tokio::spawn(async move {
             let _ = tx.send((i, infer(&http, &url, &model, i).await));
@@ -86,7 +93,7 @@ async fn dynamic_batcher_queue_size_bounds_its_own_queues() {
     let params = json!({"batcher": "dynamic", "batch_size": 64, "max_buffers": 1,
         "queue_size": 20, "max_queue_delay_microseconds": 100_000_000});
     c.load("faulty", &params).await.unwrap();
-    let mut answers = flood(&kiln.url, "faulty", 200);
+    let mut answers = flood(&kiln.url, "faulty", 0, 200);
     let (refused, early) = until_refused(&mut answers, 180).await;
     assert!(early.is_empty(), "answered before the delay: {early:?}");
     for (status, retry, body) in &refused {
@@ -129,4 +136,48 @@ async fn dynamic_batcher_queue_size_bounds_its_own_queues() {
         accepted += 1;
     }
     assert_eq!(accepted, 20);
+}
+
+/// The soft batcher takes a request, then waits for a buffer set: that request was
+/// outside the bound, so a group held `queue_size` + 1 unbatched requests (one per
+/// batcher thread). Here one set, batches of one, a queue of 3 and requests that take
+/// 1 s each: one runs, the batcher holds the next, and a wave of ten finds room for
+/// two only. The model never has more than 4 pending — sampled while the requests
+/// last — and reaches 4.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soft_batcher_counts_the_request_a_thread_holds() {
+    let kiln = Kiln::start(&[]);
+    let c = kiln.client.clone();
+    let params = json!({"batch_size": 1, "max_buffers": 1, "queue_size": 3});
+    c.load("faulty", &params).await.unwrap();
+    let mut answers = flood(&kiln.url, "faulty", -3, 1);
+    wait_pending(&c, "faulty", 1.0).await;
+    let mut second = flood(&kiln.url, "faulty", -3, 1);
+    wait_pending(&c, "faulty", 2.0).await;
+    let mut wave = flood(&kiln.url, "faulty", -3, 10);
+    let (mut most, mut results) = (0.0f64, Vec::new());
+    while results.len() < 12 {
+        let text = c.metrics().await.unwrap();
+        let pending = metric(&text, "kiln_pending_requests", &[("model", "faulty")]);
+        most = most.max(pending.unwrap_or(0.0));
+        for rx in [&mut answers, &mut second, &mut wave] {
+            while let Ok(answer) = rx.try_recv() {
+                results.push(answer);
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        most, 4.0,
+        "one running and three accepted, the held one included"
+    );
+    let refused = results.iter().filter(|(_, (s, _, _))| *s == 429).count();
+    assert!(refused > 0, "{results:?}");
+    for (value, (status, retry, body)) in results {
+        match status {
+            200 => assert_eq!(body["outputs"][0]["data"], json!([value]), "{body}"),
+            429 => assert_eq!(retry.as_deref(), Some("1"), "{body}"),
+            _ => panic!("{status}: {body}"),
+        }
+    }
 }
