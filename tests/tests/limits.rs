@@ -172,3 +172,29 @@ async fn buffer_memory_per_model_and_in_total() {
     let answer = c.infer(&request).await.unwrap();
     assert_eq!(answer.outputs[0].values::<i32>(), vec![7]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_loads_never_exceed_the_total() {
+    let kiln = Kiln::start(&["--max-instances", "3"]);
+    let c = kiln.client.clone();
+    // Six different configurations at once, one instance each: three fit.
+    let loads: Vec<_> = (1..=6)
+        .map(|n| {
+            let c = c.clone();
+            tokio::spawn(async move { c.load("echo", &json!({"batch_size": n})).await })
+        })
+        .collect();
+    let mut loaded = 0;
+    for load in loads {
+        match load.await.unwrap() {
+            Ok(_) => loaded += 1,
+            Err(ClientError::Status { status, message }) => {
+                assert_eq!(status, 400, "{message}");
+                assert!(message.contains("--max-instances = 3"), "{message}");
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(loaded, 3);
+    assert_eq!(models(&c).await.len(), 3);
+}
