@@ -30,6 +30,7 @@ fn requests() -> Vec<Request<u32>> {
             priority: None,
             timeout: None,
             sequence: None,
+            ticket: None,
             reply: i,
         })
         .collect()
@@ -74,5 +75,13 @@ fn pool(c: &mut Criterion) {
     c.bench_function("pool_acquire_release", |b| b.iter(|| drop(pool.acquire())));
 }
 
-criterion_group!(benches, batcher, pool);
+fn admission(c: &mut Criterion) {
+    // What every request pays for the queue bound: take a place, give it back.
+    let admission = kiln_batchers::Admission::new(4096);
+    c.bench_function("admission_admit_release", |b| {
+        b.iter(|| drop(std::hint::black_box(admission.try_admit())))
+    });
+}
+
+criterion_group!(benches, batcher, pool, admission);
 criterion_main!(benches);

@@ -93,5 +93,7 @@ impl<R> Batch<R> {
             sequence: request.sequence.map(|s| s.handle),
             reply: request.reply,
         });
+        // In a batch now: its place in the queue bound is free.
+        drop(request.ticket);
     }
 }

@@ -110,6 +110,7 @@ mod tests {
             priority: None,
             timeout: None,
             sequence: None,
+            ticket: None,
             reply: id,
         }
     }

@@ -367,6 +367,7 @@ mod tests {
             priority: None,
             timeout: None,
             sequence: None,
+            ticket: None,
             reply: id,
         }
     }
@@ -764,6 +765,7 @@ mod thread_tests {
             priority: None,
             timeout: None,
             sequence: None,
+            ticket: None,
             reply: id,
         }
     }
@@ -809,6 +811,35 @@ mod thread_tests {
             later.is_empty(),
             "a timed-out request reached a batch: {later:?}"
         );
+    }
+
+    #[test]
+    fn places_in_the_queue_bound_are_given_back_when_batched_or_rejected() {
+        let admission = crate::Admission::new(3);
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let (btx, brx) = crossbeam_channel::unbounded();
+        let pool =
+            kiln_buffers::Pool::new(4, || kiln_buffers::BufferSet::with_capacities(&[64], &[64]));
+        let host = Host::default();
+        host.cancelled.lock().unwrap().push(2);
+        for id in 1..=3 {
+            let mut r = req(id);
+            r.ticket = Some(admission.try_admit().unwrap());
+            tx.send(r).unwrap();
+        }
+        assert!(
+            admission.try_admit().is_none(),
+            "the bound counts the channel"
+        );
+        let config = DynamicConfig::new(8, Duration::from_secs(3600));
+        let (p, h) = (Arc::clone(&pool), host.clone());
+        drop(tx);
+        run_dynamic_batcher(config, 1, rx, p, btx, h);
+        // The batch is still in flight: its requests hold no place any more, nor
+        // does the cancelled one.
+        let batches: Vec<_> = brx.try_iter().collect();
+        assert_eq!(batches.iter().map(|b| b.len()).sum::<usize>(), 2);
+        assert_eq!(admission.queued(), 0);
     }
 
     #[test]

@@ -16,12 +16,14 @@
 //! requests whose non-batch dimensions match. Nothing here knows about protocols:
 //! a request carries an opaque reply handle `R`.
 
+pub mod admission;
 mod batch;
 mod batcher;
 pub mod dynamic;
 mod request;
 pub mod sequence;
 
+pub use admission::{Admission, Ticket};
 pub use batch::{Batch, Member};
 pub use batcher::{run_batcher, BatcherConfig};
 pub use request::{Request, Tensor};

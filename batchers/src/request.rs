@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use kiln_worker_sdk::{DataType, Param, Shape};
 
+use crate::admission::Ticket;
 use crate::sequence::SequenceFlags;
 
 /// One input tensor of one request.
@@ -34,6 +35,9 @@ pub struct Request<R> {
     pub timeout: Option<Duration>,
     /// The sequence the request belongs to (sequence batcher only).
     pub sequence: Option<SequenceFlags>,
+    /// Its place in the group's queue bound, held until it joins a batch or leaves
+    /// (`None`: not counted, e.g. in tests and benches).
+    pub ticket: Option<Ticket>,
     pub reply: R,
 }
 

@@ -40,6 +40,12 @@ pub enum ServerError {
     /// `--grpc-restricted-protocol`): HTTP 403, gRPC UNAVAILABLE, as Triton answers.
     #[error("{0}")]
     Restricted(String),
+    /// A load would take more than a server-wide limit allows (`--max-instances`,
+    /// …); the message names the flag and its value. HTTP 400, as every refused load
+    /// (Triton answers a failed load 400); gRPC RESOURCE_EXHAUSTED, the code for a
+    /// quota. No `Retry-After`: only an unload or the operator frees it.
+    #[error("{0}")]
+    LimitExceeded(String),
     /// A bug or a lost internal reply (HTTP 500).
     #[error("internal error: {0}")]
     Internal(String),
@@ -51,7 +57,8 @@ impl ServerError {
         match self {
             ServerError::InvalidRequest(_)
             | ServerError::AlreadyExists(_)
-            | ServerError::LoadFailed { .. } => 400,
+            | ServerError::LoadFailed { .. }
+            | ServerError::LimitExceeded(_) => 400,
             ServerError::Restricted(_) => 403,
             ServerError::NotFound(_) => 404,
             ServerError::TooLarge(_) => 413,
@@ -69,9 +76,9 @@ impl ServerError {
             | ServerError::TooLarge(_) => tonic::Code::InvalidArgument,
             ServerError::NotFound(_) => tonic::Code::NotFound,
             ServerError::AlreadyExists(_) => tonic::Code::AlreadyExists,
-            ServerError::QueueFull { .. } | ServerError::Exhausted(_) => {
-                tonic::Code::ResourceExhausted
-            }
+            ServerError::QueueFull { .. }
+            | ServerError::Exhausted(_)
+            | ServerError::LimitExceeded(_) => tonic::Code::ResourceExhausted,
             ServerError::Unavailable(_) | ServerError::Restricted(_) => tonic::Code::Unavailable,
             ServerError::WorkerFailed(_) | ServerError::Internal(_) => tonic::Code::Internal,
         }

@@ -11,7 +11,7 @@ use arc_swap::ArcSwapOption;
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TrySendError};
 use kiln_batchers::dynamic::{run_dynamic_batcher, DynamicHost, Rejection};
 use kiln_batchers::sequence::{run_sequence_batcher, SequenceEvent};
-use kiln_batchers::{run_batcher, Batch, BatcherConfig, Request};
+use kiln_batchers::{run_batcher, Admission, Batch, BatcherConfig, Request};
 use kiln_buffers::{BufferSet, Pool};
 use kiln_worker_sdk::{BatcherKind, Shape, WorkerBox, WorkerInfo};
 use parking_lot::Mutex;
@@ -20,6 +20,7 @@ use tokio::sync::oneshot;
 use crate::error::{Result, ServerError};
 use crate::infer::{validate, InferRequest, InferResponse, MAX_OUTPUTS};
 use crate::instance::{run_instance, InstanceContext};
+use crate::limits::Demand;
 use crate::metrics::ModelMetrics;
 use crate::params::GroupParams;
 use crate::sequence::{SequenceGroupHost, SequenceLink, SequenceModel, SequenceParams};
@@ -73,12 +74,17 @@ pub struct WorkerGroup {
     /// The model version served ("1" for workers loaded directly).
     pub version: String,
     queue: ArcSwapOption<Sender<Request<Reply>>>,
+    /// `queue_size`: the bound on requests accepted and not yet in a batch, wherever
+    /// they wait (the channel, a batcher's own queues, a batcher's hands).
+    admission: Arc<Admission>,
     batches: Receiver<Batch<Reply>>,
     pool: Arc<Pool<BufferSet>>,
     context: Arc<InstanceContext>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Batcher threads (the rest of `threads` run instances).
     batcher_threads: usize,
+    /// The pool's memory at load (see [`pool_bytes`]), for the server-wide limits.
+    pool_bytes: u64,
     sequence: Option<SequenceRuntime>,
     /// The worker's declared request parameters, checked at admission.
     request_params: crate::worker_params::RequestParams,
@@ -123,6 +129,8 @@ impl WorkerGroup {
                 .map_or_else(|| info.clone(), |m| m.client_info.clone()),
         );
         let info = Arc::new(info);
+        // The channel never fills: `admission` refuses first (it also counts what
+        // the batchers took out and hold).
         let (queue_tx, queue_rx) = bounded::<Request<Reply>>(settings.queue_size);
         let (batch_tx, batch_rx) = unbounded::<Batch<Reply>>();
         let (input_caps, output_caps) = buffer_capacities(&info, settings.batch_size);
@@ -198,6 +206,8 @@ impl WorkerGroup {
             }
         }
         let batcher_threads = threads.len();
+        let admission = Admission::new(settings.queue_size);
+        let pool_bytes = pool_bytes(&info, &settings);
         let group = Arc::new(WorkerGroup {
             endpoint,
             worker,
@@ -207,11 +217,13 @@ impl WorkerGroup {
             identity,
             version,
             queue: ArcSwapOption::from_pointee(queue_tx),
+            admission,
             batches: batch_rx,
             pool,
             context,
             threads: Mutex::new(threads),
             batcher_threads,
+            pool_bytes,
             sequence: sequence_model.map(|model| SequenceRuntime {
                 batched: model.layout.batched,
                 model,
@@ -220,38 +232,72 @@ impl WorkerGroup {
             }),
             request_params,
         });
-        for instance in instances {
-            group.add_instance(instance)?;
+        let mut pending = instances.into_iter();
+        while let Some(instance) = pending.next() {
+            if let Err(e) = group.add_instance(instance) {
+                // Nothing remains: the instances not started end here, the started
+                // ones with the group's threads.
+                pending.for_each(end_lifecycle);
+                group.drain();
+                return Err(e);
+            }
         }
         Ok(group)
     }
 
-    /// Starts one more worker instance on this group's batch queue.
+    /// Starts one more worker instance on this group's batch queue. If its thread
+    /// cannot be started, nothing of it remains: it is not counted, a stateful group's
+    /// batcher never hears of it, and the instance's lifecycle is ended.
     pub fn add_instance(&self, worker: WorkerBox) -> Result<()> {
         // A stateful group's instances each get their own batches (sequences are
         // pinned to one instance); the others share the group's batch queue.
-        let (rx, index) = match &self.sequence {
+        let (rx, outlet, index) = match &self.sequence {
             Some(seq) => {
                 let (tx, rx) = unbounded();
-                let index = seq.instances.fetch_add(1, Ordering::SeqCst);
-                seq.events
-                    .send(SequenceEvent::Instance { index, batches: tx })
-                    .map_err(|_| ServerError::Internal("the sequence batcher is gone".into()))?;
-                (rx, index)
+                // The Manager adds instances one at a time: the index is the count.
+                (rx, Some(tx), seq.instances.load(Ordering::SeqCst))
             }
-            None => (self.batches.clone(), 0),
+            None => (self.batches.clone(), None, 0),
         };
         let ctx = Arc::clone(&self.context);
+        // The thread takes the instance from this slot; if it never starts, the
+        // instance is still here to be taken down.
+        let slot = Arc::new(Mutex::new(Some(worker)));
+        let theirs = Arc::clone(&slot);
+        // Counted before its thread runs, so a request arriving as the load returns
+        // finds it; taken back if the thread cannot start.
         self.context.healthy.fetch_add(1, Ordering::SeqCst);
+        let n = self.threads.lock().len();
+        let spawned = spawn(format!("worker-{}-{n}", self.endpoint), move || {
+            let worker = theirs.lock().take();
+            if let Some(worker) = worker {
+                run_instance(worker, ctx, rx, index);
+            }
+        });
+        let handle = match spawned {
+            Ok(handle) => handle,
+            Err(e) => {
+                self.context.healthy.fetch_sub(1, Ordering::SeqCst);
+                let worker = slot.lock().take();
+                if let Some(worker) = worker {
+                    end_lifecycle(worker);
+                }
+                return Err(e);
+            }
+        };
+        self.threads.lock().push(handle);
+        if let (Some(seq), Some(batches)) = (&self.sequence, outlet) {
+            seq.instances.fetch_add(1, Ordering::SeqCst);
+            // Should the batcher be gone, the batch queue's sender goes with this
+            // event: the thread sees the queue closed and ends the instance.
+            seq.events
+                .send(SequenceEvent::Instance { index, batches })
+                .map_err(|_| ServerError::Internal("the sequence batcher is gone".into()))?;
+        }
         self.context
             .metrics
             .instances
             .set(self.context.healthy.load(Ordering::SeqCst) as i64);
-        let n = self.threads.lock().len();
-        let handle = spawn(format!("worker-{}-{n}", self.endpoint), move || {
-            run_instance(worker, ctx, rx, index)
-        })?;
-        self.threads.lock().push(handle);
         Ok(())
     }
 
@@ -318,6 +364,14 @@ impl WorkerGroup {
                 self.endpoint
             )));
         }
+        // Refused at once when the bound is reached: nothing is queued.
+        let Some(ticket) = self.admission.try_admit() else {
+            metrics.rejected.inc();
+            return Err(ServerError::QueueFull {
+                model: self.endpoint.clone(),
+                capacity: self.settings.queue_size,
+            });
+        };
         let (reply_tx, reply_rx) = oneshot::channel();
         let request = Request {
             inputs: valid.inputs,
@@ -327,6 +381,7 @@ impl WorkerGroup {
             priority,
             timeout,
             sequence,
+            ticket: Some(ticket),
             reply: Reply {
                 tx: reply_tx,
                 id,
@@ -377,6 +432,34 @@ impl WorkerGroup {
             .lock()
             .len()
             .saturating_sub(self.batcher_threads)
+    }
+
+    /// Requests pending (accepted, not answered) and answered or refused so far, for
+    /// housekeeping: a few atomic loads.
+    pub fn activity(&self) -> (i64, u64) {
+        let m = &self.context.metrics;
+        let ended = [
+            &m.success,
+            &m.failure,
+            &m.rejected,
+            &m.invalid,
+            &m.unavailable,
+            &m.timeout,
+            &m.cancelled,
+        ]
+        .iter()
+        .map(|c| c.get())
+        .sum();
+        (m.pending.get(), ended)
+    }
+
+    /// What this group takes of the machine (for the server-wide limits).
+    pub fn demand(&self) -> Demand {
+        Demand {
+            instances: self.instance_count(),
+            batcher_threads: self.batcher_threads,
+            buffer_bytes: self.pool_bytes,
+        }
     }
 
     /// Refreshes gauges that are read rather than counted.
@@ -477,6 +560,13 @@ fn scheduling(parameters: &[kiln_worker_sdk::Param]) -> Result<(Option<u32>, Opt
     Ok((priority, timeout))
 }
 
+/// Ends the lifecycle of an acquired instance that never ran.
+fn end_lifecycle(mut worker: WorkerBox) {
+    let _ = worker.release();
+    let _ = worker.deallocate();
+    worker.destroy();
+}
+
 fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name(name)
@@ -518,6 +608,32 @@ pub fn resolve(info: &WorkerInfo, params: &GroupParams, instances: usize) -> Res
         dynamic: params.dynamic.clone(),
         sequence: params.sequence.clone(),
     })
+}
+
+/// What a group of `instances` instances with `settings` would take of the machine.
+pub fn demand(info: &WorkerInfo, settings: &GroupSettings, instances: usize) -> Demand {
+    Demand {
+        instances,
+        batcher_threads: batcher_threads(settings),
+        buffer_bytes: pool_bytes(info, settings),
+    }
+}
+
+/// Batcher threads a group runs: `batchers` for hard and soft, one scheduler for
+/// dynamic and sequence.
+fn batcher_threads(settings: &GroupSettings) -> usize {
+    match settings.batcher {
+        BatcherKind::Dynamic | BatcherKind::Sequence => 1,
+        BatcherKind::Hard | BatcherKind::Soft => settings.batchers,
+    }
+}
+
+/// The pool's memory at load: `max_buffers` sets of their initial sizes (buffers of
+/// dynamic shapes grow with use beyond this).
+pub fn pool_bytes(info: &WorkerInfo, settings: &GroupSettings) -> u64 {
+    let (inputs, outputs) = buffer_capacities(info, settings.batch_size);
+    let set: u64 = inputs.iter().chain(&outputs).map(|&b| b as u64).sum();
+    set.saturating_mul(settings.max_buffers as u64)
 }
 
 /// Initial buffer sizes: a full batch of each fixed-size tensor; dynamic ones grow

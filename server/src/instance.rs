@@ -70,6 +70,8 @@ pub fn run_instance(
 ) {
     let mut healthy = true;
     for mut batch in batches.iter() {
+        // Should this thread unwind on the batch, later batches are not held.
+        let _in_order = ctx.ordering.as_ref().map(|gate| gate.guard(batch.order));
         if !healthy {
             healthy = worker.acquire().into_result().is_ok();
             if healthy {

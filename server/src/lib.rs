@@ -7,9 +7,11 @@
 pub mod error;
 pub mod group;
 pub mod grpc;
+pub mod housekeeping;
 pub mod http;
 pub mod infer;
 pub mod instance;
+pub mod limits;
 pub mod logging;
 pub mod manager;
 pub mod metrics;

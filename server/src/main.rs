@@ -95,6 +95,53 @@ struct ServeArgs {
     /// input larger than this).
     #[arg(long, env = "KILN_SHM_MAX_HELD_BYTES", default_value_t = kiln_server::shm::DEFAULT_MAX_HELD_BYTES)]
     shm_max_held_bytes: usize,
+    // Queues and server-wide limits (hardening, slice "queues"): what loads may take
+    // of the machine, per model and in total, and memory returned after floods.
+    // The limits' defaults come from the machine (`Limits::for_machine`).
+    /// Most worker instances of one model (default: 4 per core, at least 8).
+    #[arg(long, env = "KILN_MAX_INSTANCES_PER_MODEL")]
+    max_instances_per_model: Option<usize>,
+    /// Most worker instances of all models together (default: 16 per core, at least 64).
+    #[arg(long, env = "KILN_MAX_INSTANCES")]
+    max_instances: Option<usize>,
+    /// Most batcher threads of one model (default: one per core, at least 4).
+    #[arg(long, env = "KILN_MAX_BATCHER_THREADS_PER_MODEL")]
+    max_batcher_threads_per_model: Option<usize>,
+    /// Most batcher threads of all models together (default: 16 per core, at least 256).
+    #[arg(long, env = "KILN_MAX_BATCHER_THREADS")]
+    max_batcher_threads: Option<usize>,
+    /// Most buffer-pool bytes of one model at load: max_buffers sets of their
+    /// initial sizes (default: a quarter of the machine's memory).
+    #[arg(long, env = "KILN_MAX_BUFFER_BYTES_PER_MODEL")]
+    max_buffer_bytes_per_model: Option<u64>,
+    /// Most buffer-pool bytes of all models together (default: half the memory).
+    #[arg(long, env = "KILN_MAX_BUFFER_BYTES")]
+    max_buffer_bytes: Option<u64>,
+    /// How often (ms) housekeeping looks for a quiet server to return memory freed
+    /// after a burst to the system (malloc_trim); 0: never.
+    #[arg(long, env = "KILN_TRIM_INTERVAL_MS", default_value_t = 1000)]
+    trim_interval_ms: u64,
+}
+
+impl ServeArgs {
+    /// The server-wide limits: the flags given, the machine's defaults for the rest.
+    fn limits(&self) -> kiln_server::limits::Limits {
+        let d = kiln_server::limits::Limits::default();
+        kiln_server::limits::Limits {
+            instances_per_model: self
+                .max_instances_per_model
+                .unwrap_or(d.instances_per_model),
+            instances: self.max_instances.unwrap_or(d.instances),
+            batcher_threads_per_model: self
+                .max_batcher_threads_per_model
+                .unwrap_or(d.batcher_threads_per_model),
+            batcher_threads: self.max_batcher_threads.unwrap_or(d.batcher_threads),
+            buffer_bytes_per_model: self
+                .max_buffer_bytes_per_model
+                .unwrap_or(d.buffer_bytes_per_model),
+            buffer_bytes: self.max_buffer_bytes.unwrap_or(d.buffer_bytes),
+        }
+    }
 }
 
 /// Parses `WORKER[:key=value,...]`.
@@ -132,6 +179,9 @@ async fn main() -> anyhow::Result<()> {
     let server = Server::start(ServerConfig {
         plugin_dirs: args.plugin_dirs.clone(),
         model_repository: args.model_repository.clone(),
+        limits: args.limits(),
+        trim_interval: (args.trim_interval_ms > 0)
+            .then(|| std::time::Duration::from_millis(args.trim_interval_ms)),
     })?;
     server.restrict(restricted)?;
     server

@@ -13,7 +13,8 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use crate::error::{Result, ServerError};
-use crate::group::{resolve, GroupName, WorkerGroup};
+use crate::group::{demand, resolve, GroupName, WorkerGroup};
+use crate::limits::{Demand, Limits};
 use crate::metrics::Metrics;
 use crate::params::{identity, GroupParams};
 use crate::plugin::{check_name, Plugins};
@@ -58,6 +59,7 @@ impl Manager {
         plugins: Plugins,
         models: Arc<ArcSwap<Models>>,
         metrics: Arc<Metrics>,
+        limits: Limits,
     ) -> Result<Manager> {
         let (commands, rx) = unbounded();
         let state = State {
@@ -65,6 +67,7 @@ impl Manager {
             models,
             metrics,
             groups: HashMap::new(),
+            limits,
         };
         let thread = std::thread::Builder::new()
             .name("kiln-manager".into())
@@ -154,6 +157,7 @@ struct State {
     models: Arc<ArcSwap<Models>>,
     metrics: Arc<Metrics>,
     groups: HashMap<String, Arc<WorkerGroup>>,
+    limits: Limits,
 }
 
 impl State {
@@ -225,6 +229,8 @@ impl State {
             .cloned();
         if let Some(group) = existing {
             if !group_params.share {
+                let grown = group.demand() + only_instances(1);
+                self.within_limits(&group.endpoint, grown, only_instances(1))?;
                 let (instances, info) = init_instances(module, worker, &params, 1)?;
                 if info != *group.worker_info {
                     teardown(instances, Stage::Initialized);
@@ -306,8 +312,17 @@ impl State {
         group_params: &GroupParams,
         version: &str,
     ) -> Result<Arc<WorkerGroup>> {
+        // Instances are counted before any is made; threads and memory once the
+        // worker has described itself.
+        let count = only_instances(group_params.instances);
+        self.within_limits(&endpoint, count, count)?;
         let (instances, info) = init_instances(module, worker, params, group_params.instances)?;
-        let settings = match resolve(&info, group_params, instances.len()) {
+        let settings = resolve(&info, group_params, instances.len()).and_then(|settings| {
+            let wanted = demand(&info, &settings, instances.len());
+            self.within_limits(&endpoint, wanted, wanted)?;
+            Ok(settings)
+        });
+        let settings = match settings {
             Ok(settings) => settings,
             Err(e) => {
                 teardown(instances, Stage::Initialized);
@@ -340,6 +355,14 @@ impl State {
         Ok(group)
     }
 
+    /// Checks the server-wide limits for a group that would take `group` in all,
+    /// `added` of it beyond what is loaded now. A group being replaced still counts:
+    /// both run until the new one is published.
+    fn within_limits(&self, model: &str, group: Demand, added: Demand) -> Result<()> {
+        let loaded: Demand = self.groups.values().map(|g| g.demand()).sum();
+        self.limits.check(model, group, loaded + added)
+    }
+
     /// `worker`, else `worker-0`, `worker-1`, … whichever is free first.
     fn free_name(&self, worker: &str) -> String {
         if !self.groups.contains_key(worker) {
@@ -362,6 +385,14 @@ impl State {
         self.metrics.remove(endpoint);
         spdlog::info!("unloaded `{endpoint}`");
         Ok(())
+    }
+}
+
+/// A demand of `n` instances only.
+fn only_instances(n: usize) -> Demand {
+    Demand {
+        instances: n,
+        ..Demand::default()
     }
 }
 

@@ -36,6 +36,13 @@ impl OrderGate {
         let mut ready = Vec::new();
         {
             let mut state = self.state.lock();
+            if order < state.next {
+                // Released already (by its guard, as its thread unwound): nothing
+                // waits for it.
+                drop(state);
+                send(answers);
+                return;
+            }
             if order != state.next {
                 state.held.insert(order, answers);
                 return;
@@ -56,6 +63,30 @@ impl OrderGate {
         // Sent outside the lock.
         for answers in ready {
             send(answers);
+        }
+    }
+}
+
+/// Keeps batch `order`'s place in the gate while its instance thread works on it:
+/// if the thread unwinds (a panic in server code) before the batch's answers were
+/// released, the batch is released with no answers (its clients see their replies
+/// dropped, an internal error) and the batches formed after it are not held forever.
+pub struct OrderGuard<'a> {
+    gate: &'a OrderGate,
+    order: u64,
+}
+
+impl OrderGate {
+    /// A guard for batch `order` (see [`OrderGuard`]).
+    pub fn guard(&self, order: u64) -> OrderGuard<'_> {
+        OrderGuard { gate: self, order }
+    }
+}
+
+impl Drop for OrderGuard<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.gate.release(self.order, Vec::new());
         }
     }
 }
@@ -90,5 +121,33 @@ mod tests {
         for (rx, tag) in [(&mut r0, "0"), (&mut r1, "1"), (&mut r2, "2")] {
             assert_eq!(rx.try_recv().unwrap().unwrap_err().to_string(), tag);
         }
+    }
+
+    #[test]
+    fn a_thread_that_panics_on_a_batch_does_not_hold_the_later_ones() {
+        let gate = OrderGate::default();
+        let (b1, mut r1) = answers("1");
+        gate.release(1, b1);
+        assert!(r1.try_recv().is_err(), "held behind batch 0");
+        // Batch 0's thread panics while working on it: its guard releases it.
+        std::thread::scope(|s| {
+            let panicked = s
+                .spawn(|| {
+                    let _guard = gate.guard(0);
+                    panic!("a bug in server code");
+                })
+                .join();
+            assert!(panicked.is_err());
+        });
+        assert_eq!(r1.try_recv().unwrap().unwrap_err().to_string(), "1");
+        // A guard dropped normally releases nothing; later batches go in order.
+        drop(gate.guard(2));
+        let (b2, mut r2) = answers("2");
+        gate.release(2, b2);
+        assert_eq!(r2.try_recv().unwrap().unwrap_err().to_string(), "2");
+        // Answers of a batch released already are sent, not held.
+        let (late, mut r_late) = answers("late");
+        gate.release(0, late);
+        assert!(r_late.try_recv().is_ok());
     }
 }

@@ -9,6 +9,7 @@ use kiln_worker_sdk::Param;
 
 use crate::error::{Result, ServerError};
 use crate::group::WorkerGroup;
+use crate::housekeeping::Housekeeping;
 use crate::infer::{InferRequest, InferResponse};
 use crate::manager::{Manager, Models};
 use crate::metrics::Metrics;
@@ -25,6 +26,11 @@ pub struct ServerConfig {
     pub plugin_dirs: Vec<PathBuf>,
     /// The model repository, if any.
     pub model_repository: Option<PathBuf>,
+    /// Server-wide limits on what loads may take (defaults from the machine).
+    pub limits: crate::limits::Limits,
+    /// How often memory freed after a burst is handed back to the system (`None`:
+    /// never); see [`crate::housekeeping`].
+    pub trim_interval: Option<std::time::Duration>,
 }
 
 /// A running kiln server; cheap to clone.
@@ -41,6 +47,8 @@ struct Inner {
     repository: Option<Repository>,
     shared_memory: SharedMemory,
     restricted: OnceLock<RestrictedApis>,
+    /// Stops with the server.
+    _housekeeping: Option<Housekeeping>,
 }
 
 impl Server {
@@ -58,7 +66,12 @@ impl Server {
             Plugins::new(dirs),
             Arc::clone(&models),
             Arc::clone(&metrics),
+            config.limits,
         )?;
+        let housekeeping = match config.trim_interval {
+            Some(interval) => Some(Housekeeping::start(Arc::clone(&models), interval)?),
+            None => None,
+        };
         Ok(Server {
             inner: Arc::new(Inner {
                 manager,
@@ -68,6 +81,7 @@ impl Server {
                 repository: config.model_repository.map(Repository::new),
                 shared_memory: SharedMemory::new(),
                 restricted: OnceLock::new(),
+                _housekeeping: housekeeping,
             }),
         })
     }

@@ -6,6 +6,7 @@
 
 pub mod fixtures;
 pub mod golden;
+pub mod wait;
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
@@ -14,6 +15,9 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 pub use kiln_client::{GrpcClient, HttpClient};
+pub use wait::{
+    accepted, fill_until_refused, wait_accepted, wait_metric, wait_metric_until, wait_pending,
+};
 
 /// The directory holding the `kiln` binary and the plugins (`target/debug` when the
 /// tests run from `target/debug/deps`).
@@ -175,6 +179,11 @@ impl Kiln {
             .expect("gRPC connection")
     }
 
+    /// The kiln process's id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Everything kiln logged so far.
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
@@ -235,28 +244,6 @@ pub fn requests_outcome(text: &str, model: &str, outcome: &str) -> Option<f64> {
     )
 }
 
-/// Waits until the gauge `name{model}` of the server behind `c` reads `value`:
-/// ordering a test by what the server has seen, not by sleeping. Panics after
-/// about 10 s.
-pub async fn wait_metric(c: &HttpClient, name: &str, model: &str, value: f64) {
-    let mut last = None;
-    for _ in 0..1000 {
-        let text = c.metrics().await.unwrap();
-        last = metric(&text, name, &[("model", model)]);
-        if last == Some(value) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("`{name}` of model `{model}` never read {value} (last: {last:?})");
-}
-
-/// Waits until `model` has `n` requests accepted and not yet answered
-/// (`kiln_pending_requests`).
-pub async fn wait_pending(c: &HttpClient, model: &str, n: f64) {
-    wait_metric(c, "kiln_pending_requests", model, n).await;
-}
-
 /// Sends `head` (an HTTP/1.1 request's head, ending with the blank line) and then
 /// `body` over a fresh connection, and reads the answer while still sending: a
 /// server may answer (e.g. 413) and close before the whole body is out, so a
@@ -310,64 +297,4 @@ fn complete_answer(answer: &[u8]) -> bool {
                 .flatten()
         })
         .is_some_and(|len| body.len() >= len)
-}
-
-/// How many requests `model` has accepted in all: pending plus answered
-/// (`success`, `failure`), read from the server's metrics.
-pub async fn accepted(c: &HttpClient, model: &str) -> f64 {
-    let text = c.metrics().await.unwrap();
-    metric(&text, "kiln_pending_requests", &[("model", model)]).unwrap_or(0.0)
-        + requests_outcome(&text, model, "success").unwrap_or(0.0)
-        + requests_outcome(&text, model, "failure").unwrap_or(0.0)
-}
-
-/// Waits until `model` has accepted `n` requests in all (see [`accepted`]),
-/// however many have finished meanwhile.
-pub async fn wait_accepted(c: &HttpClient, model: &str, n: f64) {
-    let mut last = 0.0;
-    for _ in 0..1000 {
-        last = accepted(c, model).await;
-        if last == n {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("model `{model}` never accepted {n} requests (last: {last})");
-}
-
-/// Fills `model`'s queue while slow requests hold its only buffer set: `send(v)`
-/// sends one request with value `v` (1, 2, …), each once the server has accepted
-/// the one before (counted by [`accepted`], so a request finishing meanwhile does
-/// not matter), until one ends without being accepted: the refused one, returned
-/// beside the accepted ones (value, task). Panics when more than `most` are
-/// accepted.
-pub async fn fill_until_refused<T: Send + 'static>(
-    c: &HttpClient,
-    model: &str,
-    most: usize,
-    mut send: impl FnMut(i32) -> tokio::task::JoinHandle<T>,
-) -> (Vec<(i32, tokio::task::JoinHandle<T>)>, T) {
-    let before = accepted(c, model).await;
-    let mut taken = Vec::new();
-    loop {
-        let value = taken.len() as i32 + 1;
-        let request = send(value);
-        let want = before + taken.len() as f64 + 1.0;
-        let mut queued = false;
-        for _ in 0..1000 {
-            if request.is_finished() {
-                break;
-            }
-            queued = accepted(c, model).await == want;
-            if queued {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        if !queued {
-            return (taken, request.await.unwrap());
-        }
-        taken.push((value, request));
-        assert!(taken.len() <= most, "{} accepted", taken.len());
-    }
 }

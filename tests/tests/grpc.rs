@@ -733,7 +733,7 @@ async fn model_infer_bodies_in_pieces_late_or_malformed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_answers_resource_exhausted() {
-    let kiln = Kiln::start(&["--load", "faulty:batch_size=1,max_buffers=1,queue_size=2"]);
+    let kiln = Kiln::start(&["--load", "faulty:batch_size=1,max_buffers=1,queue_size=3"]);
     let c = kiln.grpc().await;
     // As over REST: -3 makes the worker take 1 s (each request here does) and
     // holds the only buffer set.
@@ -746,17 +746,18 @@ async fn a_full_queue_answers_resource_exhausted() {
     let running = send(0);
     kiln_tests::wait_pending(&kiln.client, "faulty", 1.0).await;
     kiln_tests::wait_metric(&kiln.client, "kiln_batch_size_count", "faulty", 1.0).await;
-    // Then one at a time, each accepted before the next, until one is refused: the
-    // batcher may hold one (waiting for the buffer set) beside the queue's two.
+    // Then one at a time, each accepted before the next, until one is refused:
+    // exactly the queue's three (the one the batcher holds counts).
     let (accepted, refused) = kiln_tests::fill_until_refused(&kiln.client, "faulty", 3, send).await;
-    assert!(
-        accepted.len() >= 2,
-        "a queue of 2 accepted {}",
+    assert_eq!(
+        accepted.len(),
+        3,
+        "a queue of 3 accepted {}",
         accepted.len()
     );
     let (code, text) = failure(refused);
     assert_eq!(code, Code::ResourceExhausted, "{text}");
-    assert!(text.contains("queue of 2 is full"), "{text}");
+    assert!(text.contains("queue of 3 is full"), "{text}");
     running.await.unwrap().unwrap();
     for (value, task) in accepted {
         assert_eq!(

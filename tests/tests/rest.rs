@@ -454,11 +454,12 @@ async fn a_panicking_plugin_fails_only_its_batch() {
 async fn a_full_queue_answers_429_and_loses_nothing_accepted() {
     let kiln = Kiln::start(&[]);
     let c = kiln.client.clone();
-    // One buffer set, one instance, a queue of two; -3 makes the worker take 1 s.
+    // One buffer set, one instance, a queue of three (the request the batcher holds
+    // counts); -3 makes the worker take 1 s.
     let endpoint = c
         .load(
             "faulty",
-            &json!({"batch_size": 1, "max_buffers": 1, "queue_size": 2}),
+            &json!({"batch_size": 1, "max_buffers": 1, "queue_size": 3}),
         )
         .await
         .unwrap();
@@ -483,8 +484,9 @@ async fn a_full_queue_answers_429_and_loses_nothing_accepted() {
     kiln_tests::wait_pending(&c, &endpoint, 1.0).await;
     kiln_tests::wait_metric(&c, "kiln_batch_size_count", &endpoint, 1.0).await;
     // Then requests are sent one at a time, each accepted before the next, until
-    // one is refused: the batcher may hold one (waiting for a buffer set) beside
-    // the queue's two, so two or three are accepted.
+    // one is refused: the queue bound counts every request accepted and not yet
+    // in a batch (the one the batcher holds, waiting for a buffer set, too), so
+    // exactly three are accepted.
     let url = format!("{}/v2/models/{endpoint}/infer", kiln.url);
     let (accepted, refused) =
         kiln_tests::fill_until_refused(&c, &endpoint, 3, |value| {
@@ -496,9 +498,10 @@ async fn a_full_queue_answers_429_and_loses_nothing_accepted() {
         })
         .await;
     let refused = refused.unwrap();
-    assert!(
-        accepted.len() >= 2,
-        "a queue of 2 accepted {}",
+    assert_eq!(
+        accepted.len(),
+        3,
+        "a queue of 3 accepted {}",
         accepted.len()
     );
     assert_eq!(refused.status(), 429);
@@ -508,7 +511,7 @@ async fn a_full_queue_answers_429_and_loses_nothing_accepted() {
         body["error"]
             .as_str()
             .unwrap()
-            .contains("queue of 2 is full"),
+            .contains("queue of 3 is full"),
         "{body}"
     );
     running.await.unwrap().unwrap();

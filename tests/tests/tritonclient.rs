@@ -26,7 +26,7 @@ fn tritonclient_http_and_grpc() {
         "--load",
         "echo",
         "--load",
-        "faulty:batch_size=1,max_buffers=1,queue_size=2",
+        "faulty:batch_size=1,max_buffers=1,queue_size=3",
         "--load",
         "accumulate:batcher=sequence,state.STATE=STATE_OUT,control.start=START,\
          control.end=END,control.ready=READY,control.corrid=CORRID",

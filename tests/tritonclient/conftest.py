@@ -7,7 +7,7 @@ tests/tests/tritonclient.rs starts kiln and runs these with pytest, passing:
 
 kiln serves: `echo-multi` (UINT32, FP32 -> FP64 doubled, BYTES reversed), `echo`
 (UINT32 + 1), `faulty` (INT32; -2 fails, -3 takes 1 s; one buffer set and a queue of
-two, to fill), `accumulate` (a running sum kept as a sequence's implicit state,
+three, to fill), `accumulate` (a running sum kept as a sequence's implicit state,
 reporting its control inputs; sequence batcher), and a model repository holding `echo-repo` (worker echo, versions 1
 and 2), not loaded.
 """
@@ -86,10 +86,11 @@ def wait_until(condition, what):
 
 
 def fill_queue_then_refuse(send):
-    """Drives `faulty` (one buffer set, a queue of two) to a full queue: a request
+    """Drives `faulty` (one buffer set, a queue of three) to a full queue: a request
     that takes 1 s holds the set, then requests `q1`, `q2`, ... are sent one at a
-    time, each once the server has accepted the one before, until one is refused
-    (the batcher may hold one, waiting for the set, beside the queue's two).
+    time, each once the server has accepted the one before, until one is refused.
+    The queue bound counts every request accepted and not yet in a batch (the one
+    a batcher holds while it waits for the set too), so exactly three are accepted.
     `send(key, value)` sends one request and returns `{key: its result or
     error}`; returns them all, the refused one under `refused`."""
     results = {}
@@ -117,7 +118,7 @@ def fill_queue_then_refuse(send):
     for t in threads:
         t.join()
     assert "refused" in results, "no request was refused"
-    assert 2 <= value - 1 <= 3, "a queue of 2 accepted {}".format(value - 1)
+    assert value - 1 == 3, "a queue of 3 accepted {}".format(value - 1)
     return results
 
 

@@ -289,7 +289,7 @@ def test_queue_full(grpc_url):
 
     results = fill_queue_then_refuse(send)
     assert_code(results["refused"], "RESOURCE_EXHAUSTED")
-    assert "queue of 2 is full" in results["refused"].message()
+    assert "queue of 3 is full" in results["refused"].message()
     np.testing.assert_array_equal(results["q1"], [[1]])
     np.testing.assert_array_equal(results["q2"], [[2]])
 

@@ -152,6 +152,7 @@ pub(crate) fn test_request(
         priority: None,
         timeout: None,
         sequence: Some(SequenceFlags::new(SequenceId::Number(id), flags.0, flags.1)),
+        ticket: None,
         reply: tag,
     }
 }

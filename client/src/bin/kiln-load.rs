@@ -520,6 +520,7 @@ async fn target(args: &Args, inputs: Vec<InputTensor>) -> anyhow::Result<Target>
         let client = NativeClient::start(ServerConfig {
             plugin_dirs: args.plugin_dir.clone(),
             model_repository: args.model_repository.clone(),
+            ..ServerConfig::default()
         })?;
         if let Some(spec) = &args.load_model {
             let (name, overrides) = parse_load(spec);
