@@ -5,6 +5,7 @@
 //! `GRPCInferenceService`).
 
 pub mod error;
+pub mod fdlimit;
 pub mod group;
 pub mod grpc;
 pub mod http;

@@ -179,6 +179,11 @@ impl Kiln {
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }
+
+    /// The kiln process's id (for `/proc/PID/...`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
 }
 
 /// One caller's way to the server (see [`Kiln::caller`]).

@@ -39,6 +39,11 @@ pub struct HttpConfig {
     pub workers: usize,
     /// Whether the worker threads run under `SCHED_BATCH` ([`crate::sched`]).
     pub sched_batch: bool,
+    /// Open connections at most, shared out among the workers. At the cap the
+    /// workers stop accepting: new connections wait in the listen backlog (no
+    /// descriptor of kiln's) until a connection closes, which an idle one does
+    /// after actix-web's keep-alive (5 s) and request-head (5 s) timeouts.
+    pub max_connections: usize,
 }
 
 /// Binds and returns the running HTTP server (await it) and the bound addresses.
@@ -63,6 +68,12 @@ pub fn serve(
     })
     .on_connect(peer::on_connect)
     .workers(config.workers.max(1))
+    .max_connections(
+        config
+            .max_connections
+            .div_ceil(config.workers.max(1))
+            .max(1),
+    )
     .bind(config.addr)?;
     let addrs = http.addrs();
     Ok((http.run(), addrs))
