@@ -1,0 +1,172 @@
+//! What one gRPC client may make the server hold (issue #11, finding 6): streams
+//! per connection are capped, an unfinished message holds what arrived (not what
+//! its prefix declares), and past the server-wide budget of bytes held by
+//! unfinished messages a call is answered RESOURCE_EXHAUSTED. A raw HTTP/2 client
+//! (the `h2` crate) against the real binary.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use h2::client::SendRequest;
+use kiln_client::{DataType, InferRequest, InputTensor};
+use kiln_tests::{GrpcClient, Kiln};
+use tokio::net::TcpStream;
+use tonic::codegen::http;
+
+const MODEL_INFER: &str = "/inference.GRPCInferenceService/ModelInfer";
+const SERVER_LIVE: &str = "/inference.GRPCInferenceService/ServerLive";
+/// How long any wait for the server may take before the test fails.
+const BOUND: Duration = Duration::from_secs(30);
+
+/// An HTTP/2 connection to kiln's gRPC port, driven on a task of its own.
+async fn connect(kiln: &Kiln) -> SendRequest<Bytes> {
+    let tcp = TcpStream::connect(kiln.grpc_url.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let (send, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    send
+}
+
+fn grpc_request(path: &str) -> http::Request<()> {
+    http::Request::post(format!("http://kiln{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap()
+}
+
+/// Opens a `ModelInfer` stream whose message declares `declared` bytes and sends
+/// `sent` of them, without ending it.
+async fn unfinished(
+    send: &mut SendRequest<Bytes>,
+    declared: u32,
+    sent: usize,
+) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
+    let mut ready = send.clone().ready().await.unwrap();
+    let (response, mut body) = ready.send_request(grpc_request(MODEL_INFER), false).unwrap();
+    let mut prefix = vec![0u8];
+    prefix.extend_from_slice(&declared.to_be_bytes());
+    body.send_data(Bytes::from(prefix), false).unwrap();
+    // In 16 KiB pieces: several DATA frames, as a big message arrives.
+    for _ in 0..sent / 16384 {
+        body.send_data(Bytes::from(vec![7u8; 16384]), false).unwrap();
+    }
+    (response, body)
+}
+
+/// A `ServerLive` call on the same connection, answered: the server has read
+/// every frame sent on the connection before it.
+async fn fence(send: &mut SendRequest<Bytes>) {
+    let mut ready = send.clone().ready().await.unwrap();
+    let (response, mut body) = ready.send_request(grpc_request(SERVER_LIVE), false).unwrap();
+    body.send_data(Bytes::from_static(&[0, 0, 0, 0, 0]), true)
+        .unwrap();
+    let response = tokio::time::timeout(BOUND, response).await.unwrap().unwrap();
+    let mut body = response.into_body();
+    while let Some(data) = body.data().await {
+        data.unwrap();
+    }
+}
+
+/// `VmSize` and `VmRSS` of a process, in bytes.
+fn memory(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| -> u64 {
+        let line = status.lines().find(|l| l.starts_with(name)).unwrap();
+        let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        kib * 1024
+    };
+    (field("VmSize:"), field("VmRSS:"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_per_connection_are_capped() {
+    let kiln = Kiln::start(&["--grpc-max-concurrent-streams", "4"]);
+    let tcp = TcpStream::connect(kiln.grpc_url.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let (_send, mut connection) = h2::client::handshake(tcp).await.unwrap();
+    // Drive the connection until the server's SETTINGS have been applied.
+    let deadline = tokio::time::Instant::now() + BOUND;
+    while connection.max_concurrent_send_streams() != 4 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the server announced {} concurrent streams",
+            connection.max_concurrent_send_streams()
+        );
+        tokio::select! {
+            done = &mut connection => panic!("connection closed: {done:?}"),
+            () = tokio::time::sleep(Duration::from_millis(10)) => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unfinished_message_holds_what_arrived_not_what_it_declares() {
+    let kiln = Kiln::start(&[]);
+    let mut send = connect(&kiln).await;
+    fence(&mut send).await;
+    let (size_before, rss_before) = memory(kiln.pid());
+    // 16 streams declare 60 MiB each (960 MiB) and send 256 KiB each.
+    const STREAMS: usize = 16;
+    const DECLARED: u32 = 60 << 20;
+    let mut open = Vec::new();
+    for _ in 0..STREAMS {
+        open.push(unfinished(&mut send, DECLARED, 256 << 10).await);
+    }
+    fence(&mut send).await;
+    fence(&mut send).await;
+    let (size_after, rss_after) = memory(kiln.pid());
+    let (size, rss) = (
+        size_after.saturating_sub(size_before),
+        rss_after.saturating_sub(rss_before),
+    );
+    let declared = STREAMS as u64 * u64::from(DECLARED);
+    println!(
+        "{STREAMS} unfinished messages: +{} MiB virtual, +{} MiB resident",
+        size >> 20,
+        rss >> 20
+    );
+    assert!(
+        size < declared / 3 && rss < declared / 3,
+        "{STREAMS} unfinished messages grew kiln by {} MiB virtual, {} MiB resident",
+        size >> 20,
+        rss >> 20
+    );
+    drop(open);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_pending_bytes_budget_a_call_is_resource_exhausted() {
+    let kiln = Kiln::start(&["--grpc-max-pending-bytes", "1048576", "--load", "echo"]);
+    let mut send = connect(&kiln).await;
+    // 8 MiB declared, 2 MiB sent: refused once 1 MiB is held, before it ends.
+    let (response, _body) = unfinished(&mut send, 8 << 20, 2 << 20).await;
+    let response = tokio::time::timeout(BOUND, response)
+        .await
+        .expect("no answer while the message was unfinished")
+        .unwrap();
+    assert_eq!(
+        response.headers().get("grpc-status").map(|v| v.as_bytes()),
+        Some(&b"8"[..]),
+        "{response:?}"
+    );
+    // What it held was given back: a 600 KiB message (several frames) goes through.
+    let client = GrpcClient::connect(&kiln.grpc_url).await.unwrap();
+    let values = vec![1u32; 150 << 10];
+    let request = InferRequest {
+        model: "echo".into(),
+        inputs: vec![InputTensor::from_slice(
+            "INPUT0",
+            DataType::Uint32,
+            &[1, values.len() as i64],
+            &values,
+        )],
+        ..Default::default()
+    };
+    let answer = client.infer(&request).await.unwrap();
+    assert_eq!(answer.outputs.len(), 1);
+}
