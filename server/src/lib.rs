@@ -23,6 +23,7 @@ pub mod sequence;
 pub mod server;
 pub mod shm;
 pub mod stats;
+pub mod tls;
 pub mod triton;
 
 pub use error::ServerError;

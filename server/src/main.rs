@@ -109,6 +109,34 @@ struct ConnectionArgs {
     /// message would go beyond is answered RESOURCE_EXHAUSTED.
     #[arg(long, env = "KILN_GRPC_MAX_PENDING_BYTES", default_value_t = 1 << 30)]
     grpc_max_pending_bytes: usize,
+    /// TLS on both ports: the server's certificate chain (PEM).
+    #[arg(long, env = "KILN_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, env = "KILN_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Mutual TLS: CA certificates (PEM) a client's certificate must chain to;
+    /// clients without one are refused.
+    #[arg(long, env = "KILN_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+}
+
+impl ConnectionArgs {
+    /// The TLS configurations of the HTTP and the gRPC port, when TLS is asked for.
+    fn tls(&self) -> anyhow::Result<Option<(rustls::ServerConfig, rustls::ServerConfig)>> {
+        let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
+            return Ok(None);
+        };
+        let files = kiln_server::tls::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: self.tls_client_ca.clone(),
+        };
+        // actix-web adds h2 and http/1.1 to the HTTP port's ALPN itself.
+        let http = kiln_server::tls::server_config(&files, &[])?;
+        let grpc = kiln_server::tls::server_config(&files, &[b"h2"])?;
+        Ok(Some((http, grpc)))
+    }
 }
 
 /// `secs` as a duration; an error for a negative, infinite or NaN value.
@@ -171,6 +199,7 @@ async fn main() -> anyhow::Result<()> {
         max_pending_bytes: c.grpc_max_pending_bytes,
     };
     let http_max_connections = c.http_max_connections.unwrap_or(default_cap);
+    let (http_tls, grpc_tls) = c.tls().context("cannot set up TLS")?.unzip();
     let loads = args
         .load
         .iter()
@@ -211,6 +240,7 @@ async fn main() -> anyhow::Result<()> {
             workers: args.http_workers.unwrap_or(cores),
             sched_batch: args.sched_batch,
             max_connections: http_max_connections,
+            tls: http_tls,
         },
     )
     .with_context(|| format!("cannot listen on {}:{}", args.host, args.http_port))?;
@@ -221,6 +251,7 @@ async fn main() -> anyhow::Result<()> {
             threads: args.grpc_threads.unwrap_or(cores),
             sched_batch: args.sched_batch,
             limits: grpc_limits,
+            tls: grpc_tls.map(std::sync::Arc::new),
         },
     )
     .with_context(|| format!("cannot listen on {}:{} (gRPC)", args.host, args.grpc_port))?;

@@ -46,13 +46,16 @@ async fn unfinished(
     sent: usize,
 ) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
     let mut ready = send.clone().ready().await.unwrap();
-    let (response, mut body) = ready.send_request(grpc_request(MODEL_INFER), false).unwrap();
+    let (response, mut body) = ready
+        .send_request(grpc_request(MODEL_INFER), false)
+        .unwrap();
     let mut prefix = vec![0u8];
     prefix.extend_from_slice(&declared.to_be_bytes());
     body.send_data(Bytes::from(prefix), false).unwrap();
     // In 16 KiB pieces: several DATA frames, as a big message arrives.
     for _ in 0..sent / 16384 {
-        body.send_data(Bytes::from(vec![7u8; 16384]), false).unwrap();
+        body.send_data(Bytes::from(vec![7u8; 16384]), false)
+            .unwrap();
     }
     (response, body)
 }
@@ -61,10 +64,15 @@ async fn unfinished(
 /// every frame sent on the connection before it.
 async fn fence(send: &mut SendRequest<Bytes>) {
     let mut ready = send.clone().ready().await.unwrap();
-    let (response, mut body) = ready.send_request(grpc_request(SERVER_LIVE), false).unwrap();
+    let (response, mut body) = ready
+        .send_request(grpc_request(SERVER_LIVE), false)
+        .unwrap();
     body.send_data(Bytes::from_static(&[0, 0, 0, 0, 0]), true)
         .unwrap();
-    let response = tokio::time::timeout(BOUND, response).await.unwrap().unwrap();
+    let response = tokio::time::timeout(BOUND, response)
+        .await
+        .unwrap()
+        .unwrap();
     let mut body = response.into_body();
     while let Some(data) = body.data().await {
         data.unwrap();

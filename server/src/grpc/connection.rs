@@ -210,11 +210,6 @@ impl Watch {
         }
     }
 
-    /// The first check: the handshake's deadline.
-    pub(super) fn first(&self) -> tokio::time::Instant {
-        tokio::time::Instant::now() + self.timeouts.handshake
-    }
-
     /// Checks the connection (its timer fired).
     pub(super) fn check(&mut self) -> Verdict {
         if !self.activity.greeted() {

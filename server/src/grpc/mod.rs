@@ -53,6 +53,8 @@ pub struct GrpcConfig {
     pub sched_batch: bool,
     /// Limits on messages and connections.
     pub limits: GrpcLimits,
+    /// TLS ([`crate::tls`], offering `h2`); `None`: plain HTTP/2.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// What one client may hold of the gRPC server (`docs/security.md`, "Connections").
@@ -108,7 +110,7 @@ pub async fn serve(
         shutdown.await;
         let _ = stop.send(true);
     };
-    serve_incoming(routes, &limits, take, signal).await
+    serve_incoming(routes, &limits, None, take, signal).await
 }
 
 /// Serves the connections `incoming` yields until `shutdown` resolves, then lets
@@ -118,10 +120,12 @@ pub async fn serve(
 /// speak it) running [`GrpcRoutes`]; tonic's own server stack (an axum router and
 /// tower layers in front of every call) is not used, [`GrpcRoutes`] does what of it
 /// kiln needs. Responses carry no `Date` header (gRPC servers such as Triton's send
-/// none). Each connection runs under the timeouts of [`connection`].
+/// none). Each connection runs under the timeouts of [`connection`]; with `tls`, the
+/// TLS handshake must end within the handshake timeout as well.
 async fn serve_incoming(
     routes: GrpcRoutes,
     limits: &GrpcLimits,
+    tls: Option<Arc<rustls::ServerConfig>>,
     mut incoming: mpsc::UnboundedReceiver<(std::net::TcpStream, Slot)>,
     shutdown: impl Future<Output = ()>,
 ) {
@@ -140,6 +144,7 @@ async fn serve_incoming(
     // Told to close gracefully; each connection holds a sender of `alive`.
     let (stop, stopping) = watch::channel(false);
     let (alive, mut all_closed) = mpsc::channel::<()>(1);
+    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let (stream, slot) = tokio::select! {
@@ -160,9 +165,22 @@ async fn serve_incoming(
             }
         };
         let (http2, routes) = (Arc::clone(&http2), routes.clone());
-        let (stopping, alive) = (stopping.clone(), alive.clone());
+        let (stopping, alive, tls) = (stopping.clone(), alive.clone(), tls.clone());
+        let accepted = tokio::time::Instant::now();
         tokio::spawn(async move {
-            connection(&http2, stream, &routes, timeouts, stopping).await;
+            match tls {
+                None => connection(&http2, stream, &routes, timeouts, accepted, stopping).await,
+                Some(tls) => {
+                    let handshake = tls.accept(stream);
+                    match tokio::time::timeout_at(accepted + timeouts.handshake, handshake).await {
+                        Ok(Ok(stream)) => {
+                            connection(&http2, stream, &routes, timeouts, accepted, stopping).await
+                        }
+                        Ok(Err(e)) => spdlog::debug!("gRPC TLS handshake: {e}"),
+                        Err(_) => spdlog::debug!("gRPC TLS handshake: timed out"),
+                    }
+                }
+            }
             drop((slot, alive));
         });
     }
@@ -179,6 +197,7 @@ async fn connection<I>(
     io: I,
     routes: &GrpcRoutes,
     timeouts: Timeouts,
+    accepted: tokio::time::Instant,
     mut stopping: watch::Receiver<bool>,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -188,7 +207,7 @@ async fn connection<I>(
     let mut watch = Watch::new(timeouts, Arc::clone(&activity));
     let connection = http2.serve_connection(io, routes.on_connection(activity));
     let mut connection = std::pin::pin!(connection);
-    let mut next = watch.first();
+    let mut next = accepted + timeouts.handshake;
     // Set once a graceful close began: idle (bounded in time) or stopping.
     let mut closing: Option<tokio::time::Instant> = None;
     let mut stopped = false;
@@ -276,6 +295,7 @@ impl GrpcServer {
             let acceptor = acceptor.take();
             let (routes, stopped) = (routes.clone(), stopped.clone());
             let (limits, sched_batch) = (config.limits.clone(), config.sched_batch);
+            let tls = config.tls.clone();
             std::thread::Builder::new()
                 .name(format!("grpc-{i}"))
                 .spawn(move || {
@@ -296,7 +316,7 @@ impl GrpcServer {
                             let _ = stopped.wait_for(|&stop| stop).await;
                         };
                         tokio::select! {
-                            () = serve_incoming(routes, &limits, take, signal) => {
+                            () = serve_incoming(routes, &limits, tls, take, signal) => {
                                 let _ = served_tx.send(());
                             }
                             _ = cut_rx => {}

@@ -44,6 +44,8 @@ pub struct HttpConfig {
     /// descriptor of kiln's) until a connection closes, which an idle one does
     /// after actix-web's keep-alive (5 s) and request-head (5 s) timeouts.
     pub max_connections: usize,
+    /// TLS ([`crate::tls`]); `None`: plain HTTP.
+    pub tls: Option<rustls::ServerConfig>,
 }
 
 /// Binds and returns the running HTTP server (await it) and the bound addresses.
@@ -73,8 +75,11 @@ pub fn serve(
             .max_connections
             .div_ceil(config.workers.max(1))
             .max(1),
-    )
-    .bind(config.addr)?;
+    );
+    let http = match config.tls {
+        Some(tls) => http.bind_rustls_0_23(config.addr, tls)?,
+        None => http.bind(config.addr)?,
+    };
     let addrs = http.addrs();
     Ok((http.run(), addrs))
 }

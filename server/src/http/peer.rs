@@ -39,6 +39,9 @@ const PROBE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 pub struct Peer {
     /// The connection's socket, owned by actix-web.
     fd: RawFd,
+    /// Whether it carries TLS: no interim answer can be written to the socket
+    /// then, and an end of stream cancels.
+    tls: bool,
     /// Whether the interim answer was sent on this connection.
     probed: Cell<bool>,
 }
@@ -54,13 +57,19 @@ enum State {
     Gone,
 }
 
-/// `HttpServer::on_connect` hook: note each plain TCP connection's descriptor.
+/// `HttpServer::on_connect` hook: note each connection's descriptor.
 pub fn on_connect(connection: &dyn Any, data: &mut Extensions) {
-    let Some(tcp) = connection.downcast_ref::<actix_web::rt::net::TcpStream>() else {
+    type Tls = actix_tls::accept::rustls_0_23::TlsStream<actix_web::rt::net::TcpStream>;
+    let (fd, tls) = if let Some(tcp) = connection.downcast_ref::<actix_web::rt::net::TcpStream>() {
+        (tcp.as_raw_fd(), false)
+    } else if let Some(stream) = connection.downcast_ref::<Tls>() {
+        (stream.get_ref().0.as_raw_fd(), true)
+    } else {
         return;
     };
     data.insert(Peer {
-        fd: tcp.as_raw_fd(),
+        fd,
+        tls,
         probed: Cell::new(false),
     });
 }
@@ -74,7 +83,7 @@ impl Peer {
             match self.state() {
                 State::Open => {}
                 State::Gone => return,
-                State::Ended if version != Version::HTTP_11 => return,
+                State::Ended if self.tls || version != Version::HTTP_11 => return,
                 State::Ended => {
                     if !self.probed.get() && self.send_queue_empty() {
                         self.probed.set(true);
