@@ -1,8 +1,9 @@
 //! What one gRPC client may make the server hold (issue #11, finding 6): streams
 //! per connection are capped, an unfinished message holds what arrived (not what
 //! its prefix declares), and past the server-wide budget of bytes held by
-//! unfinished messages a call is answered RESOURCE_EXHAUSTED. A raw HTTP/2 client
-//! (the `h2` crate) against the real binary.
+//! unfinished messages a call is answered RESOURCE_EXHAUSTED; big messages are
+//! decoded and encoded off the connection's thread. A raw HTTP/2 client (the `h2`
+//! crate) against the real binary.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -177,4 +178,45 @@ async fn past_the_pending_bytes_budget_a_call_is_resource_exhausted() {
     };
     let answer = client.infer(&request).await.unwrap();
     assert_eq!(answer.outputs.len(), 1);
+}
+
+/// Names of the kiln process's threads.
+fn thread_names(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .map(|name| name.trim().to_owned())
+        .collect()
+}
+
+fn echo_request(values: usize) -> InferRequest {
+    let values = vec![1u32; values];
+    InferRequest {
+        model: "echo".into(),
+        inputs: vec![InputTensor::from_slice(
+            "INPUT0",
+            DataType::Uint32,
+            &[1, values.len() as i64],
+            &values,
+        )],
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn big_messages_are_decoded_and_encoded_off_the_connection_thread() {
+    let kiln = Kiln::start(&["--load", "echo"]);
+    let client = GrpcClient::connect(&kiln.grpc_url).await.unwrap();
+    let blocking = |kiln: &Kiln| {
+        thread_names(kiln.pid())
+            .iter()
+            .any(|n| n.starts_with("grpc-") && n.ends_with("-blocking"))
+    };
+    // A small call stays on the connection's thread.
+    client.infer(&echo_request(16)).await.unwrap();
+    assert!(!blocking(&kiln), "{:?}", thread_names(kiln.pid()));
+    // 2 MiB in, 2 MiB out: decoded and encoded on the runtime's blocking threads.
+    let answer = client.infer(&echo_request(512 << 10)).await.unwrap();
+    assert_eq!(answer.outputs[0].values::<u32>().len(), 512 << 10);
+    assert!(blocking(&kiln), "{:?}", thread_names(kiln.pid()));
 }

@@ -246,6 +246,9 @@ async fn connection<I>(
     }
 }
 
+/// Blocking threads of each serving thread's runtime, for big messages: more wait.
+const BLOCKING_THREADS: usize = 2;
+
 /// A gRPC server on threads of its own: `threads` single-threaded tokio runtimes
 /// (as actix-web runs its HTTP workers), each serving the connections that one
 /// acceptor hands it in turn. A connection and its calls stay on one thread, so a
@@ -289,8 +292,11 @@ impl GrpcServer {
             let (cut, cut_rx) = oneshot::channel();
             let (served_tx, served) = oneshot::channel();
             let (finished_tx, finished) = oneshot::channel();
+            // Its blocking threads decode and encode big messages (routes.rs).
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
+                .max_blocking_threads(BLOCKING_THREADS)
+                .thread_name(format!("grpc-{i}-blocking"))
                 .build()?;
             let acceptor = acceptor.take();
             let (routes, stopped) = (routes.clone(), stopped.clone());
