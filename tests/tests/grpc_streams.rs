@@ -18,6 +18,15 @@ use tonic::codegen::http;
 
 const MODEL_INFER: &str = "/inference.GRPCInferenceService/ModelInfer";
 const SERVER_LIVE: &str = "/inference.GRPCInferenceService/ServerLive";
+const MODEL_STREAM_INFER: &str = "/inference.GRPCInferenceService/ModelStreamInfer";
+
+/// The three ways a message reaches the server: `ModelInfer` read by kiln,
+/// compressed `ModelInfer` and `ModelStreamInfer` decoded by tonic.
+const CALLS: [(&str, Option<&str>); 3] = [
+    (MODEL_INFER, None),
+    (MODEL_INFER, Some("gzip")),
+    (MODEL_STREAM_INFER, None),
+];
 /// How long any wait for the server may take before the test fails.
 const BOUND: Duration = Duration::from_secs(30);
 
@@ -32,25 +41,32 @@ async fn connect(kiln: &Kiln) -> SendRequest<Bytes> {
 }
 
 fn grpc_request(path: &str) -> http::Request<()> {
-    http::Request::post(format!("http://kiln{path}"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap()
+    encoded_request(path, None)
 }
 
-/// Opens a `ModelInfer` stream whose message declares `declared` bytes and sends
-/// `sent` of them, without ending it.
+fn encoded_request(path: &str, encoding: Option<&str>) -> http::Request<()> {
+    let mut request = http::Request::post(format!("http://kiln{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    if let Some(encoding) = encoding {
+        request = request.header("grpc-encoding", encoding);
+    }
+    request.body(()).unwrap()
+}
+
+/// Opens a call of `(path, encoding)` whose message declares `declared` bytes
+/// and sends `sent` of them, without ending it.
 async fn unfinished(
     send: &mut SendRequest<Bytes>,
+    (path, encoding): (&str, Option<&str>),
     declared: u32,
     sent: usize,
 ) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
     let mut ready = send.clone().ready().await.unwrap();
     let (response, mut body) = ready
-        .send_request(grpc_request(MODEL_INFER), false)
+        .send_request(encoded_request(path, encoding), false)
         .unwrap();
-    let mut prefix = vec![0u8];
+    let mut prefix = vec![u8::from(encoding.is_some())];
     prefix.extend_from_slice(&declared.to_be_bytes());
     body.send_data(Bytes::from(prefix), false).unwrap();
     // In 16 KiB pieces: several DATA frames, as a big message arrives.
@@ -59,6 +75,21 @@ async fn unfinished(
             .unwrap();
     }
     (response, body)
+}
+
+/// The `grpc-status` of an answer: in its headers, or in its trailers.
+async fn grpc_status(response: h2::client::ResponseFuture) -> String {
+    let response = response.await.unwrap();
+    if let Some(status) = response.headers().get("grpc-status") {
+        return status.to_str().unwrap().to_owned();
+    }
+    let mut body = response.into_body();
+    while let Some(data) = body.data().await {
+        let data = data.unwrap();
+        body.flow_control().release_capacity(data.len()).unwrap();
+    }
+    let trailers = body.trailers().await.unwrap().unwrap();
+    trailers["grpc-status"].to_str().unwrap().to_owned()
 }
 
 /// A `ServerLive` call on the same connection, answered: the server has read
@@ -119,12 +150,13 @@ async fn an_unfinished_message_holds_what_arrived_not_what_it_declares() {
     let mut send = connect(&kiln).await;
     fence(&mut send).await;
     let (size_before, rss_before) = memory(kiln.pid());
-    // 16 streams declare 60 MiB each (960 MiB) and send 256 KiB each.
-    const STREAMS: usize = 16;
+    // 18 streams (6 of each kind of call) declare 60 MiB each (1080 MiB) and send
+    // 256 KiB each.
+    const STREAMS: usize = 18;
     const DECLARED: u32 = 60 << 20;
     let mut open = Vec::new();
-    for _ in 0..STREAMS {
-        open.push(unfinished(&mut send, DECLARED, 256 << 10).await);
+    for i in 0..STREAMS {
+        open.push(unfinished(&mut send, CALLS[i % 3], DECLARED, 256 << 10).await);
     }
     fence(&mut send).await;
     fence(&mut send).await;
@@ -152,17 +184,14 @@ async fn an_unfinished_message_holds_what_arrived_not_what_it_declares() {
 async fn past_the_pending_bytes_budget_a_call_is_resource_exhausted() {
     let kiln = Kiln::start(&["--grpc-max-pending-bytes", "1048576", "--load", "echo"]);
     let mut send = connect(&kiln).await;
-    // 8 MiB declared, 2 MiB sent: refused once 1 MiB is held, before it ends.
-    let (response, _body) = unfinished(&mut send, 8 << 20, 2 << 20).await;
-    let response = tokio::time::timeout(BOUND, response)
-        .await
-        .expect("no answer while the message was unfinished")
-        .unwrap();
-    assert_eq!(
-        response.headers().get("grpc-status").map(|v| v.as_bytes()),
-        Some(&b"8"[..]),
-        "{response:?}"
-    );
+    for call in CALLS {
+        // 8 MiB declared, 2 MiB sent: refused once 1 MiB is held, before it ends.
+        let (response, _body) = unfinished(&mut send, call, 8 << 20, 2 << 20).await;
+        let status = tokio::time::timeout(BOUND, grpc_status(response))
+            .await
+            .expect("no answer while the message was unfinished");
+        assert_eq!(status, "8", "{call:?}");
+    }
     // What it held was given back: a 600 KiB message (several frames) goes through.
     let client = GrpcClient::connect(&kiln.grpc_url).await.unwrap();
     let values = vec![1u32; 150 << 10];

@@ -1,8 +1,9 @@
 //! The server-wide budget of bytes held by unfinished gRPC messages.
 //!
-//! A `ModelInfer` message that arrives in more than one DATA frame is gathered into
-//! a buffer that grows with the bytes that arrive (never with the length the
-//! client declares). What such buffers hold, summed over every stream of every
+//! A message that arrives in more than one DATA frame is gathered into a buffer
+//! that grows with the bytes that arrive (never with the length the client
+//! declares): `ModelInfer`'s by `routes::read_message`, every other call's by
+//! [`super::gather::Gathered`]. What such buffers hold, summed over every stream of every
 //! connection, may not exceed `--grpc-max-pending-bytes`: the stream whose bytes
 //! would go beyond it is answered `RESOURCE_EXHAUSTED`, and its buffer freed. A
 //! message that arrives in one frame (the usual small call) is not counted: it is
@@ -69,6 +70,14 @@ impl Charge {
         self.amount = bytes;
         Ok(())
     }
+
+    /// Shrinks the charge to `bytes` (nothing when it holds less).
+    pub(crate) fn shrink_to(&mut self, bytes: usize) {
+        if let Some(less) = self.amount.checked_sub(bytes).filter(|&l| l > 0) {
+            self.budget.held.fetch_sub(less, Ordering::Relaxed);
+            self.amount = bytes;
+        }
+    }
 }
 
 impl Drop for Charge {
@@ -94,6 +103,8 @@ mod tests {
         drop(a);
         assert_eq!(budget.held(), 40);
         b.grow_to(90).unwrap();
+        b.shrink_to(10);
+        assert_eq!(budget.held(), 10);
         drop(b);
         assert_eq!(budget.held(), 0);
     }

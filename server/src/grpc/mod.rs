@@ -13,6 +13,7 @@
 mod budget;
 mod connection;
 pub mod convert;
+mod gather;
 mod routes;
 mod service;
 

@@ -33,6 +33,7 @@ use tonic::{Code, Status};
 
 use super::budget::{Budget, Charge};
 use super::connection::{Activity, Call};
+use super::gather::Gathered;
 use super::proto::grpc_inference_service_server::GrpcInferenceServiceServer;
 use super::proto::ModelInferRequest;
 use super::service::{status, KilnGrpc, Pending};
@@ -119,6 +120,9 @@ impl hyper::service::Service<http::Request<Incoming>> for GrpcRoutes {
             if request.uri().path() == MODEL_INFER && !compressed(request.headers()) {
                 self.model_infer(request.into_body(), call)
             } else {
+                // tonic sees each message once it has wholly arrived.
+                let (limit, budget) = (self.max_message_bytes, &self.budget);
+                let request = request.map(|body| Gathered::new(body, limit, budget));
                 let answer = self.tonic.clone().call(request);
                 Box::pin(async move {
                     // The call stays open while its answer (a stream, maybe) is sent.

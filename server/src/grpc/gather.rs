@@ -1,0 +1,155 @@
+//! The request body of a call that tonic's generated service answers (a compressed
+//! `ModelInfer`, `ModelStreamInfer`, every other RPC), handed over whole message
+//! by whole message.
+//!
+//! tonic's decoder reserves a message's declared length as soon as its 5-byte
+//! prefix arrives. [`Gathered`] holds a message back until all of it has arrived,
+//! in a buffer that grows with the bytes that arrive and is charged to the
+//! server-wide [`Budget`], so tonic only ever reserves what is already here. A
+//! frame that holds whole messages only (the usual small message) goes through
+//! as it is: no copy.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http_body::{Body, Frame};
+use hyper::body::Incoming;
+use tonic::Status;
+
+use super::budget::{Budget, Charge};
+
+/// The length prefix of a gRPC message.
+const PREFIX: usize = 5;
+
+/// A call's body, released to tonic in whole messages (see the module docs).
+pub(super) struct Gathered {
+    inner: Incoming,
+    /// The start of an unfinished message, and what it holds of the budget.
+    partial: BytesMut,
+    charge: Charge,
+    limit: usize,
+    /// Trailers that came while a message was unfinished.
+    trailers: Option<Frame<Bytes>>,
+}
+
+impl Gathered {
+    pub(super) fn new(inner: Incoming, limit: usize, budget: &Arc<Budget>) -> Gathered {
+        Gathered {
+            inner,
+            partial: BytesMut::new(),
+            charge: budget.charge(),
+            limit,
+            trailers: None,
+        }
+    }
+
+    /// Adds `data` to what is held; returns the whole messages now held, if any.
+    fn push(&mut self, data: Bytes) -> Result<Option<Bytes>, Status> {
+        if self.partial.is_empty() && whole(&data, self.limit)? == data.len() {
+            return Ok(Some(data));
+        }
+        self.charge.grow_to(self.partial.len() + data.len())?;
+        self.partial.put(data);
+        let ready = whole(&self.partial, self.limit)?;
+        let messages = self.partial.split_to(ready).freeze();
+        if self.partial.is_empty() {
+            // Give the buffer back with the charge: nothing is unfinished.
+            self.partial = BytesMut::new();
+        }
+        self.charge.shrink_to(self.partial.len());
+        Ok((!messages.is_empty()).then_some(messages))
+    }
+}
+
+/// The length of the whole messages `buf` starts with; an error for a message
+/// longer than `limit`.
+fn whole(buf: &[u8], limit: usize) -> Result<usize, Status> {
+    let mut at = 0;
+    while let Some(prefix) = buf.get(at..at + PREFIX) {
+        let length = (&prefix[1..]).get_u32() as usize;
+        if length > limit {
+            return Err(Status::resource_exhausted(format!(
+                "Error, decoded message length too large: found {length} bytes, the limit is: {limit} bytes"
+            )));
+        }
+        if buf.len() - at - PREFIX < length {
+            break;
+        }
+        at += PREFIX + length;
+    }
+    Ok(at)
+}
+
+impl Body for Gathered {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(trailers) = this.trailers.take() {
+                return Poll::Ready(Some(Ok(trailers)));
+            }
+            let Some(frame) = ready!(Pin::new(&mut this.inner).poll_frame(cx)) else {
+                // What is left is cut short: tonic reports it as such.
+                if this.partial.is_empty() {
+                    return Poll::Ready(None);
+                }
+                let rest = std::mem::take(&mut this.partial).freeze();
+                this.charge.shrink_to(0);
+                return Poll::Ready(Some(Ok(Frame::data(rest))));
+            };
+            let frame = frame.map_err(|e| Status::from_error(e.into()))?;
+            match frame.into_data() {
+                Ok(data) => {
+                    if let Some(messages) = this.push(data)? {
+                        return Poll::Ready(Some(Ok(Frame::data(messages))));
+                    }
+                }
+                Err(trailers) if this.partial.is_empty() => {
+                    return Poll::Ready(Some(Ok(trailers)));
+                }
+                Err(trailers) => {
+                    let rest = std::mem::take(&mut this.partial).freeze();
+                    this.charge.shrink_to(0);
+                    this.trailers = Some(trailers);
+                    return Poll::Ready(Some(Ok(Frame::data(rest))));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.partial.is_empty() && self.trailers.is_none() && self.inner.is_end_stream()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(length: usize) -> Vec<u8> {
+        let mut m = vec![0u8];
+        m.extend_from_slice(&(length as u32).to_be_bytes());
+        m.resize(PREFIX + length, 7);
+        m
+    }
+
+    #[test]
+    fn whole_messages_are_counted_and_bounded() {
+        let mut two = message(3);
+        two.extend(message(0));
+        assert_eq!(whole(&two, 10).unwrap(), 8 + 5);
+        assert_eq!(whole(&two[..7], 10).unwrap(), 0);
+        assert_eq!(whole(&message(4)[..4], 10).unwrap(), 0);
+        assert_eq!(
+            whole(&message(11)[..5], 10).unwrap_err().code(),
+            tonic::Code::ResourceExhausted
+        );
+    }
+}
