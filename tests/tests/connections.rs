@@ -288,3 +288,71 @@ async fn an_http_client_that_closes_its_socket_is_still_cancelled() {
     let text = c.metrics().await.unwrap();
     assert_eq!(requests_outcome(&text, "faulty", "success"), Some(1.0));
 }
+
+/// Connections waiting in the accept queue of the listening socket on `port`
+/// (`/proc/net/tcp`: `rx_queue` of the LISTEN entry).
+fn accept_queue(port: u16) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    table
+        .lines()
+        .skip(1)
+        .find_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let local_port = u16::from_str_radix(fields[1].rsplit(':').next()?, 16).ok()?;
+            if local_port != port || fields[3] != "0A" {
+                return None;
+            }
+            usize::from_str_radix(fields[4].split(':').nth(1)?, 16).ok()
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_connections_beyond_the_cap_wait_and_grpc_is_untouched() {
+    // Two workers (Kiln::start), one connection each.
+    let kiln = Kiln::start(&["--http-max-connections", "2"]);
+    let addr = host_port(&kiln.url).to_owned();
+    let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
+    let request = b"GET /v2/health/live HTTP/1.1\r\nHost: kiln\r\n\r\n";
+    let answered = |s: &mut TcpStream| {
+        s.set_read_timeout(Some(BOUND)).unwrap();
+        let mut buf = [0u8; 1024];
+        let n = s.read(&mut buf).unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+    };
+    let mut held: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut s = TcpStream::connect(&addr).unwrap();
+            s.write_all(request).unwrap();
+            answered(&mut s);
+            s
+        })
+        .collect();
+    // The third waits in the listen backlog: kiln gives it no descriptor.
+    let mut third = TcpStream::connect(&addr).unwrap();
+    third.write_all(request).unwrap();
+    let deadline = std::time::Instant::now() + BOUND;
+    while accept_queue(port) != 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the connection over the cap was accepted"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The gRPC port is not affected; the held connections are still served, and
+    // the third still waits (an accept would have taken it long before).
+    let grpc = GrpcClient::connect(&kiln.grpc_url).await.unwrap();
+    assert!(grpc.is_live().await.unwrap());
+    for s in &mut held {
+        s.write_all(request).unwrap();
+        answered(s);
+    }
+    assert_eq!(
+        accept_queue(port),
+        1,
+        "the connection over the cap was accepted"
+    );
+    // Once a connection closes, the waiting one is served.
+    drop(held.pop());
+    answered(&mut third);
+}
