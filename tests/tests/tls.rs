@@ -190,6 +190,22 @@ async fn https_and_grpc_over_tls() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_tls_handshake_never_finished_is_dropped() {
+    let certs = Certificates::new("stalled");
+    let mut args = certs.args(false);
+    args.extend(["--grpc-handshake-timeout".into(), "1".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let kiln = Kiln::start(&args);
+    // Connected, and then silent: no ClientHello.
+    let mut silent = TcpStream::connect(host_port(&kiln.grpc_url)).await.unwrap();
+    let mut buf = [0u8; 64];
+    let closed = tokio::time::timeout(std::time::Duration::from_secs(30), silent.read(&mut buf))
+        .await
+        .expect("the silent connection is still open");
+    assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_tls_refuses_a_client_without_a_certificate() {
     let certs = Certificates::new("mutual");
     let kiln = start(&certs, true);
