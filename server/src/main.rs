@@ -95,7 +95,8 @@ struct ConnectionArgs {
     /// the check runs at this interval, so it closes within twice this.
     #[arg(long, env = "KILN_GRPC_IDLE_TIMEOUT", default_value_t = 120.0)]
     grpc_idle_timeout: f64,
-    /// Milliseconds between the server's HTTP/2 keepalive PINGs (Triton's flag).
+    /// Milliseconds between the server's HTTP/2 keepalive PINGs (Triton's flag; 0:
+    /// none).
     #[arg(long, env = "KILN_GRPC_KEEPALIVE_TIME", default_value_t = 7_200_000)]
     grpc_keepalive_time: u64,
     /// Milliseconds a keepalive PING's answer may take before the connection is
@@ -171,13 +172,17 @@ async fn main() -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)
         .context("cannot set up logging")?;
     let descriptors = match kiln_server::fdlimit::raise_to_hard() {
-        Ok(limit) => {
+        Ok(limit) if limit.before < limit.soft => {
             spdlog::info!(
                 "open-file limit (RLIMIT_NOFILE): soft {} raised to {} (hard {})",
                 limit.before,
                 limit.soft,
                 limit.hard
             );
+            limit.soft
+        }
+        Ok(limit) => {
+            spdlog::info!("open-file limit (RLIMIT_NOFILE): {} (hard)", limit.soft);
             limit.soft
         }
         Err(e) => {
@@ -192,7 +197,8 @@ async fn main() -> anyhow::Result<()> {
         max_message_bytes: args.grpc_max_message_bytes,
         handshake_timeout: seconds("grpc-handshake-timeout", c.grpc_handshake_timeout)?,
         idle_timeout: seconds("grpc-idle-timeout", c.grpc_idle_timeout)?,
-        keepalive_time: Some(std::time::Duration::from_millis(c.grpc_keepalive_time)),
+        keepalive_time: (c.grpc_keepalive_time > 0)
+            .then(|| std::time::Duration::from_millis(c.grpc_keepalive_time)),
         keepalive_timeout: std::time::Duration::from_millis(c.grpc_keepalive_timeout),
         max_connections: c.grpc_max_connections.unwrap_or(default_cap),
         max_concurrent_streams: c.grpc_max_concurrent_streams,
