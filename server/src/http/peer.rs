@@ -32,6 +32,10 @@ use actix_web::http::Version;
 /// How often a waiting request looks at its client's socket.
 const PERIOD: Duration = Duration::from_millis(100);
 
+/// How soon the socket is looked at again after the interim answer: a closed
+/// socket's reset comes back within a round trip.
+const AFTER_PROBE: Duration = Duration::from_millis(10);
+
 /// The interim answer sent to tell a half-closed client from a gone one.
 const PROBE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
@@ -78,8 +82,10 @@ impl Peer {
     /// Completes when the client has gone away (see the module documentation);
     /// `version` is the waiting request's.
     pub async fn closed(&self, version: Version) {
+        let mut wait = PERIOD;
         loop {
-            tokio::time::sleep(PERIOD).await;
+            tokio::time::sleep(wait).await;
+            wait = PERIOD;
             match self.state() {
                 State::Open => {}
                 State::Gone => return,
@@ -90,6 +96,7 @@ impl Peer {
                         if !self.probe() {
                             return;
                         }
+                        wait = AFTER_PROBE;
                     }
                 }
             }
