@@ -46,7 +46,7 @@ impl Budget {
 
     /// Bytes held now.
     #[cfg(test)]
-    fn held(&self) -> usize {
+    pub(crate) fn held(&self) -> usize {
         self.held.load(Ordering::Relaxed)
     }
 }

@@ -26,10 +26,7 @@ const PREFIX: usize = 5;
 /// A call's body, released to tonic in whole messages (see the module docs).
 pub(super) struct Gathered {
     inner: Incoming,
-    /// The start of an unfinished message, and what it holds of the budget.
-    partial: BytesMut,
-    charge: Charge,
-    limit: usize,
+    held: Held,
     /// Trailers that came while a message was unfinished.
     trailers: Option<Frame<Bytes>>,
 }
@@ -38,11 +35,36 @@ impl Gathered {
     pub(super) fn new(inner: Incoming, limit: usize, budget: &Arc<Budget>) -> Gathered {
         Gathered {
             inner,
+            held: Held::new(limit, budget),
+            trailers: None,
+        }
+    }
+}
+
+/// The start of an unfinished message, and what it holds of the budget.
+struct Held {
+    partial: BytesMut,
+    charge: Charge,
+    limit: usize,
+}
+
+impl Held {
+    fn new(limit: usize, budget: &Arc<Budget>) -> Held {
+        Held {
             partial: BytesMut::new(),
             charge: budget.charge(),
             limit,
-            trailers: None,
         }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.partial.is_empty()
+    }
+
+    /// What is held (a message cut short), given back.
+    fn take(&mut self) -> Bytes {
+        self.charge.shrink_to(0);
+        std::mem::take(&mut self.partial).freeze()
     }
 
     /// Adds `data` to what is held; returns the whole messages now held, if any.
@@ -97,35 +119,31 @@ impl Body for Gathered {
             }
             let Some(frame) = ready!(Pin::new(&mut this.inner).poll_frame(cx)) else {
                 // What is left is cut short: tonic reports it as such.
-                if this.partial.is_empty() {
+                if this.held.is_empty() {
                     return Poll::Ready(None);
                 }
-                let rest = std::mem::take(&mut this.partial).freeze();
-                this.charge.shrink_to(0);
-                return Poll::Ready(Some(Ok(Frame::data(rest))));
+                return Poll::Ready(Some(Ok(Frame::data(this.held.take()))));
             };
             let frame = frame.map_err(|e| Status::from_error(e.into()))?;
             match frame.into_data() {
                 Ok(data) => {
-                    if let Some(messages) = this.push(data)? {
+                    if let Some(messages) = this.held.push(data)? {
                         return Poll::Ready(Some(Ok(Frame::data(messages))));
                     }
                 }
-                Err(trailers) if this.partial.is_empty() => {
+                Err(trailers) if this.held.is_empty() => {
                     return Poll::Ready(Some(Ok(trailers)));
                 }
                 Err(trailers) => {
-                    let rest = std::mem::take(&mut this.partial).freeze();
-                    this.charge.shrink_to(0);
                     this.trailers = Some(trailers);
-                    return Poll::Ready(Some(Ok(Frame::data(rest))));
+                    return Poll::Ready(Some(Ok(Frame::data(this.held.take()))));
                 }
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.partial.is_empty() && self.trailers.is_none() && self.inner.is_end_stream()
+        self.held.is_empty() && self.trailers.is_none() && self.inner.is_end_stream()
     }
 }
 
@@ -138,6 +156,37 @@ mod tests {
         m.extend_from_slice(&(length as u32).to_be_bytes());
         m.resize(PREFIX + length, 7);
         m
+    }
+
+    #[test]
+    fn messages_are_held_until_whole_and_charged_meanwhile() {
+        let budget = Budget::new(100);
+        let mut held = Held::new(50, &budget);
+        // Whole messages in one frame go through as they are.
+        let one = Bytes::from(message(3));
+        let through = held.push(one.clone()).unwrap().unwrap();
+        assert_eq!(through.as_ptr(), one.as_ptr());
+        // A message in pieces is held, and charged, until it is whole.
+        let (a, b) = (message(30), message(4));
+        assert!(held
+            .push(Bytes::copy_from_slice(&a[..15]))
+            .unwrap()
+            .is_none());
+        assert_eq!(budget.held(), 15);
+        let mut rest = a[15..].to_vec();
+        rest.extend_from_slice(&b[..3]);
+        assert_eq!(&held.push(Bytes::from(rest)).unwrap().unwrap()[..], &a[..]);
+        assert_eq!(budget.held(), 3);
+        assert_eq!(held.take().len(), 3);
+        assert_eq!(budget.held(), 0);
+        // Over the message limit, or the budget: refused.
+        let too_long = held.push(Bytes::from(message(51))).unwrap_err();
+        assert_eq!(too_long.code(), tonic::Code::ResourceExhausted);
+        let mut other = Held::new(1000, &budget);
+        let big = message(200);
+        let over = other.push(Bytes::copy_from_slice(&big[..150])).unwrap_err();
+        assert_eq!(over.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(budget.held(), 0);
     }
 
     #[test]
