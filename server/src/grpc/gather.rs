@@ -68,13 +68,14 @@ impl Held {
     }
 
     /// Adds `data` to what is held; returns the whole messages now held, if any.
+    /// An error when the budget has no room for it.
     fn push(&mut self, data: Bytes) -> Result<Option<Bytes>, Status> {
-        if self.partial.is_empty() && whole(&data, self.limit)? == data.len() {
+        if self.partial.is_empty() && ready(&data, self.limit) == data.len() {
             return Ok(Some(data));
         }
         self.charge.grow_to(self.partial.len() + data.len())?;
         self.partial.put(data);
-        let ready = whole(&self.partial, self.limit)?;
+        let ready = ready(&self.partial, self.limit);
         let messages = self.partial.split_to(ready).freeze();
         if self.partial.is_empty() {
             // Give the buffer back with the charge: nothing is unfinished.
@@ -85,23 +86,22 @@ impl Held {
     }
 }
 
-/// The length of the whole messages `buf` starts with; an error for a message
-/// longer than `limit`.
-fn whole(buf: &[u8], limit: usize) -> Result<usize, Status> {
+/// How much of `buf` tonic may have now: the whole messages it starts with, or
+/// all of it once a prefix declares more than `limit` (tonic refuses that message
+/// at its prefix, reserving nothing, after decoding the ones before it).
+fn ready(buf: &[u8], limit: usize) -> usize {
     let mut at = 0;
     while let Some(prefix) = buf.get(at..at + PREFIX) {
         let length = (&prefix[1..]).get_u32() as usize;
         if length > limit {
-            return Err(Status::resource_exhausted(format!(
-                "Error, decoded message length too large: found {length} bytes, the limit is: {limit} bytes"
-            )));
+            return buf.len();
         }
         if buf.len() - at - PREFIX < length {
             break;
         }
         at += PREFIX + length;
     }
-    Ok(at)
+    at
 }
 
 impl Body for Gathered {
@@ -179,9 +179,11 @@ mod tests {
         assert_eq!(budget.held(), 3);
         assert_eq!(held.take().len(), 3);
         assert_eq!(budget.held(), 0);
-        // Over the message limit, or the budget: refused.
-        let too_long = held.push(Bytes::from(message(51))).unwrap_err();
-        assert_eq!(too_long.code(), tonic::Code::ResourceExhausted);
+        // A message over the limit goes to tonic, which refuses it at its prefix.
+        let too_long = Bytes::copy_from_slice(&message(51)[..20]);
+        assert_eq!(held.push(too_long).unwrap().unwrap().len(), 20);
+        assert_eq!(budget.held(), 0);
+        // Over the budget: refused.
         let mut other = Held::new(1000, &budget);
         let big = message(200);
         let over = other.push(Bytes::copy_from_slice(&big[..150])).unwrap_err();
@@ -190,15 +192,14 @@ mod tests {
     }
 
     #[test]
-    fn whole_messages_are_counted_and_bounded() {
+    fn whole_messages_are_ready_and_an_oversized_one_at_once() {
         let mut two = message(3);
         two.extend(message(0));
-        assert_eq!(whole(&two, 10).unwrap(), 8 + 5);
-        assert_eq!(whole(&two[..7], 10).unwrap(), 0);
-        assert_eq!(whole(&message(4)[..4], 10).unwrap(), 0);
-        assert_eq!(
-            whole(&message(11)[..5], 10).unwrap_err().code(),
-            tonic::Code::ResourceExhausted
-        );
+        assert_eq!(ready(&two, 10), 8 + 5);
+        assert_eq!(ready(&two[..7], 10), 0);
+        assert_eq!(ready(&message(4)[..4], 10), 0);
+        let mut then_oversized = message(3);
+        then_oversized.extend_from_slice(&message(11)[..7]);
+        assert_eq!(ready(&then_oversized, 10), 8 + 7);
     }
 }
