@@ -5,6 +5,7 @@
 //! `GRPCInferenceService`).
 
 pub mod error;
+pub mod fdlimit;
 pub mod group;
 pub mod grpc;
 pub mod housekeeping;
@@ -25,6 +26,7 @@ pub mod sequence;
 pub mod server;
 pub mod shm;
 pub mod stats;
+pub mod tls;
 pub mod triton;
 pub mod worker_params;
 

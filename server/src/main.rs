@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
-use kiln_server::grpc::{GrpcConfig, GrpcServer};
+use kiln_server::grpc::{GrpcConfig, GrpcLimits, GrpcServer};
 use kiln_server::http::{serve, HttpConfig};
 use kiln_server::restricted::RestrictedApis;
 use kiln_server::{Param, ParamValue, Server, ServerConfig};
@@ -121,6 +121,8 @@ struct ServeArgs {
     /// after a burst to the system (malloc_trim); 0: never.
     #[arg(long, env = "KILN_TRIM_INTERVAL_MS", default_value_t = 1000)]
     trim_interval_ms: u64,
+    #[command(flatten)]
+    connections: ConnectionArgs,
 }
 
 impl ServeArgs {
@@ -142,6 +144,77 @@ impl ServeArgs {
             buffer_bytes: self.max_buffer_bytes.unwrap_or(d.buffer_bytes),
         }
     }
+}
+
+// Connections and transport (hardening, issue #11): timeouts, caps, descriptors.
+/// Limits on connections (`docs/security.md`, "Connections").
+#[derive(Args)]
+struct ConnectionArgs {
+    /// Open HTTP connections at most; beyond, new ones wait in the listen backlog
+    /// until one closes (default: from the descriptor limit, see docs/security.md).
+    #[arg(long, env = "KILN_HTTP_MAX_CONNECTIONS")]
+    http_max_connections: Option<usize>,
+    /// Open gRPC connections at most; beyond, a new one is closed at once
+    /// (default: from the descriptor limit, see docs/security.md).
+    #[arg(long, env = "KILN_GRPC_MAX_CONNECTIONS")]
+    grpc_max_connections: Option<usize>,
+    /// Seconds a new gRPC connection may take to send its HTTP/2 preface
+    /// (and finish TLS's handshake); then it is dropped.
+    #[arg(long, env = "KILN_GRPC_HANDSHAKE_TIMEOUT", default_value_t = 10.0)]
+    grpc_handshake_timeout: f64,
+    /// Seconds without a call after which a gRPC connection is closed (GOAWAY);
+    /// the check runs at this interval, so it closes within twice this.
+    #[arg(long, env = "KILN_GRPC_IDLE_TIMEOUT", default_value_t = 120.0)]
+    grpc_idle_timeout: f64,
+    /// Milliseconds between the server's HTTP/2 keepalive PINGs (Triton's flag; 0:
+    /// none).
+    #[arg(long, env = "KILN_GRPC_KEEPALIVE_TIME", default_value_t = 7_200_000)]
+    grpc_keepalive_time: u64,
+    /// Milliseconds a keepalive PING's answer may take before the connection is
+    /// closed (Triton's flag).
+    #[arg(long, env = "KILN_GRPC_KEEPALIVE_TIMEOUT", default_value_t = 20_000)]
+    grpc_keepalive_timeout: u64,
+    /// Concurrent calls (HTTP/2 streams) per gRPC connection.
+    #[arg(long, env = "KILN_GRPC_MAX_CONCURRENT_STREAMS", default_value_t = 128)]
+    grpc_max_concurrent_streams: u32,
+    /// Bytes that unfinished gRPC messages may hold, server-wide; a call whose
+    /// message would go beyond is answered RESOURCE_EXHAUSTED.
+    #[arg(long, env = "KILN_GRPC_MAX_PENDING_BYTES", default_value_t = 1 << 30)]
+    grpc_max_pending_bytes: usize,
+    /// TLS on both ports: the server's certificate chain (PEM).
+    #[arg(long, env = "KILN_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, env = "KILN_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Mutual TLS: CA certificates (PEM) a client's certificate must chain to;
+    /// clients without one are refused.
+    #[arg(long, env = "KILN_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+}
+
+impl ConnectionArgs {
+    /// The TLS configurations of the HTTP and the gRPC port, when TLS is asked for.
+    fn tls(&self) -> anyhow::Result<Option<(rustls::ServerConfig, rustls::ServerConfig)>> {
+        let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
+            return Ok(None);
+        };
+        let files = kiln_server::tls::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: self.tls_client_ca.clone(),
+        };
+        // actix-web adds h2 and http/1.1 to the HTTP port's ALPN itself.
+        let http = kiln_server::tls::server_config(&files, &[])?;
+        let grpc = kiln_server::tls::server_config(&files, &[b"h2"])?;
+        Ok(Some((http, grpc)))
+    }
+}
+
+/// `secs` as a duration; an error for a negative, infinite or NaN value.
+fn seconds(flag: &str, secs: f64) -> anyhow::Result<std::time::Duration> {
+    std::time::Duration::try_from_secs_f64(secs)
+        .map_err(|_| anyhow::anyhow!("--{flag} {secs}: not a number of seconds"))
 }
 
 /// Parses `WORKER[:key=value,...]`.
@@ -169,6 +242,41 @@ async fn main() -> anyhow::Result<()> {
     kiln_server::logging::init(&args.log_level, args.log_file.as_deref())
         .map_err(anyhow::Error::msg)
         .context("cannot set up logging")?;
+    let descriptors = match kiln_server::fdlimit::raise_to_hard() {
+        Ok(limit) if limit.before < limit.soft => {
+            spdlog::info!(
+                "open-file limit (RLIMIT_NOFILE): soft {} raised to {} (hard {})",
+                limit.before,
+                limit.soft,
+                limit.hard
+            );
+            limit.soft
+        }
+        Ok(limit) => {
+            spdlog::info!("open-file limit (RLIMIT_NOFILE): {} (hard)", limit.soft);
+            limit.soft
+        }
+        Err(e) => {
+            let soft = kiln_server::fdlimit::soft_limit();
+            spdlog::warn!("open-file limit (RLIMIT_NOFILE): cannot raise soft {soft}: {e}");
+            soft
+        }
+    };
+    let default_cap = kiln_server::fdlimit::default_max_connections(descriptors);
+    let c = &args.connections;
+    let grpc_limits = GrpcLimits {
+        max_message_bytes: args.grpc_max_message_bytes,
+        handshake_timeout: seconds("grpc-handshake-timeout", c.grpc_handshake_timeout)?,
+        idle_timeout: seconds("grpc-idle-timeout", c.grpc_idle_timeout)?,
+        keepalive_time: (c.grpc_keepalive_time > 0)
+            .then(|| std::time::Duration::from_millis(c.grpc_keepalive_time)),
+        keepalive_timeout: std::time::Duration::from_millis(c.grpc_keepalive_timeout),
+        max_connections: c.grpc_max_connections.unwrap_or(default_cap),
+        max_concurrent_streams: c.grpc_max_concurrent_streams,
+        max_pending_bytes: c.grpc_max_pending_bytes,
+    };
+    let http_max_connections = c.http_max_connections.unwrap_or(default_cap);
+    let (http_tls, grpc_tls) = c.tls().context("cannot set up TLS")?.unzip();
     let loads = args
         .load
         .iter()
@@ -217,6 +325,8 @@ async fn main() -> anyhow::Result<()> {
             max_body_bytes: args.max_body_bytes,
             workers: args.http_workers.unwrap_or(cores),
             sched_batch: args.sched_batch,
+            max_connections: http_max_connections,
+            tls: http_tls,
         },
     )
     .with_context(|| format!("cannot listen on {}:{}", args.host, args.http_port))?;
@@ -224,9 +334,10 @@ async fn main() -> anyhow::Result<()> {
         server.clone(),
         GrpcConfig {
             addr: SocketAddr::new(args.host, args.grpc_port),
-            max_message_bytes: args.grpc_max_message_bytes,
             threads: args.grpc_threads.unwrap_or(cores),
             sched_batch: args.sched_batch,
+            limits: grpc_limits,
+            tls: grpc_tls.map(std::sync::Arc::new),
         },
     )
     .with_context(|| format!("cannot listen on {}:{} (gRPC)", args.host, args.grpc_port))?;

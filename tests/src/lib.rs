@@ -179,7 +179,7 @@ impl Kiln {
             .expect("gRPC connection")
     }
 
-    /// The kiln process's id.
+    /// The kiln process's id (for `/proc/PID/...`).
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

@@ -10,26 +10,28 @@
 //! [`GrpcRoutes`], which answers `ModelInfer` itself and every other RPC through
 //! the tonic-generated service.
 
+mod budget;
+mod connection;
 pub mod convert;
+mod gather;
 mod routes;
 mod service;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio_stream::wrappers::UnboundedReceiverStream;
-use tokio_stream::{Stream, StreamExt};
-use tonic::transport::server::TcpIncoming;
 
 pub use routes::GrpcRoutes;
 pub use service::{status, KilnGrpc};
 
 use crate::server::Server;
+use connection::{Activity, Greeting, Slot, Slots, Timeouts, Verdict, Watch};
 
 /// The protocol's messages, server and client, generated from `proto/inference.proto`.
 #[allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
@@ -46,12 +48,50 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 pub struct GrpcConfig {
     /// Address to listen on (port 0: any free port).
     pub addr: SocketAddr,
-    /// Largest message accepted or sent, in bytes.
-    pub max_message_bytes: usize,
     /// Serving threads [`GrpcServer::start`] creates.
     pub threads: usize,
     /// Whether those threads run under `SCHED_BATCH` ([`crate::sched`]).
     pub sched_batch: bool,
+    /// Limits on messages and connections.
+    pub limits: GrpcLimits,
+    /// TLS ([`crate::tls`], offering `h2`); `None`: plain HTTP/2.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+/// What one client may hold of the gRPC server (`docs/security.md`, "Connections").
+#[derive(Debug, Clone)]
+pub struct GrpcLimits {
+    /// Largest message accepted or sent, in bytes.
+    pub max_message_bytes: usize,
+    /// Time from the accept to the client's HTTP/2 preface (after TLS's handshake).
+    pub handshake_timeout: Duration,
+    /// A connection without a call for this long (to twice as long) is closed.
+    pub idle_timeout: Duration,
+    /// Interval of the server's HTTP/2 PINGs (`None`: none sent).
+    pub keepalive_time: Option<Duration>,
+    /// How long a PING's answer may take before the connection is closed.
+    pub keepalive_timeout: Duration,
+    /// Open connections; beyond, a new one is closed at once.
+    pub max_connections: usize,
+    /// Concurrent streams (calls) per connection, announced in HTTP/2's SETTINGS.
+    pub max_concurrent_streams: u32,
+    /// Bytes held by unfinished messages, server-wide; beyond, RESOURCE_EXHAUSTED.
+    pub max_pending_bytes: usize,
+}
+
+impl Default for GrpcLimits {
+    fn default() -> Self {
+        GrpcLimits {
+            max_message_bytes: 64 << 20,
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
+            keepalive_time: Some(Duration::from_millis(7_200_000)),
+            keepalive_timeout: Duration::from_millis(20_000),
+            max_connections: crate::fdlimit::default_max_connections(1024),
+            max_concurrent_streams: 128,
+            max_pending_bytes: 1 << 30,
+        }
+    }
 }
 
 /// Serves `server` on `listener`, on the caller's runtime, until `shutdown`
@@ -59,59 +99,156 @@ pub struct GrpcConfig {
 pub async fn serve(
     server: Server,
     listener: TcpListener,
-    max_message_bytes: usize,
+    limits: GrpcLimits,
     shutdown: impl Future<Output = ()> + Send,
 ) {
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    serve_incoming(server, incoming, max_message_bytes, shutdown).await
+    let (stop, stopped) = watch::channel(false);
+    let (handoff, take) = mpsc::unbounded_channel();
+    let slots = Slots::new(limits.max_connections);
+    tokio::spawn(accept_loop(listener, vec![handoff], stopped, slots));
+    let routes = GrpcRoutes::new(server, &limits);
+    let signal = async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    };
+    serve_incoming(routes, &limits, None, take, signal).await
 }
 
-/// Serves `server` on the connections `incoming` yields until `shutdown` resolves,
-/// then lets the open calls finish.
+/// Serves the connections `incoming` yields until `shutdown` resolves, then lets
+/// the open calls finish.
 ///
 /// Each connection is hyper's HTTP/2 server (prior knowledge, as gRPC clients
 /// speak it) running [`GrpcRoutes`]; tonic's own server stack (an axum router and
 /// tower layers in front of every call) is not used, [`GrpcRoutes`] does what of it
 /// kiln needs. Responses carry no `Date` header (gRPC servers such as Triton's send
-/// none), and streams per connection are not limited (as tonic serves them).
+/// none). Each connection runs under the timeouts of [`connection`]; with `tls`, the
+/// TLS handshake must end within the handshake timeout as well.
 async fn serve_incoming(
-    server: Server,
-    incoming: impl Stream<Item = std::io::Result<TcpStream>>,
-    max_message_bytes: usize,
+    routes: GrpcRoutes,
+    limits: &GrpcLimits,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    mut incoming: mpsc::UnboundedReceiver<(std::net::TcpStream, Slot)>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let routes = GrpcRoutes::new(server, max_message_bytes);
     let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     http2
         .timer(TokioTimer::new())
         .auto_date_header(false)
-        .max_concurrent_streams(None);
-    let connections = GracefulShutdown::new();
-    let mut incoming = std::pin::pin!(incoming);
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .keep_alive_interval(limits.keepalive_time)
+        .keep_alive_timeout(limits.keepalive_timeout);
+    let http2 = Arc::new(http2);
+    let timeouts = Timeouts {
+        handshake: limits.handshake_timeout,
+        idle: limits.idle_timeout,
+    };
+    // Told to close gracefully; each connection holds a sender of `alive`.
+    let (stop, stopping) = watch::channel(false);
+    let (alive, mut all_closed) = mpsc::channel::<()>(1);
+    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let stream = tokio::select! {
+        let (stream, slot) = tokio::select! {
             _ = &mut shutdown => break,
-            stream = incoming.next() => match stream {
-                Some(Ok(stream)) => stream,
-                Some(Err(e)) => {
-                    spdlog::debug!("gRPC connection: {e}");
-                    continue;
-                }
+            next = incoming.recv() => match next {
+                Some(next) => next,
                 None => break,
             },
         };
-        let connection = http2.serve_connection(TokioIo::new(stream), routes.clone());
-        let connection = connections.watch(connection);
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
+        let stream = match TcpStream::from_std(stream).and_then(|s| {
+            s.set_nodelay(true)?;
+            Ok(s)
+        }) {
+            Ok(stream) => stream,
+            Err(e) => {
                 spdlog::debug!("gRPC connection: {e}");
+                continue;
             }
+        };
+        let (http2, routes) = (Arc::clone(&http2), routes.clone());
+        let (stopping, alive, tls) = (stopping.clone(), alive.clone(), tls.clone());
+        let accepted = tokio::time::Instant::now();
+        tokio::spawn(async move {
+            match tls {
+                None => connection(&http2, stream, &routes, timeouts, accepted, stopping).await,
+                Some(tls) => {
+                    let handshake = tls.accept(stream);
+                    match tokio::time::timeout_at(accepted + timeouts.handshake, handshake).await {
+                        Ok(Ok(stream)) => {
+                            connection(&http2, stream, &routes, timeouts, accepted, stopping).await
+                        }
+                        Ok(Err(e)) => spdlog::debug!("gRPC TLS handshake: {e}"),
+                        Err(_) => spdlog::debug!("gRPC TLS handshake: timed out"),
+                    }
+                }
+            }
+            drop((slot, alive));
         });
     }
     // New calls are refused; the open ones finish.
-    connections.shutdown().await;
+    let _ = stop.send(true);
+    drop(alive);
+    let _ = all_closed.recv().await;
 }
+
+/// Serves one connection under its timeouts until it closes, or `stopping`
+/// closes it gracefully.
+async fn connection<I>(
+    http2: &hyper::server::conn::http2::Builder<TokioExecutor>,
+    io: I,
+    routes: &GrpcRoutes,
+    timeouts: Timeouts,
+    accepted: tokio::time::Instant,
+    mut stopping: watch::Receiver<bool>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let activity = Arc::new(Activity::default());
+    let io = TokioIo::new(Greeting::new(io, Arc::clone(&activity)));
+    let mut watch = Watch::new(timeouts, Arc::clone(&activity));
+    let connection = http2.serve_connection(io, routes.on_connection(activity));
+    let mut connection = std::pin::pin!(connection);
+    let mut next = accepted + timeouts.handshake;
+    // Set once a graceful close began: idle (bounded in time) or stopping.
+    let mut closing: Option<tokio::time::Instant> = None;
+    let mut stopped = false;
+    loop {
+        tokio::select! {
+            done = connection.as_mut() => {
+                if let Err(e) = done {
+                    spdlog::debug!("gRPC connection: {e}");
+                }
+                return;
+            }
+            () = tokio::time::sleep_until(closing.unwrap_or(next)) => {
+                if closing.is_some() {
+                    spdlog::debug!("gRPC connection: dropped, its graceful close took too long");
+                    return;
+                }
+                match watch.check() {
+                    Verdict::Serve(at) => next = at,
+                    Verdict::Drop => {
+                        spdlog::debug!("gRPC connection: no HTTP/2 preface within the handshake timeout");
+                        return;
+                    }
+                    Verdict::Idle if stopped => next = tokio::time::Instant::now() + timeouts.idle,
+                    Verdict::Idle => {
+                        spdlog::debug!("gRPC connection: idle, closing");
+                        connection.as_mut().graceful_shutdown();
+                        closing = Some(tokio::time::Instant::now() + watch.grace());
+                    }
+                }
+            }
+            _ = stopping.wait_for(|&stop| stop), if !stopped && closing.is_none() => {
+                stopped = true;
+                connection.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
+
+/// Blocking threads of each serving thread's runtime, for big messages: more wait.
+const BLOCKING_THREADS: usize = 2;
 
 /// A gRPC server on threads of its own: `threads` single-threaded tokio runtimes
 /// (as actix-web runs its HTTP workers), each serving the connections that one
@@ -144,21 +281,28 @@ impl GrpcServer {
         let (stop, stopped) = watch::channel(false);
         let threads = config.threads.max(1);
         let (handoff, takes): (Vec<_>, Vec<_>) = (0..threads)
-            .map(|_| mpsc::unbounded_channel::<std::net::TcpStream>())
+            .map(|_| mpsc::unbounded_channel::<(std::net::TcpStream, Slot)>())
             .unzip();
+        // One cap and one budget of unfinished messages for every thread.
+        let slots = Slots::new(config.limits.max_connections);
+        let routes = GrpcRoutes::new(server, &config.limits);
         // The first thread accepts: it takes the listener and every handoff.
-        let mut acceptor = Some((std_listener, handoff));
+        let mut acceptor = Some((std_listener, handoff, slots));
         let mut workers = Vec::with_capacity(threads);
         for (i, take) in takes.into_iter().enumerate() {
             let (cut, cut_rx) = oneshot::channel();
             let (served_tx, served) = oneshot::channel();
             let (finished_tx, finished) = oneshot::channel();
+            // Its blocking threads decode and encode big messages (routes.rs).
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
+                .max_blocking_threads(BLOCKING_THREADS)
+                .thread_name(format!("grpc-{i}-blocking"))
                 .build()?;
             let acceptor = acceptor.take();
-            let (server, stopped) = (server.clone(), stopped.clone());
-            let (max_message_bytes, sched_batch) = (config.max_message_bytes, config.sched_batch);
+            let (routes, stopped) = (routes.clone(), stopped.clone());
+            let (limits, sched_batch) = (config.limits.clone(), config.sched_batch);
+            let tls = config.tls.clone();
             std::thread::Builder::new()
                 .name(format!("grpc-{i}"))
                 .spawn(move || {
@@ -166,25 +310,20 @@ impl GrpcServer {
                         crate::sched::serving_thread();
                     }
                     runtime.block_on(async move {
-                        if let Some((listener, handoff)) = acceptor {
+                        if let Some((listener, handoff, slots)) = acceptor {
                             match TcpListener::from_std(listener) {
                                 Ok(l) => {
-                                    tokio::spawn(accept_loop(l, handoff, stopped.clone()));
+                                    tokio::spawn(accept_loop(l, handoff, stopped.clone(), slots));
                                 }
                                 Err(e) => spdlog::error!("gRPC listener: {e}"),
                             }
                         }
-                        let incoming = UnboundedReceiverStream::new(take).map(|s| {
-                            let s = TcpStream::from_std(s)?;
-                            s.set_nodelay(true)?;
-                            Ok::<_, std::io::Error>(s)
-                        });
                         let mut stopped = stopped;
                         let signal = async move {
                             let _ = stopped.wait_for(|&stop| stop).await;
                         };
                         tokio::select! {
-                            () = serve_incoming(server, incoming, max_message_bytes, signal) => {
+                            () = serve_incoming(routes, &limits, tls, take, signal) => {
                                 let _ = served_tx.send(());
                             }
                             _ = cut_rx => {}
@@ -235,11 +374,12 @@ impl GrpcServer {
 }
 
 /// Accepts connections until `stopped`, handing them to the serving threads in
-/// turn.
+/// turn; past the cap of `slots`, a connection is closed at once.
 async fn accept_loop(
     listener: TcpListener,
-    handoff: Vec<mpsc::UnboundedSender<std::net::TcpStream>>,
+    handoff: Vec<mpsc::UnboundedSender<(std::net::TcpStream, Slot)>>,
     mut stopped: watch::Receiver<bool>,
+    slots: Arc<Slots>,
 ) {
     let mut next = 0;
     loop {
@@ -247,8 +387,16 @@ async fn accept_loop(
             accepted = listener.accept() => accepted,
             _ = stopped.wait_for(|&stop| stop) => return,
         };
-        let stream = match accepted.and_then(|(s, _)| s.into_std()) {
-            Ok(s) => s,
+        let accepted = accepted.and_then(|(stream, _)| {
+            let Some(slot) = slots.take() else {
+                // Closed at once: a refusal the client sees as UNAVAILABLE.
+                return Ok(None);
+            };
+            Ok(Some((stream.into_std()?, slot)))
+        });
+        let stream = match accepted {
+            Ok(Some(stream)) => stream,
+            Ok(None) => continue,
             Err(e) => {
                 // Out of descriptors, or a connection reset before it was taken.
                 spdlog::debug!("gRPC accept: {e}");

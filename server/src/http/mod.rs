@@ -41,6 +41,13 @@ pub struct HttpConfig {
     pub workers: usize,
     /// Whether the worker threads run under `SCHED_BATCH` ([`crate::sched`]).
     pub sched_batch: bool,
+    /// Open connections at most, shared out among the workers. At the cap the
+    /// workers stop accepting: new connections wait in the listen backlog (no
+    /// descriptor of kiln's) until a connection closes, which an idle one does
+    /// after actix-web's keep-alive (5 s) and request-head (5 s) timeouts.
+    pub max_connections: usize,
+    /// TLS ([`crate::tls`]); `None`: plain HTTP.
+    pub tls: Option<rustls::ServerConfig>,
 }
 
 /// Binds and returns the running HTTP server (await it) and the bound addresses.
@@ -66,7 +73,16 @@ pub fn serve(
     })
     .on_connect(peer::on_connect)
     .workers(config.workers.max(1))
-    .bind(config.addr)?;
+    .max_connections(
+        config
+            .max_connections
+            .div_ceil(config.workers.max(1))
+            .max(1),
+    );
+    let http = match config.tls {
+        Some(tls) => http.bind_rustls_0_23(config.addr, tls)?,
+        None => http.bind(config.addr)?,
+    };
     let addrs = http.addrs();
     Ok((http.run(), addrs))
 }

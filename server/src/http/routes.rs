@@ -306,7 +306,7 @@ async fn infer(state: web::Data<State>, req: HttpRequest, payload: web::Payload)
         // Returning drops the reply channel: a queued request is then cancelled.
         Some(peer) => tokio::select! {
             answer = reply => answer,
-            () = peer.closed() => {
+            () = peer.closed(req.version()) => {
                 return Err(HttpError(ServerError::Unavailable("the client went away".into())))
             }
         },
