@@ -6,6 +6,7 @@
 
 pub mod fixtures;
 pub mod golden;
+pub mod pytest;
 pub mod wait;
 
 use std::io::{BufRead, BufReader, Read};

@@ -436,12 +436,6 @@ fn bad_restriction_flags_stop_the_server_with_tritons_message() {
 /// (`tests/tritonclient/test_restricted.py`).
 #[test]
 fn tritonclient_passes_the_header() {
-    let python = kiln_tests::cache_dir().join("tritonclient-venv/bin/python");
-    assert!(
-        python.is_file(),
-        "{} is missing: run scripts/setup-tritonclient",
-        python.display()
-    );
     let repo = TempRepository::new(&[("echo-repo", "worker = \"echo\"\n", &[1])]);
     let kiln = Kiln::start(&[
         "--model-repository",
@@ -451,28 +445,10 @@ fn tritonclient_passes_the_header() {
         "--grpc-restricted-protocol",
         "model-repository:admin-key=admin-value",
     ]);
-    let host_port = |url: &str| url.trim_start_matches("http://").to_owned();
-    let output = std::process::Command::new(&python)
-        .args([
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "tests/tritonclient/test_restricted.py",
-        ])
-        .current_dir(kiln_tests::repo_root())
-        .env("KILN_HTTP_URL", host_port(&kiln.url))
-        .env("KILN_GRPC_URL", host_port(&kiln.grpc_url))
-        .env("KILN_RESTRICTED", "1")
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success() && stdout.contains("2 passed"),
-        "pytest failed:\n{stdout}\n{}\nkiln's log:\n{}",
-        String::from_utf8_lossy(&output.stderr),
-        kiln.log()
+    let stdout = kiln_tests::pytest::run_pytest(
+        &kiln,
+        "tests/tritonclient/test_restricted.py",
+        &[("KILN_RESTRICTED", "1".as_ref())],
     );
+    assert!(stdout.contains("2 passed"), "{stdout}");
 }

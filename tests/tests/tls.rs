@@ -5,12 +5,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use kiln_tests::{cache_dir, repo_root, Kiln};
+use kiln_tests::Kiln;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
     KeyUsagePurpose,
@@ -220,30 +219,12 @@ async fn mutual_tls_refuses_a_client_without_a_certificate() {
 
 #[test]
 fn tritonclient_over_tls() {
-    let python = cache_dir().join("tritonclient-venv/bin/python");
-    assert!(
-        python.is_file(),
-        "{} is missing: run scripts/setup-tritonclient",
-        python.display()
-    );
     let certs = Certificates::new("tritonclient");
     let kiln = start(&certs, false);
-    let output = Command::new(&python)
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
-        .arg(Path::new("tests/tritonclient-tls"))
-        .current_dir(repo_root())
-        .env("KILN_HTTP_URL", host_port(&kiln.url))
-        .env("KILN_GRPC_URL", host_port(&kiln.grpc_url))
-        .env("KILN_TLS_CA", certs.path("ca.pem"))
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "pytest failed:\n{stdout}\n{}\nkiln's log:\n{}",
-        String::from_utf8_lossy(&output.stderr),
-        kiln.log()
+    let ca = certs.path("ca.pem");
+    kiln_tests::pytest::run_pytest(
+        &kiln,
+        "tests/tritonclient-tls",
+        &[("KILN_TLS_CA", ca.as_ref())],
     );
-    println!("{stdout}");
 }
