@@ -227,4 +227,55 @@ impl Watch {
     pub(super) fn grace(&self) -> Duration {
         self.timeouts.handshake
     }
+
+    /// The timeouts it checks.
+    pub(super) fn timeouts(&self) -> Timeouts {
+        self.timeouts
+    }
+}
+
+/// What a connection's watchdog asks of the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Order {
+    /// Go on serving.
+    Serve = 0,
+    /// Close gracefully (`GOAWAY`): open calls finish, no new ones start.
+    Close = 1,
+    /// Close now.
+    Drop = 2,
+}
+
+/// The watchdog's latest [`Order`] and the connection task's waker, which the
+/// watchdog wakes to deliver it. The connection reads the order with one atomic
+/// load per wake-up; its waker is stored once (a task's waker stays valid for the
+/// task's life).
+#[derive(Default)]
+pub(super) struct Orders {
+    order: std::sync::atomic::AtomicU8,
+    waker: Mutex<Option<std::task::Waker>>,
+    registered: AtomicBool,
+}
+
+impl Orders {
+    /// Gives `order` (a later order never weakens an earlier one) and wakes the
+    /// connection's task.
+    pub(super) fn give(&self, order: Order) {
+        self.order.fetch_max(order as u8, Ordering::SeqCst);
+        if let Some(waker) = self.waker.lock().as_ref() {
+            waker.wake_by_ref();
+        }
+    }
+
+    /// The order in force; stores `cx`'s waker the first time.
+    pub(super) fn take(&self, cx: &Context<'_>) -> Order {
+        if !self.registered.load(Ordering::Relaxed) {
+            *self.waker.lock() = Some(cx.waker().clone());
+            self.registered.store(true, Ordering::Relaxed);
+        }
+        match self.order.load(Ordering::SeqCst) {
+            0 => Order::Serve,
+            1 => Order::Close,
+            _ => Order::Drop,
+        }
+    }
 }

@@ -31,7 +31,7 @@ pub use routes::GrpcRoutes;
 pub use service::{status, KilnGrpc};
 
 use crate::server::Server;
-use connection::{Activity, Greeting, Slot, Slots, Timeouts, Verdict, Watch};
+use connection::{Activity, Greeting, Order, Orders, Slot, Slots, Timeouts, Verdict, Watch};
 
 /// The protocol's messages, server and client, generated from `proto/inference.proto`.
 #[allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
@@ -192,56 +192,90 @@ async fn serve_incoming(
 }
 
 /// Serves one connection under its timeouts until it closes, or `stopping`
-/// closes it gracefully.
+/// closes it gracefully. The timers run in a watchdog task of their own
+/// ([`watchdog`]), which gives the connection its [`Orders`]: the connection's
+/// task, woken for every frame, then pays one atomic load per wake-up instead of
+/// polling a timer and the stop signal each time (measured: those polls were
+/// about 1.5% of the server's CPU at 100k small calls/s).
 async fn connection<I>(
     http2: &hyper::server::conn::http2::Builder<TokioExecutor>,
     io: I,
     routes: &GrpcRoutes,
     timeouts: Timeouts,
     accepted: tokio::time::Instant,
-    mut stopping: watch::Receiver<bool>,
+    stopping: watch::Receiver<bool>,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let activity = Arc::new(Activity::default());
     let io = TokioIo::new(Greeting::new(io, Arc::clone(&activity)));
-    let mut watch = Watch::new(timeouts, Arc::clone(&activity));
+    let orders = Arc::new(Orders::default());
+    let (_ended, ended) = oneshot::channel::<()>();
+    tokio::spawn(watchdog(
+        Watch::new(timeouts, Arc::clone(&activity)),
+        Arc::clone(&orders),
+        accepted + timeouts.handshake,
+        stopping,
+        ended,
+    ));
     let connection = http2.serve_connection(io, routes.on_connection(activity));
     let mut connection = std::pin::pin!(connection);
-    let mut next = accepted + timeouts.handshake;
+    let mut closing = false;
+    let done = std::future::poll_fn(|cx| {
+        match orders.take(cx) {
+            Order::Drop => return std::task::Poll::Ready(Ok(())),
+            Order::Close if !closing => {
+                closing = true;
+                connection.as_mut().graceful_shutdown();
+            }
+            _ => {}
+        }
+        connection.as_mut().poll(cx)
+    })
+    .await;
+    if let Err(e) = done {
+        spdlog::debug!("gRPC connection: {e}");
+    }
+}
+
+/// A connection's timers: the handshake and idle timeouts, the graceful close's
+/// deadline, and the server's stop. Ends when the connection does (`ended`).
+async fn watchdog(
+    mut watch: Watch,
+    orders: Arc<Orders>,
+    mut next: tokio::time::Instant,
+    mut stopping: watch::Receiver<bool>,
+    mut ended: oneshot::Receiver<()>,
+) {
+    let timeouts = watch.timeouts();
     // Set once a graceful close began: idle (bounded in time) or stopping.
     let mut closing: Option<tokio::time::Instant> = None;
     let mut stopped = false;
     loop {
         tokio::select! {
-            done = connection.as_mut() => {
-                if let Err(e) = done {
-                    spdlog::debug!("gRPC connection: {e}");
-                }
-                return;
-            }
+            _ = &mut ended => return,
             () = tokio::time::sleep_until(closing.unwrap_or(next)) => {
                 if closing.is_some() {
                     spdlog::debug!("gRPC connection: dropped, its graceful close took too long");
-                    return;
+                    return orders.give(Order::Drop);
                 }
                 match watch.check() {
                     Verdict::Serve(at) => next = at,
                     Verdict::Drop => {
                         spdlog::debug!("gRPC connection: no HTTP/2 preface within the handshake timeout");
-                        return;
+                        return orders.give(Order::Drop);
                     }
                     Verdict::Idle if stopped => next = tokio::time::Instant::now() + timeouts.idle,
                     Verdict::Idle => {
                         spdlog::debug!("gRPC connection: idle, closing");
-                        connection.as_mut().graceful_shutdown();
+                        orders.give(Order::Close);
                         closing = Some(tokio::time::Instant::now() + watch.grace());
                     }
                 }
             }
             _ = stopping.wait_for(|&stop| stop), if !stopped && closing.is_none() => {
                 stopped = true;
-                connection.as_mut().graceful_shutdown();
+                orders.give(Order::Close);
             }
         }
     }
