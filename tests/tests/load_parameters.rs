@@ -198,6 +198,13 @@ async fn list_values_load_the_group_their_text_loads() {
         .await
         .unwrap();
     assert_eq!(preferred_sizes(&kiln.url, "listed").await, json!([2, 8]));
+    // gRPC's repository parameters have no list: the text form.
+    let text = [Param {
+        key: "preferred_batch_size".into(),
+        value: ParamValue::Str("4,8".into()),
+    }];
+    kiln.grpc().await.load_model("listed", &text).await.unwrap();
+    assert_eq!(preferred_sizes(&kiln.url, "listed").await, json!([4, 8]));
     let err = c.load("echo", &params(json!([4, [8]]))).await.unwrap_err();
     assert_eq!(err.status(), Some(400), "{err}");
 }
