@@ -71,6 +71,9 @@ pub struct DynamicConfig {
     pub policies: Vec<QueuePolicy>,
     /// Whether requests of different non-batch shapes may share a batch.
     pub allow_ragged: bool,
+    /// Answers leave in the order their batches were formed (kept by the host, not
+    /// the queue).
+    pub preserve_ordering: bool,
 }
 
 impl DynamicConfig {
@@ -85,6 +88,7 @@ impl DynamicConfig {
             default_priority_level: 1,
             policies: vec![QueuePolicy::default()],
             allow_ragged: false,
+            preserve_ordering: false,
         }
     }
 

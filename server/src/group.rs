@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TrySendError};
-use kiln_batchers::dynamic::{run_dynamic_batcher, DynamicHost, Rejection};
+use kiln_batchers::dynamic::{run_dynamic_batcher, DynamicConfig, DynamicHost, Rejection};
 use kiln_batchers::sequence::{run_sequence_batcher, SequenceEvent};
 use kiln_batchers::{run_batcher, Admission, Batch, BatcherConfig, Request};
 use kiln_buffers::{BufferSet, Pool};
@@ -44,7 +44,7 @@ pub struct GroupSettings {
     pub max_buffers: usize,
     pub queue_size: usize,
     /// The dynamic batcher's settings (used when `batcher` is dynamic).
-    pub dynamic: crate::params::DynamicParams,
+    pub dynamic: DynamicConfig,
     /// The sequence batcher's settings (used when `batcher` is sequence).
     pub sequence: SequenceParams,
 }
@@ -184,9 +184,7 @@ impl WorkerGroup {
             })?);
         } else if settings.batcher == BatcherKind::Dynamic {
             // One scheduler: the queue's order and priorities are one thread's.
-            let dynamic = settings
-                .dynamic
-                .config(settings.batch_size, info.allow_ragged_batch);
+            let dynamic = settings.dynamic.clone();
             let host = DynamicGroupHost {
                 ctx: Arc::clone(&context),
                 policies: dynamic.policies.clone(),
@@ -605,7 +603,11 @@ pub fn resolve(info: &WorkerInfo, params: &GroupParams, instances: usize) -> Res
         batchers: params.batchers,
         max_buffers: params.max_buffers.unwrap_or(2 * instances + 1),
         queue_size: params.queue_size,
-        dynamic: params.dynamic.clone(),
+        dynamic: DynamicConfig {
+            max_batch_size: batch_size,
+            allow_ragged: info.allow_ragged_batch,
+            ..params.dynamic.clone()
+        },
         sequence: params.sequence.clone(),
     })
 }

@@ -16,7 +16,7 @@ use crate::error::{Result, ServerError};
 use crate::group::{demand, resolve, GroupName, WorkerGroup};
 use crate::limits::{Demand, Limits};
 use crate::metrics::Metrics;
-use crate::params::{identity, GroupParams};
+use crate::params::{check_known, identity, GroupParams};
 use crate::plugin::{check_name, Plugins};
 use crate::worker_params::{check_client_keys, RequestParams};
 
@@ -209,17 +209,27 @@ impl State {
         self.models.store(Arc::new(self.groups.clone()));
     }
 
-    /// Loads the plugin (the operator's library) and refuses any parameter in
-    /// `client_keys` the worker reserves to the operator, before any `init`.
-    fn plugin(&mut self, worker: &str, client_keys: &[String]) -> Result<WorkerModRef> {
+    /// Loads the plugin (the operator's library), then, before any `init`, refuses
+    /// any parameter in `client_keys` the worker reserves to the operator and any in
+    /// `params` neither the server nor the worker declares (`subject` names the
+    /// load in that error).
+    fn plugin(
+        &mut self,
+        worker: &str,
+        subject: &str,
+        params: &[Param],
+        client_keys: &[String],
+    ) -> Result<WorkerModRef> {
         let module = self.plugins.load(worker)?;
-        check_client_keys(worker, (module.parameters())().as_slice(), client_keys)?;
+        let specs = (module.parameters())();
+        check_client_keys(worker, specs.as_slice(), client_keys)?;
+        check_known(subject, specs.as_slice(), params)?;
         Ok(module)
     }
 
     fn load(&mut self, worker: &str, params: Vec<Param>, client_keys: &[String]) -> Result<String> {
         check_name(worker)?;
-        let module = self.plugin(worker, client_keys)?;
+        let module = self.plugin(worker, &format!("worker `{worker}`"), &params, client_keys)?;
         let group_params = GroupParams::parse(&params)?;
         let id = identity(&params);
         let existing = self
@@ -271,7 +281,8 @@ impl State {
     ) -> Result<String> {
         check_name(&name)?;
         check_name(worker)?;
-        let module = self.plugin(worker, client_keys)?;
+        let subject = format!("model `{name}` (worker `{worker}`)");
+        let module = self.plugin(worker, &subject, &params, client_keys)?;
         let group_params = GroupParams::parse(&params)?;
         let id = identity(&params);
         let version = version.to_string();

@@ -107,9 +107,10 @@ impl Repository {
         for (key, value) in flatten(&config.parameters) {
             params.push(Param {
                 key: key.as_str().into(),
-                value: param_value(value).ok_or_else(|| {
+                value: param_value(&key, value).ok_or_else(|| {
                     ServerError::invalid(format!(
-                        "{}: parameters.{key} must be a boolean, integer, float or string",
+                        "{}: parameters.{key} must be a boolean, integer, float or string \
+                         (or, for a list parameter, a list of integers or strings)",
                         file.display()
                     ))
                 })?,
@@ -173,12 +174,25 @@ fn flatten<'a>(
     out
 }
 
-fn param_value(value: &toml::Value) -> Option<ParamValue> {
+fn param_value(key: &str, value: &toml::Value) -> Option<ParamValue> {
     Some(match value {
         toml::Value::Boolean(b) => ParamValue::Bool(*b),
         toml::Value::Integer(i) => ParamValue::Int(*i),
         toml::Value::Float(f) => ParamValue::Float(*f),
         toml::Value::String(s) => ParamValue::Str(s.as_str().into()),
+        // A list parameter's `[4, 8]` is its comma-separated text.
+        toml::Value::Array(items) if crate::params::takes_list(key) => ParamValue::Str(
+            items
+                .iter()
+                .map(|item| match item {
+                    toml::Value::Integer(i) => Some(i.to_string()),
+                    toml::Value::String(s) => Some(s.clone()),
+                    _ => None,
+                })
+                .collect::<Option<Vec<_>>>()?
+                .join(",")
+                .into(),
+        ),
         _ => return None,
     })
 }
@@ -276,6 +290,21 @@ mod tests {
         assert_eq!(p.int("input.sr").unwrap(), Some(16000));
         assert_eq!(p.string("control.start").as_deref(), Some("START"));
         assert_eq!(p.string("state.STATE").as_deref(), Some("STATE_OUT"));
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn lists_are_comma_separated_text() {
+        let (r, root) = repo(&[
+            (
+                "l/config.toml",
+                "worker = \"echo\"\n[parameters]\npreferred_batch_size = [4, \"8\"]\n",
+            ),
+            ("l/1/x", ""),
+        ]);
+        let m = r.resolve("l", None, vec![]).unwrap();
+        let p = kiln_worker_sdk::Params(&m.params);
+        assert_eq!(p.string("preferred_batch_size").as_deref(), Some("4,8"));
         let _ = std::fs::remove_dir_all(root);
     }
 

@@ -158,7 +158,8 @@ impl SequenceParams {
     }
 }
 
-fn strip_prefix_ignore_case<'a>(key: &'a str, prefix: &str) -> Option<&'a str> {
+/// `key` without `prefix`, if it starts with it (ignoring case).
+pub(crate) fn strip_prefix_ignore_case<'a>(key: &'a str, prefix: &str) -> Option<&'a str> {
     let head = key.get(..prefix.len())?;
     head.eq_ignore_ascii_case(prefix)
         .then(|| &key[prefix.len()..])
@@ -329,7 +330,7 @@ impl SequenceModel {
     pub fn config(
         &self,
         params: &SequenceParams,
-        dynamic: &crate::params::DynamicParams,
+        dynamic: &kiln_batchers::dynamic::DynamicConfig,
         batch_size: usize,
         instances: usize,
         queue_size: usize,

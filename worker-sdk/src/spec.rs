@@ -41,7 +41,9 @@ pub enum ParamKind {
 }
 
 /// One declared parameter. Build them in a `const` with [`ParamSpec::load`],
-/// [`ParamSpec::operator`] and [`ParamSpec::request`].
+/// [`ParamSpec::operator`] and [`ParamSpec::request`]. A name ending in `.*`
+/// declares a family (`batch_axis.*`: `batch_axis.<anything>`). The server refuses
+/// a load parameter that neither it nor the worker declares.
 #[repr(C)]
 #[derive(StableAbi, Clone, Copy, PartialEq)]
 pub struct ParamSpec {
@@ -84,9 +86,32 @@ impl ParamSpec {
         self.name.as_str()
     }
 
+    /// Whether `key` is this parameter (or one of its family), ignoring case.
+    pub fn matches(&self, key: &str) -> bool {
+        let name = self.name();
+        match name.strip_suffix('*') {
+            Some(prefix) => {
+                key.len() > prefix.len()
+                    && key.is_char_boundary(prefix.len())
+                    && key[..prefix.len()].eq_ignore_ascii_case(prefix)
+            }
+            None => key.eq_ignore_ascii_case(name),
+        }
+    }
+
     /// Checks this parameter's value in `params` (absent is fine); the error names it.
     pub fn check(&self, params: Params<'_>) -> Result<(), String> {
-        let name = self.name();
+        if self.name().ends_with('*') {
+            return params
+                .0
+                .iter()
+                .filter(|p| self.matches(p.key.as_str()))
+                .try_for_each(|p| self.check_one(p.key.as_str(), Params(std::slice::from_ref(p))));
+        }
+        self.check_one(self.name(), params)
+    }
+
+    fn check_one(&self, name: &str, params: Params<'_>) -> Result<(), String> {
         match self.kind {
             ParamKind::Any => Ok(()),
             ParamKind::Bool => params.bool(name).map(drop),
@@ -156,5 +181,20 @@ mod tests {
         assert!(float
             .check(Params(&params_from_pairs(&[("scale", "3")])))
             .is_err());
+    }
+
+    #[test]
+    fn families_match_by_prefix() {
+        let family = ParamSpec::load("batch_axis.*", ParamKind::Int { min: 0, max: 8 });
+        assert!(family.matches("BATCH_AXIS.state") && !family.matches("batch_axis."));
+        assert!(!family.matches("batch_axi") && !family.matches("batch_axisx"));
+        let fine = params_from_pairs(&[("batch_axis.a", "1")]);
+        assert!(family.check(Params(&fine)).is_ok());
+        let bad = params_from_pairs(&[("batch_axis.b", "9")]);
+        assert!(family
+            .check(Params(&bad))
+            .unwrap_err()
+            .contains("`batch_axis.b`"));
+        assert!(ParamSpec::load("x", ParamKind::Any).matches("X"));
     }
 }

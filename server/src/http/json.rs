@@ -201,6 +201,28 @@ pub fn params_from_json(map: Map<String, Value>) -> Result<Vec<Param>> {
         .collect()
 }
 
+/// Load parameters from a JSON object: as [`params_from_json`], and the list of a
+/// list parameter (Triton's `"preferred_batch_size": [4, 8]`) is its
+/// comma-separated text (`"4,8"`), the form every ingress shares.
+pub fn load_params_from_json(mut map: Map<String, Value>) -> Result<Vec<Param>> {
+    for (key, value) in map.iter_mut() {
+        if let (true, Value::Array(items)) = (crate::params::takes_list(key), &*value) {
+            let text = items
+                .iter()
+                .map(|item| match item {
+                    Value::Number(n) => Ok(n.to_string()),
+                    Value::String(s) => Ok(s.clone()),
+                    other => Err(ServerError::invalid(format!(
+                        "parameter `{key}`: a list of numbers or strings, got {other}"
+                    ))),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            *value = Value::String(text.join(","));
+        }
+    }
+    params_from_json(map)
+}
+
 fn decode_data(dtype: DataType, elements: usize, raw: &RawValue) -> Result<Bytes, String> {
     let mut out = Vec::with_capacity(reserve(dtype, elements, raw.get().len()));
     let mut count = 0usize;
@@ -815,5 +837,24 @@ mod tests {
                 ParamValue::Int(-1)
             ]
         );
+    }
+
+    #[test]
+    fn load_lists_are_comma_separated_text() {
+        let params = load_params_from_json(
+            serde_json::from_str(r#"{"Preferred_Batch_Size": [4, "8"]}"#).unwrap(),
+        )
+        .unwrap();
+        let p = kiln_worker_sdk::Params(&params);
+        assert_eq!(p.string("preferred_batch_size").as_deref(), Some("4,8"));
+        for bad in [
+            r#"{"preferred_batch_size": [[1]]}"#,
+            r#"{"batch_size": [4]}"#,
+        ] {
+            let err = load_params_from_json(serde_json::from_str(bad).unwrap()).unwrap_err();
+            assert!(err.to_string().contains("_size`"), "{err}");
+        }
+        // Request parameters stay scalars.
+        assert!(params_from_json(serde_json::from_str(r#"{"x": [1]}"#).unwrap()).is_err());
     }
 }

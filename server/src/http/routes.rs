@@ -4,7 +4,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
-use super::json::params_from_json;
+use super::json::load_params_from_json;
 use super::{offload, restricted, shm, triton, HttpError, INFERENCE_HEADER_CONTENT_LENGTH};
 use crate::error::ServerError;
 use crate::group::WorkerGroup;
@@ -334,7 +334,7 @@ async fn load(state: web::Data<State>, path: web::Path<String>, payload: web::Pa
                 "load parameters must be a JSON object: {e}"
             )))
         })?;
-        params_from_json(map)?
+        load_params_from_json(map)?
     };
     let worker = path.into_inner().to_ascii_lowercase();
     let endpoint = state
@@ -417,7 +417,7 @@ async fn repository_load(
             ))))
         }
     };
-    let mut params = params_from_json(overrides)?;
+    let mut params = load_params_from_json(overrides)?;
     let version = crate::triton::take_version(&mut params)?;
     let name = path.into_inner();
     let keys = crate::worker_params::client_keys(crate::worker_params::Origin::Client, &params);

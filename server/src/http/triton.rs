@@ -211,7 +211,7 @@ mod tests {
             batchers: 1,
             max_buffers: 5,
             queue_size: 4096,
-            dynamic: Default::default(),
+            dynamic: kiln_batchers::dynamic::DynamicConfig::new(batch_size, Duration::ZERO),
             sequence: Default::default(),
         }
     }

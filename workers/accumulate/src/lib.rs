@@ -12,8 +12,8 @@
 //! `control.corrid=CORRID`.
 
 use kiln_worker_sdk::{
-    export_worker, Batch, BatcherKind, DataType, Params, Shape, TensorSpec, Worker, WorkerError,
-    WorkerInfo,
+    export_worker, Batch, BatcherKind, DataType, ParamKind, ParamSpec, Params, Shape, TensorSpec,
+    Worker, WorkerError, WorkerInfo,
 };
 
 /// Largest batch (rows) the worker accepts.
@@ -25,6 +25,8 @@ pub struct Accumulate {
 }
 
 impl Worker for Accumulate {
+    const PARAMETERS: &'static [ParamSpec] = &[ParamSpec::load("corrid_type", ParamKind::Any)];
+
     fn init(params: Params<'_>) -> Result<Self, WorkerError> {
         let corrid = match params.string("corrid_type").as_deref() {
             None | Some("UINT64") => DataType::Uint64,

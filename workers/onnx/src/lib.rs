@@ -334,6 +334,16 @@ impl Worker for Onnx {
         ParamSpec::operator("runtime"),
         ParamSpec::load("intra_op_threads", ParamKind::Int { min: 1, max: 256 }),
         ParamSpec::load("inter_op_threads", ParamKind::Int { min: 1, max: 256 }),
+        ParamSpec::load("optimization_level", ParamKind::Any),
+        ParamSpec::load("max_batch_size", ParamKind::Int { min: 0, max: 4096 }),
+        ParamSpec::load(
+            "batch_axis.*",
+            ParamKind::Int {
+                min: 0,
+                max: i64::MAX,
+            },
+        ),
+        ParamSpec::load("input.*", ParamKind::Any),
     ];
 
     fn init(params: Params<'_>) -> Result<Self, WorkerError> {

@@ -1,0 +1,210 @@
+//! Load parameters a user can trust: an unknown or misspelt parameter is refused
+//! (naming it, the closest known name and every known one) over each way a load
+//! arrives, and Triton's list values (`"preferred_batch_size": [4, 8]`) load the
+//! same group as their comma-separated text.
+
+// Test support: a failure should fail the test loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use kiln_client::{Param, ParamValue};
+use kiln_tests::fixtures::TempRepository;
+use kiln_tests::{build_dir, cache_dir, repo_root, Kiln};
+use serde_json::{json, Value};
+use tonic::Code;
+
+const DYNAMIC_ECHO: &str =
+    "worker = \"echo\"\n[parameters]\nbatcher = \"dynamic\"\nbatch_size = 8\n";
+
+async fn preferred_sizes(url: &str, model: &str) -> Value {
+    let config: Value = reqwest::get(format!("{url}/v2/models/{model}/config"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    config["dynamic_batching"]["preferred_batch_size"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rest_worker_load_refuses_tritons_unprefixed_allow_timeout_override() {
+    let kiln = Kiln::start(&[]);
+    let c = &kiln.client;
+    let err = c
+        .load("echo", &json!({"allow_timeout_override": true}))
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), Some(400), "{err}");
+    let text = err.to_string();
+    for want in [
+        "unknown parameter `allow_timeout_override` for worker `echo`",
+        "did you mean `default_queue_policy.allow_timeout_override`?",
+        "known: batch_size, batcher, batchers,",
+        "max_batch_size",
+    ] {
+        assert!(text.contains(want), "{want:?} in {text}");
+    }
+    // Nothing was loaded; the prefixed name is the real one.
+    assert_eq!(
+        c.model_metadata("echo").await.unwrap_err().status(),
+        Some(404)
+    );
+    let params = json!({"batcher": "dynamic", "default_queue_policy.ALLOW_TIMEOUT_OVERRIDE": true});
+    assert_eq!(c.load("echo", &params).await.unwrap(), "echo");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rest_worker_load_refuses_a_misspelt_worker_parameter() {
+    let kiln = Kiln::start(&[]);
+    let c = &kiln.client;
+    let err = c.load("echo", &json!({"incremnet": 1})).await.unwrap_err();
+    assert_eq!(err.status(), Some(400), "{err}");
+    assert!(
+        err.to_string()
+            .contains("unknown parameter `incremnet` for worker `echo`"),
+        "{err}"
+    );
+    let err = c
+        .load("echo", &json!({"max_bath_size": 8}))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("did you mean `max_batch_size`?"),
+        "{err}"
+    );
+    // A request parameter is no load parameter.
+    let err = c.load("echo", &json!({"increment": 1})).await.unwrap_err();
+    assert_eq!(err.status(), Some(400), "{err}");
+    assert!(err.to_string().contains("request parameter"), "{err}");
+    assert_eq!(
+        c.load("echo", &json!({"max_batch_size": 8})).await.unwrap(),
+        "echo"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repository_loads_refuse_unknown_overrides_over_rest_and_grpc() {
+    let repo = TempRepository::new(&[("m", DYNAMIC_ECHO, &[1])]);
+    let kiln = Kiln::start(&["--model-repository", &repo.arg()]);
+    let c = &kiln.client;
+    let err = c
+        .load_model("m", &json!({"allow_timeout_override": true}))
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), Some(400), "{err}");
+    assert!(
+        err.to_string()
+            .contains("unknown parameter `allow_timeout_override` for model `m` (worker `echo`)"),
+        "{err}"
+    );
+    let grpc = kiln.grpc().await;
+    let overrides = [Param {
+        key: "incremnet".into(),
+        value: ParamValue::Int(1),
+    }];
+    let err = grpc.load_model("m", &overrides).await.unwrap_err();
+    assert_eq!(err.grpc_code(), Some(Code::InvalidArgument), "{err}");
+    assert!(
+        err.to_string()
+            .contains("unknown parameter `incremnet` for model `m`"),
+        "{err}"
+    );
+    assert_eq!(c.model_metadata("m").await.unwrap_err().status(), Some(404));
+    grpc.load_model("m", &[]).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_toml_with_an_unknown_parameter_fails_that_model_only() {
+    let bad = "worker = \"echo\"\n[parameters]\nbatch_size = 4\nincremnet = 1\n";
+    let repo = TempRepository::new(&[("bad", bad, &[1]), ("good", DYNAMIC_ECHO, &[1])]);
+    let kiln = Kiln::start(&["--model-repository", &repo.arg()]);
+    let c = &kiln.client;
+    let err = c.load_model("bad", &json!({})).await.unwrap_err();
+    assert_eq!(err.status(), Some(400), "{err}");
+    assert!(
+        err.to_string()
+            .contains("unknown parameter `incremnet` for model `bad` (worker `echo`)"),
+        "{err}"
+    );
+    c.load_model("good", &json!({})).await.unwrap();
+}
+
+/// Runs `kiln serve` with `args` until it exits (it must, within 30 s).
+fn serve_until_exit(args: &[&str]) -> (Option<i32>, String) {
+    let mut child = Command::new(build_dir().join("kiln"))
+        .current_dir(repo_root())
+        .env("KILN_CACHE", cache_dir())
+        .args(["serve", "--http-port", "0", "--grpc-port", "0"])
+        .args(["--host", "127.0.0.1", "--plugin-dir"])
+        .arg(build_dir())
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start kiln");
+    for _ in 0..300 {
+        if child.try_wait().unwrap().is_some() {
+            let out = child.wait_with_output().unwrap();
+            return (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr).into(),
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("kiln {args:?} kept running");
+}
+
+#[test]
+fn unknown_parameters_at_start_stop_the_server() {
+    let (code, log) = serve_until_exit(&["--load", "echo:batch_size=4,incremnet=1"]);
+    assert!(code.is_some_and(|c| c != 0), "exit {code:?}: {log}");
+    assert!(
+        log.contains("unknown parameter `incremnet` for worker `echo`"),
+        "{log}"
+    );
+    let bad = "worker = \"echo\"\n[parameters]\nallow_timeout_override = true\n";
+    let repo = TempRepository::new(&[("bad", bad, &[1])]);
+    let (code, log) = serve_until_exit(&["--model-repository", &repo.arg(), "--load-model", "bad"]);
+    assert!(code.is_some_and(|c| c != 0), "exit {code:?}: {log}");
+    assert!(
+        log.contains("unknown parameter `allow_timeout_override` for model `bad`"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_values_load_the_group_their_text_loads() {
+    let listed = format!("{DYNAMIC_ECHO}preferred_batch_size = [4, 8]\n");
+    let repo = TempRepository::new(&[("listed", &listed, &[1])]);
+    let kiln = Kiln::start(&["--model-repository", &repo.arg()]);
+    let c = &kiln.client;
+    let params = |sizes: Value| json!({"batcher": "dynamic", "batch_size": 8, "preferred_batch_size": sizes});
+    let endpoint = c.load("echo", &params(json!([4, 8]))).await.unwrap();
+    assert_eq!(preferred_sizes(&kiln.url, &endpoint).await, json!([4, 8]));
+    // The text form is the same configuration: the same group answers.
+    assert_eq!(
+        c.load("echo", &params(json!("4,8"))).await.unwrap(),
+        endpoint
+    );
+    // A repository model's TOML list, and a JSON list as a repository override.
+    c.load_model("listed", &json!({})).await.unwrap();
+    assert_eq!(preferred_sizes(&kiln.url, "listed").await, json!([4, 8]));
+    c.load_model("listed", &json!({"preferred_batch_size": [2, 8]}))
+        .await
+        .unwrap();
+    assert_eq!(preferred_sizes(&kiln.url, "listed").await, json!([2, 8]));
+    // gRPC's repository parameters have no list: the text form.
+    let text = [Param {
+        key: "preferred_batch_size".into(),
+        value: ParamValue::Str("4,8".into()),
+    }];
+    kiln.grpc().await.load_model("listed", &text).await.unwrap();
+    assert_eq!(preferred_sizes(&kiln.url, "listed").await, json!([4, 8]));
+    let err = c.load("echo", &params(json!([4, [8]]))).await.unwrap_err();
+    assert_eq!(err.status(), Some(400), "{err}");
+}
