@@ -267,8 +267,16 @@ impl GrpcInferenceService for KilnGrpc {
         &self,
         request: Request<RepositoryIndexRequest>,
     ) -> Result<Response<RepositoryIndexResponse>, Status> {
-        let index =
-            triton::repository_index(&self.server, request.into_inner().ready).map_err(status)?;
+        // Reads the repository's folders and files: not on the connection's thread.
+        let (server, ready) = (self.server.clone(), request.into_inner().ready);
+        let index = tokio::task::spawn_blocking(move || triton::repository_index(&server, ready))
+            .await
+            .map_err(|e| {
+                status(ServerError::Internal(format!(
+                    "a blocking task failed: {e}"
+                )))
+            })?
+            .map_err(status)?;
         Ok(Response::new(RepositoryIndexResponse {
             models: index
                 .into_iter()
@@ -291,13 +299,20 @@ impl GrpcInferenceService for KilnGrpc {
         let r = request.into_inner();
         let mut params = repository_params(r.parameters).map_err(status)?;
         let version = triton::take_version(&mut params).map_err(status)?;
+        let keys = crate::worker_params::client_keys(crate::worker_params::Origin::Client, &params);
+        // Reads the model's files: not on the connection's thread.
+        let (server, name) = (self.server.clone(), r.model_name.clone());
+        let resolved =
+            tokio::task::spawn_blocking(move || server.resolve_model(&name, version, params))
+                .await
+                .map_err(|e| {
+                    status(ServerError::Internal(format!(
+                        "a blocking task failed: {e}"
+                    )))
+                })?
+                .map_err(status)?;
         self.server
-            .load_model_as(
-                crate::worker_params::Origin::Client,
-                &r.model_name,
-                version,
-                params,
-            )
+            .load_resolved(&r.model_name, resolved, keys)
             .await
             .map_err(status)?;
         Ok(Response::new(RepositoryModelLoadResponse {}))
