@@ -9,11 +9,15 @@
 //! ```
 //!
 //! Why by hand: actix-web's router turns a route with a `{segment}` into a regex and
-//! tries the routes in order, so an inference request ran about nine regex searches
-//! (`regex_lite`'s PikeVM, with captures) before reaching its handler: 24% of the
-//! server's CPU under `kiln-load` (echo, HTTP JSON, c=32). Registering `infer` first
-//! would still cost one search per request; splitting the path on `/` costs none.
-//! `docs/benchmarks.md` ("HTTP routing without regexes") has the numbers.
+//! tries the routes in order, so an inference request ran nine regex searches with
+//! captures (`regex_lite`'s PikeVM: the eight model routes registered before it,
+//! then its own) before reaching its handler: 24% of the server's CPU under
+//! `kiln-load` (echo, HTTP JSON, c=32, `perf record -e cpu-clock`). Registering
+//! `infer` first still costs one search per request (4.7% of the CPU); splitting
+//! the path on `/` costs none (routing, actix-web's static matches included, is
+//! now about 1%). Server CPU per HTTP JSON request at c=32 (`scripts/bench-ab`):
+//! 17.9 µs before, 12.9 with `infer` first, 11.9–12.2 by hand.
+//! `docs/benchmarks.md` ("HTTP routing without regexes") has the runs.
 //!
 //! `{m}` and `{v}` are what actix-web's `{name}` pattern captured: one non-empty
 //! segment of the path as the router sees it (percent-decoded except `%2F`, `%25`
