@@ -7,6 +7,7 @@
 mod binary;
 mod compress;
 mod json;
+mod model_routes;
 mod offload;
 mod peer;
 mod restricted;

@@ -1,12 +1,13 @@
 //! `--http-restricted-api` on the REST routes: a route of a restricted category is
 //! registered behind a check of its header (403 as Triton answers without it); a
 //! route of an unrestricted category is registered as it is, so it pays nothing.
+//! The model routes, matched by hand, call [`check_request`] instead.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse};
-use actix_web::{web, Resource, ResponseError};
+use actix_web::{web, HttpRequest, Resource, ResponseError};
 
 use super::HttpError;
 use crate::error::ServerError;
@@ -48,11 +49,7 @@ fn check<S>(
 where
     S: Service<ServiceRequest, Response = ServiceResponse, Error = actix_web::Error>,
 {
-    let value = req
-        .headers()
-        .get(restriction.lookup_name())
-        .map(|v| v.as_bytes());
-    let step = if restriction.allows(value) {
+    let step = if allows(restriction, req.request()) {
         Step::Call(srv.call(req))
     } else {
         Step::Refuse(req, restriction.refusal())
@@ -64,5 +61,27 @@ where
                 Ok(req.into_response(HttpError(refusal).error_response()))
             }
         }
+    }
+}
+
+/// Whether `req` carries the restriction's header with its value.
+fn allows(restriction: &Restriction, req: &HttpRequest) -> bool {
+    let value = req
+        .headers()
+        .get(restriction.lookup_name())
+        .map(|v| v.as_bytes());
+    restriction.allows(value)
+}
+
+/// For a route matched outside actix-web's router (`super::model_routes`): the
+/// same 403 as [`check`] when `category` is restricted and `req` lacks its header.
+pub fn check_request(
+    restrictions: &Restrictions,
+    category: Category,
+    req: &HttpRequest,
+) -> Result<(), HttpError> {
+    match restrictions.get(category) {
+        Some(restriction) if !allows(restriction, req) => Err(HttpError(restriction.refusal())),
+        _ => Ok(()),
     }
 }

@@ -5,6 +5,7 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use super::json::load_params_from_json;
+use super::model_routes::{self, Action};
 use super::{offload, restricted, shm, triton, HttpError, INFERENCE_HEADER_CONTENT_LENGTH};
 use crate::error::ServerError;
 use crate::group::WorkerGroup;
@@ -22,7 +23,8 @@ type Reply = Result<HttpResponse, HttpError>;
 
 /// Registers every route, each in its Triton API category (a restricted category's
 /// routes behind the check of its header, [`super::restricted`]); a known path with
-/// the wrong method answers 405.
+/// the wrong method answers 405. The routes that name a model are matched by hand
+/// behind one scope ([`model_route`], [`model_routes`]).
 pub fn configure(cfg: &mut web::ServiceConfig, restrictions: &Restrictions) {
     use Category::*;
     let mut add = |category, resource| restricted::add(cfg, restrictions, category, resource);
@@ -31,46 +33,14 @@ pub fn configure(cfg: &mut web::ServiceConfig, restrictions: &Restrictions) {
     add(Metadata, get("/v2", server_metadata));
     add(Metadata, get("/v2/models", list_models));
     add(Statistics, get("/v2/models/stats", triton::all_stats));
-    add(Metadata, get("/v2/models/{model}", model_metadata));
-    add(
-        Metadata,
-        get("/v2/models/{model}/versions/{version}", model_metadata),
-    );
-    add(Health, get("/v2/models/{model}/ready", model_ready));
-    add(
-        Health,
-        get("/v2/models/{model}/versions/{version}/ready", model_ready),
-    );
-    add(
-        ModelConfig,
-        get("/v2/models/{model}/config", triton::config),
-    );
-    add(
-        ModelConfig,
-        get(
-            "/v2/models/{model}/versions/{version}/config",
-            triton::config,
-        ),
-    );
-    add(
-        Statistics,
-        get("/v2/models/{model}/stats", triton::model_stats),
-    );
-    add(
-        Statistics,
-        get(
-            "/v2/models/{model}/versions/{version}/stats",
-            triton::model_stats,
-        ),
-    );
     // Triton serves metrics on a port of its own, unrestricted; kiln's are on the
     // HTTP port and tell what statistics tell, so `statistics` covers them.
     add(Statistics, get("/metrics", metrics));
-    add(Inference, post("/v2/models/{model}/infer", infer));
-    add(
-        Inference,
-        post("/v2/models/{model}/versions/{version}/infer", infer),
-    );
+    // Every other path under `/v2/models/` names a model: matched by hand, with
+    // each route's category checked there ([`model_route`]). Registered before
+    // the routes with a `{segment}` below, each of which actix-web tries as a regex.
+    cfg.service(web::scope("/v2/models").default_service(web::to(model_route)));
+    let mut add = |category, resource| restricted::add(cfg, restrictions, category, resource);
     add(ModelRepository, post("/v2/workers/{worker}/load", load));
     add(
         ModelRepository,
@@ -142,17 +112,48 @@ where
 }
 
 pub async fn not_found(req: HttpRequest) -> Reply {
-    Err(HttpError(ServerError::NotFound(format!(
+    Err(no_route(&req))
+}
+
+fn no_route(req: &HttpRequest) -> HttpError {
+    HttpError(ServerError::NotFound(format!(
         "no route for {} {}",
         req.method(),
         req.path()
-    ))))
+    )))
 }
 
 async fn method_not_allowed(req: HttpRequest) -> HttpResponse {
+    wrong_method(&req)
+}
+
+fn wrong_method(req: &HttpRequest) -> HttpResponse {
     HttpResponse::MethodNotAllowed().json(json!({
         "error": format!("{} is not allowed on {}", req.method(), req.path())
     }))
+}
+
+/// A path under `/v2/models/` ([`model_routes`]): 404 unless it names a model
+/// route; then, as for a route registered with actix-web, 403 when its category
+/// is restricted and the header is missing, 405 for another method; then the
+/// model's lookup (404) and the route's handler.
+async fn model_route(state: web::Data<State>, req: HttpRequest, payload: web::Payload) -> Reply {
+    let Some(path) = model_routes::parse(req.match_info().as_str()) else {
+        return Err(no_route(&req));
+    };
+    let restrictions = &state.server.restricted().http;
+    restricted::check_request(restrictions, path.action.category(), &req)?;
+    if req.method() != path.action.method() {
+        return Ok(wrong_method(&req));
+    }
+    let group = crate::triton::lookup(&state.server, path.model, path.version)?;
+    match path.action {
+        Action::Metadata => Ok(model_metadata(&group)),
+        Action::Ready => Ok(model_ready(&group)),
+        Action::Config => Ok(triton::config(&group)),
+        Action::Stats => Ok(triton::model_stats(&group)),
+        Action::Infer => infer(&state, &req, payload, &group).await,
+    }
 }
 
 async fn live() -> HttpResponse {
@@ -185,18 +186,7 @@ async fn list_models(state: web::Data<State>) -> HttpResponse {
     HttpResponse::Ok().json(json!({ "models": models }))
 }
 
-/// The group for `{model}` and, if given, `{version}` (which must be the version it serves).
-pub(super) fn lookup(
-    state: &State,
-    req: &HttpRequest,
-) -> Result<std::sync::Arc<WorkerGroup>, HttpError> {
-    let model = req.match_info().get("model").unwrap_or_default();
-    let version = req.match_info().get("version");
-    Ok(crate::triton::lookup(&state.server, model, version)?)
-}
-
-async fn model_metadata(state: web::Data<State>, req: HttpRequest) -> Reply {
-    let group = lookup(&state, &req)?;
+fn model_metadata(group: &WorkerGroup) -> HttpResponse {
     let batching = group.info.max_batch_size > 0;
     let tensors = |specs: &[kiln_worker_sdk::TensorSpec]| -> Vec<Value> {
         specs
@@ -204,7 +194,7 @@ async fn model_metadata(state: web::Data<State>, req: HttpRequest) -> Reply {
             .map(|s| json!({"name": s.name.as_str(), "datatype": s.dtype.as_str(), "shape": expected_shape(s, batching)}))
             .collect()
     };
-    Ok(HttpResponse::Ok().json(json!({
+    HttpResponse::Ok().json(json!({
         "name": group.endpoint,
         "versions": [group.version],
         "platform": crate::triton::platform(&group.worker),
@@ -216,17 +206,16 @@ async fn model_metadata(state: web::Data<State>, req: HttpRequest) -> Reply {
             "batcher": group.settings.batcher.as_str(),
             "instances": group.instance_count(),
         },
-    })))
+    }))
 }
 
-async fn model_ready(state: web::Data<State>, req: HttpRequest) -> Reply {
-    let group = lookup(&state, &req)?;
-    Ok(if group.is_ready() {
+fn model_ready(group: &WorkerGroup) -> HttpResponse {
+    if group.is_ready() {
         HttpResponse::Ok().finish()
     } else {
         HttpResponse::ServiceUnavailable()
             .json(json!({"error": format!("model `{}` is not ready", group.endpoint)}))
-    })
+    }
 }
 
 /// Reads a control request's whole body (not compressed), up to `limit` bytes.
@@ -289,9 +278,13 @@ async fn read_body(
     }
 }
 
-async fn infer(state: web::Data<State>, req: HttpRequest, payload: web::Payload) -> Reply {
-    let group = lookup(&state, &req)?;
-    let body = read_body(&req, payload, state.max_body_bytes).await?;
+async fn infer(
+    state: &State,
+    req: &HttpRequest,
+    payload: web::Payload,
+    group: &WorkerGroup,
+) -> Reply {
+    let body = read_body(req, payload, state.max_body_bytes).await?;
     let header = req.headers().get(INFERENCE_HEADER_CONTENT_LENGTH);
     let (request, placement) = offload::decode_request(
         &state.server,
@@ -318,7 +311,7 @@ async fn infer(state: web::Data<State>, req: HttpRequest, payload: web::Payload)
         ))
     })??;
     let encoded = offload::encode_response(response, placement).await?;
-    match super::compress::negotiate(&req) {
+    match super::compress::negotiate(req) {
         None => Ok(encoded.into_response()),
         Some(encoding) => Ok(super::compress::respond(encoded, encoding).await?),
     }

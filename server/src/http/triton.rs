@@ -4,11 +4,10 @@
 //! from the loaded group (`crate::triton::ModelConfig`, `crate::stats`) and
 //! rendered as JSON here; gRPC renders the same as protobuf.
 
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{web, HttpResponse};
 use serde_json::{json, Map, Value};
 
-use super::routes::{lookup, State};
-use super::HttpError;
+use super::routes::State;
 use crate::group::WorkerGroup;
 use crate::triton::{triton_type, ModelConfig};
 
@@ -170,9 +169,8 @@ fn group_config(group: &WorkerGroup) -> Value {
 }
 
 /// `GET /v2/models/{m}[/versions/{v}]/config`.
-pub async fn config(state: web::Data<State>, req: HttpRequest) -> Result<HttpResponse, HttpError> {
-    let group = lookup(&state, &req)?;
-    Ok(HttpResponse::Ok().json(group_config(&group)))
+pub fn config(group: &WorkerGroup) -> HttpResponse {
+    HttpResponse::Ok().json(group_config(group))
 }
 
 fn stats_of(group: &WorkerGroup) -> Value {
@@ -180,12 +178,8 @@ fn stats_of(group: &WorkerGroup) -> Value {
 }
 
 /// `GET /v2/models/{m}[/versions/{v}]/stats`.
-pub async fn model_stats(
-    state: web::Data<State>,
-    req: HttpRequest,
-) -> Result<HttpResponse, HttpError> {
-    let group = lookup(&state, &req)?;
-    Ok(HttpResponse::Ok().json(json!({ "model_stats": [stats_of(&group)] })))
+pub fn model_stats(group: &WorkerGroup) -> HttpResponse {
+    HttpResponse::Ok().json(json!({ "model_stats": [stats_of(group)] }))
 }
 
 /// `GET /v2/models/stats`: every loaded model.
