@@ -166,12 +166,12 @@ struct ConnectionArgs {
     /// the check runs at this interval, so it closes within twice this.
     #[arg(long, env = "KILN_GRPC_IDLE_TIMEOUT", default_value_t = 120.0)]
     grpc_idle_timeout: f64,
-    /// Milliseconds between the server's HTTP/2 keepalive PINGs (Triton's flag; 0:
-    /// none).
+    /// Milliseconds without traffic after which a gRPC connection is probed
+    /// (Triton's flag; TCP keepalive, whole seconds; 0: never).
     #[arg(long, env = "KILN_GRPC_KEEPALIVE_TIME", default_value_t = 7_200_000)]
     grpc_keepalive_time: u64,
-    /// Milliseconds a keepalive PING's answer may take before the connection is
-    /// closed (Triton's flag).
+    /// Milliseconds a keepalive probe's answer may take before the connection is
+    /// dropped (Triton's flag; whole seconds).
     #[arg(long, env = "KILN_GRPC_KEEPALIVE_TIMEOUT", default_value_t = 20_000)]
     grpc_keepalive_timeout: u64,
     /// Concurrent calls (HTTP/2 streams) per gRPC connection.

@@ -356,3 +356,45 @@ async fn http_connections_beyond_the_cap_wait_and_grpc_is_untouched() {
     drop(held.pop());
     answered(&mut third);
 }
+
+/// The timer of kiln's end of the connection from local port `client` to kiln's
+/// `server` port (`/proc/net/tcp`'s `tr`: 2 the keepalive timer, 0 none, 1 a
+/// retransmission).
+fn server_side_timer(server: u16, client: u16) -> Option<u8> {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let port = |field: &str| u16::from_str_radix(field.rsplit(':').next()?, 16).ok();
+        if port(fields[1])? != server || port(fields[2])? != client {
+            return None;
+        }
+        u8::from_str_radix(fields[5].split(':').next()?, 16).ok()
+    })
+}
+
+/// Triton's `--grpc-keepalive-time` probes an idle connection (TCP keepalive,
+/// which the kernel runs at no cost per call); 0 turns it off.
+#[test]
+fn grpc_connections_are_probed_by_keepalive_unless_it_is_off() {
+    for (time, timer) in [("60000", 2), ("0", 0)] {
+        let kiln = Kiln::start(&["--grpc-keepalive-time", time]);
+        let s = greeted_connection(&kiln);
+        let server: u16 = host_port(&kiln.grpc_url)
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let client = s.local_addr().unwrap().port();
+        let started = std::time::Instant::now();
+        let mut last = None;
+        while started.elapsed() < BOUND {
+            last = server_side_timer(server, client);
+            if last == Some(timer) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(last, Some(timer), "--grpc-keepalive-time {time}");
+    }
+}
