@@ -200,18 +200,7 @@ async fn past_the_pending_bytes_budget_a_call_is_resource_exhausted() {
     }
     // What it held was given back: a 600 KiB message (several frames) goes through.
     let client = GrpcClient::connect(&kiln.grpc_url).await.unwrap();
-    let values = vec![1u32; 150 << 10];
-    let request = InferRequest {
-        model: "echo".into(),
-        inputs: vec![InputTensor::from_slice(
-            "INPUT0",
-            DataType::Uint32,
-            &[1, values.len() as i64],
-            &values,
-        )],
-        ..Default::default()
-    };
-    let answer = client.infer(&request).await.unwrap();
+    let answer = client.infer(&echo_request(150 << 10)).await.unwrap();
     assert_eq!(answer.outputs.len(), 1);
 }
 

@@ -52,6 +52,21 @@ pub fn status(e: ServerError) -> Status {
     Status::new(e.grpc_code(), e.to_string())
 }
 
+/// Runs `work` (file reads) on the runtime's blocking threads, not on the thread
+/// serving the connection's other calls.
+async fn off_thread<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> std::result::Result<T, Status> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| {
+            status(ServerError::Internal(format!(
+                "a blocking task failed: {e}"
+            )))
+        })?
+        .map_err(status)
+}
+
 /// `None` for the protocol's empty string ("any version", "every region").
 fn non_empty(v: &str) -> Option<&str> {
     (!v.is_empty()).then_some(v)
@@ -269,14 +284,7 @@ impl GrpcInferenceService for KilnGrpc {
     ) -> Result<Response<RepositoryIndexResponse>, Status> {
         // Reads the repository's folders and files: not on the connection's thread.
         let (server, ready) = (self.server.clone(), request.into_inner().ready);
-        let index = tokio::task::spawn_blocking(move || triton::repository_index(&server, ready))
-            .await
-            .map_err(|e| {
-                status(ServerError::Internal(format!(
-                    "a blocking task failed: {e}"
-                )))
-            })?
-            .map_err(status)?;
+        let index = off_thread(move || triton::repository_index(&server, ready)).await?;
         Ok(Response::new(RepositoryIndexResponse {
             models: index
                 .into_iter()
@@ -302,15 +310,7 @@ impl GrpcInferenceService for KilnGrpc {
         let keys = crate::worker_params::client_keys(crate::worker_params::Origin::Client, &params);
         // Reads the model's files: not on the connection's thread.
         let (server, name) = (self.server.clone(), r.model_name.clone());
-        let resolved =
-            tokio::task::spawn_blocking(move || server.resolve_model(&name, version, params))
-                .await
-                .map_err(|e| {
-                    status(ServerError::Internal(format!(
-                        "a blocking task failed: {e}"
-                    )))
-                })?
-                .map_err(status)?;
+        let resolved = off_thread(move || server.resolve_model(&name, version, params)).await?;
         self.server
             .load_resolved(&r.model_name, resolved, keys)
             .await
