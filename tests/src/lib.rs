@@ -191,6 +191,37 @@ impl Kiln {
     }
 }
 
+/// Runs `kiln serve` on free loopback ports with `args` added, expecting it to stop
+/// by itself (a start-up error), within 30 s; returns its exit code and stderr.
+/// Panics, after killing it, when it keeps running.
+pub fn serve_until_exit(args: &[&str]) -> (Option<i32>, String) {
+    let mut child = Command::new(build_dir().join("kiln"))
+        .current_dir(repo_root())
+        .env("KILN_CACHE", cache_dir())
+        .args(["serve", "--http-port", "0", "--grpc-port", "0"])
+        .args(["--host", "127.0.0.1", "--plugin-dir"])
+        .arg(build_dir())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start kiln");
+    for _ in 0..300 {
+        if child.try_wait().expect("kiln's status").is_some() {
+            let out = child.wait_with_output().expect("kiln's output");
+            return (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("kiln {args:?} kept running");
+}
+
 /// One caller's way to the server (see [`Kiln::caller`]).
 pub enum Caller {
     Http(HttpClient),

@@ -6,12 +6,9 @@
 // Test support: a failure should fail the test loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::{Command, Stdio};
-use std::time::Duration;
-
 use kiln_client::{Param, ParamValue};
 use kiln_tests::fixtures::TempRepository;
-use kiln_tests::{build_dir, cache_dir, repo_root, Kiln};
+use kiln_tests::{serve_until_exit, Kiln};
 use serde_json::{json, Value};
 use tonic::Code;
 
@@ -129,34 +126,6 @@ async fn config_toml_with_an_unknown_parameter_fails_that_model_only() {
         "{err}"
     );
     c.load_model("good", &json!({})).await.unwrap();
-}
-
-/// Runs `kiln serve` with `args` until it exits (it must, within 30 s).
-fn serve_until_exit(args: &[&str]) -> (Option<i32>, String) {
-    let mut child = Command::new(build_dir().join("kiln"))
-        .current_dir(repo_root())
-        .env("KILN_CACHE", cache_dir())
-        .args(["serve", "--http-port", "0", "--grpc-port", "0"])
-        .args(["--host", "127.0.0.1", "--plugin-dir"])
-        .arg(build_dir())
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start kiln");
-    for _ in 0..300 {
-        if child.try_wait().unwrap().is_some() {
-            let out = child.wait_with_output().unwrap();
-            return (
-                out.status.code(),
-                String::from_utf8_lossy(&out.stderr).into(),
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    panic!("kiln {args:?} kept running");
 }
 
 #[test]

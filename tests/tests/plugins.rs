@@ -146,20 +146,9 @@ async fn an_invalid_model_config_is_reported_with_its_file_and_field() {
     }
     drop(kiln);
     // At start-up, a bad model stops the server with the same message.
-    let output = std::process::Command::new(kiln_tests::build_dir().join("kiln"))
-        .args([
-            "serve",
-            "--http-port",
-            "0",
-            "--model-repository",
-            &root_arg,
-            "--load-model",
-            "typo",
-        ])
-        .output()
-        .unwrap();
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (code, stderr) =
+        kiln_tests::serve_until_exit(&["--model-repository", &root_arg, "--load-model", "typo"]);
+    assert!(code != Some(0), "exit {code:?}");
     assert!(
         stderr.contains("typo/config.toml") && stderr.contains("batchsize"),
         "{stderr}"

@@ -9,7 +9,7 @@
 
 use kiln_server::grpc::proto;
 use kiln_tests::fixtures::TempRepository;
-use kiln_tests::{build_dir, Kiln};
+use kiln_tests::Kiln;
 
 /// A model repository of one echo model, so the repository APIs have one.
 fn repository() -> TempRepository {
@@ -369,26 +369,11 @@ async fn grpc_restricted_protocols_need_their_header() {
     assert_eq!(got, 200);
 }
 
-/// Runs `kiln serve` with `args`; returns its exit success and stderr.
+/// Runs `kiln serve` with `args`, which must stop it; returns its exit success
+/// and stderr.
 fn serve(args: &[&str]) -> (bool, String) {
-    let output = std::process::Command::new(build_dir().join("kiln"))
-        .args([
-            "serve",
-            "--http-port",
-            "0",
-            "--grpc-port",
-            "0",
-            "--host",
-            "127.0.0.1",
-        ])
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    let (code, stderr) = kiln_tests::serve_until_exit(args);
+    (code == Some(0), stderr)
 }
 
 #[test]
