@@ -4,12 +4,12 @@ use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use kiln_server::grpc::{GrpcConfig, GrpcLimits, GrpcServer};
 use kiln_server::http::{serve, HttpConfig};
 use kiln_server::restricted::RestrictedApis;
-use kiln_server::{Param, ParamValue, Server, ServerConfig};
+use kiln_server::{Server, ServerConfig};
 
 #[derive(Parser)]
 #[command(name = "kiln", version, about = "kiln: a model inference server")]
@@ -217,25 +217,6 @@ fn seconds(flag: &str, secs: f64) -> anyhow::Result<std::time::Duration> {
         .map_err(|_| anyhow::anyhow!("--{flag} {secs}: not a number of seconds"))
 }
 
-/// Parses `WORKER[:key=value,...]`.
-fn parse_load(spec: &str) -> anyhow::Result<(String, Vec<Param>)> {
-    let (worker, rest) = spec.split_once(':').unwrap_or((spec, ""));
-    if worker.trim().is_empty() {
-        bail!("--load `{spec}`: no worker name");
-    }
-    let mut params = Vec::new();
-    for pair in rest.split(',').filter(|p| !p.trim().is_empty()) {
-        let Some((key, value)) = pair.split_once('=') else {
-            bail!("--load `{spec}`: `{pair}` is not key=value");
-        };
-        params.push(Param {
-            key: key.trim().into(),
-            value: ParamValue::Str(value.trim().into()),
-        });
-    }
-    Ok((worker.trim().to_ascii_lowercase(), params))
-}
-
 #[actix_web::main]
 async fn main() -> anyhow::Result<()> {
     let Command::Serve(args) = Cli::parse().command;
@@ -280,7 +261,7 @@ async fn main() -> anyhow::Result<()> {
     let loads = args
         .load
         .iter()
-        .map(|s| parse_load(s))
+        .map(|s| kiln_server::params::parse_load_spec(s).map_err(anyhow::Error::from))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let restricted =
         RestrictedApis::parse(&args.http_restricted_api, &args.grpc_restricted_protocol)?;
@@ -366,12 +347,9 @@ mod tests {
 
     #[test]
     fn load_specs() {
-        let (w, p) = parse_load("Echo:batch_size=8, timeout=2").unwrap();
+        let (w, p) = kiln_server::params::parse_load_spec("Echo:batch_size=8, timeout=2").unwrap();
         assert_eq!(w, "echo");
         assert_eq!(p.len(), 2);
         assert_eq!(p[1].key.as_str(), "timeout");
-        assert!(parse_load("echo:batch_size").is_err());
-        assert!(parse_load(":x=1").is_err());
-        assert_eq!(parse_load("invert-image").unwrap().1.len(), 0);
     }
 }

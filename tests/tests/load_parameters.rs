@@ -177,3 +177,20 @@ async fn list_values_load_the_group_their_text_loads() {
     let err = c.load("echo", &params(json!([4, [8]]))).await.unwrap_err();
     assert_eq!(err.status(), Some(400), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_flag_takes_a_list_in_brackets() {
+    let kiln = Kiln::start(&[
+        "--load",
+        "echo:batcher=dynamic,batch_size=8,preferred_batch_size=[4,8],max_queue_delay_microseconds=100",
+    ]);
+    assert_eq!(preferred_sizes(&kiln.url, "echo").await, json!([4, 8]));
+    // The JSON list is the same configuration: the same group answers.
+    let params = json!({"batcher": "dynamic", "batch_size": 8, "preferred_batch_size": [4, 8],
+        "max_queue_delay_microseconds": 100});
+    assert_eq!(kiln.client.load("echo", &params).await.unwrap(), "echo");
+    // A bracket left open stops the server, naming the spec.
+    let (code, log) = serve_until_exit(&["--load", "echo:preferred_batch_size=[4,8"]);
+    assert_ne!(code, Some(0), "{log}");
+    assert!(log.contains("`[` without its `]`"), "{log}");
+}
