@@ -340,16 +340,3 @@ async fn main() -> anyhow::Result<()> {
     spdlog::default_logger().flush();
     Ok(())
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn load_specs() {
-        let (w, p) = kiln_server::params::parse_load_spec("Echo:batch_size=8, timeout=2").unwrap();
-        assert_eq!(w, "echo");
-        assert_eq!(p.len(), 2);
-        assert_eq!(p[1].key.as_str(), "timeout");
-    }
-}
