@@ -1,23 +1,87 @@
 //! Finding and loading worker plugins. A worker `NAME` is the library
 //! `libkiln_worker_NAME.so` (dashes become underscores) in one of the configured
-//! plugin directories, and nowhere else. Libraries are loaded once and never
-//! unloaded (abi_stable leaks the handle: see DESIGN, "Never dlclose").
+//! plugin directories, and nowhere else.
+//!
+//! Libraries are opened with `libloading` (`RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE`)
+//! and never closed (see DESIGN, "Never dlclose"); the root module is then taken
+//! through abi_stable's checked path (`LibHeader::init_root_module`: version and
+//! type layouts), so a mismatched plugin is refused with a clear error. A plugin
+//! file that changed since it was loaded is loaded again from a fresh copy under a
+//! new name, since `dlopen` of the same path answers with the old mapping.
 
 use std::collections::HashMap;
 use std::env::consts::{DLL_PREFIX, DLL_SUFFIX};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use abi_stable::library::RootModule;
-use kiln_worker_sdk::reexports::lib_header_from_path;
+use abi_stable::library::{AbiHeaderRef, RootModule, ROOT_MODULE_LOADER_NAME_WITH_NUL};
 use kiln_worker_sdk::WorkerModRef;
 
 use crate::error::{Result, ServerError};
 use crate::logging::plugin_log_sink;
 
+/// Why a plugin library could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    /// Not a library, or one that exports no (valid) abi_stable root module.
+    #[error("{} is not a kiln plugin: {reason}", path.display())]
+    NotAPlugin { path: PathBuf, reason: String },
+    /// A kiln plugin built against another version of the plugin contract.
+    #[error(
+        "{} does not match this server's plugin ABI ({} {}): {reason}",
+        path.display(),
+        WorkerModRef::NAME,
+        WorkerModRef::VERSION_STRINGS.version
+    )]
+    Mismatch { path: PathBuf, reason: String },
+    /// The fresh copy of a changed plugin file could not be made.
+    #[error("cannot copy the changed plugin {} to {}: {source}", path.display(), copy.display())]
+    Copy {
+        path: PathBuf,
+        copy: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// What identifies one version of a plugin file: a replaced or rewritten file
+/// differs in inode, size or modification time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileVersion {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: i64,
+    mtime_nsec: i64,
+}
+
+impl FileVersion {
+    fn of(path: &Path) -> Option<FileVersion> {
+        let meta = std::fs::metadata(path).ok()?;
+        Some(FileVersion {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime: meta.mtime(),
+            mtime_nsec: meta.mtime_nsec(),
+        })
+    }
+}
+
+/// A plugin library loaded for a worker, and the version of its file it came from.
+struct Loaded {
+    module: WorkerModRef,
+    path: PathBuf,
+    version: Option<FileVersion>,
+}
+
 /// The plugin directories and the libraries loaded from them.
 pub struct Plugins {
     dirs: Vec<PathBuf>,
-    loaded: HashMap<String, WorkerModRef>,
+    loaded: HashMap<String, Loaded>,
+    /// The private folder of fresh copies of changed plugin files (made on first
+    /// need, under the temporary directory: `$TMPDIR`), and copies made so far.
+    copies: Option<PathBuf>,
+    copied: usize,
 }
 
 impl Plugins {
@@ -26,6 +90,8 @@ impl Plugins {
         Plugins {
             dirs,
             loaded: HashMap::new(),
+            copies: None,
+            copied: 0,
         }
     }
 
@@ -63,31 +129,78 @@ impl Plugins {
         )
     }
 
-    /// Loads (once) the plugin for worker `name`.
+    /// Loads the plugin for worker `name`: once, and again (from a fresh copy) when
+    /// its file has changed since.
     pub fn load(&mut self, name: &str) -> Result<WorkerModRef> {
         check_name(name)?;
-        if let Some(module) = self.loaded.get(name) {
-            return Ok(*module);
-        }
         let path = self.find(name)?;
-        let fail = |reason: String| ServerError::LoadFailed {
+        let version = FileVersion::of(&path);
+        let previous = self.loaded.get(name);
+        if let Some(loaded) = previous {
+            if loaded.path == path && loaded.version.is_some() && loaded.version == version {
+                return Ok(loaded.module);
+            }
+        }
+        let fail = |e: PluginError| ServerError::LoadFailed {
             worker: name.to_owned(),
-            reason,
+            reason: e.to_string(),
         };
-        let header = lib_header_from_path(&path)
-            .map_err(|e| fail(format!("{} is not a kiln plugin: {e}", path.display())))?;
-        let module = header.init_root_module::<WorkerModRef>().map_err(|e| {
-            fail(format!(
-                "{} does not match this server's plugin ABI ({} {}): {e}",
-                path.display(),
-                WorkerModRef::NAME,
-                WorkerModRef::VERSION_STRINGS.version
-            ))
-        })?;
+        // The first load opens the file itself; a changed file opens a copy, since
+        // the path would answer with the library already mapped.
+        let open = match previous {
+            None => path.clone(),
+            Some(_) => self.fresh_copy(&path).map_err(fail)?,
+        };
+        let module = open_plugin(&open).map_err(fail)?;
         (module.set_logger())(plugin_log_sink());
-        spdlog::info!("loaded plugin `{name}` from {}", path.display());
-        self.loaded.insert(name.to_owned(), module);
+        if open == path {
+            spdlog::info!("loaded plugin `{name}` from {}", path.display());
+        } else {
+            spdlog::info!(
+                "loaded plugin `{name}` from {} (changed since it was loaded: a fresh copy, {})",
+                path.display(),
+                open.display()
+            );
+        }
+        self.loaded.insert(
+            name.to_owned(),
+            Loaded {
+                module,
+                path,
+                version,
+            },
+        );
         Ok(module)
+    }
+
+    /// Copies `path` under a new name into this process's private folder of copies.
+    fn fresh_copy(&mut self, path: &Path) -> Result<PathBuf, PluginError> {
+        let copy_err = |copy: PathBuf| {
+            let path = path.to_owned();
+            move |source| PluginError::Copy { path, copy, source }
+        };
+        let dir = match &self.copies {
+            Some(dir) => dir.clone(),
+            None => {
+                let dir = private_dir().map_err(copy_err(std::env::temp_dir()))?;
+                self.copies = Some(dir.clone());
+                dir
+            }
+        };
+        self.copied += 1;
+        let stem = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let copy = dir.join(format!("{stem}-{}{DLL_SUFFIX}", self.copied));
+        let mut from = std::fs::File::open(path).map_err(copy_err(copy.clone()))?;
+        let mut to = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&copy)
+            .map_err(copy_err(copy.clone()))?;
+        std::io::copy(&mut from, &mut to).map_err(copy_err(copy.clone()))?;
+        Ok(copy)
     }
 
     fn find(&self, name: &str) -> Result<PathBuf> {
@@ -119,6 +232,59 @@ impl Plugins {
                 .join(", ")
         )))
     }
+}
+
+/// Makes `$TMPDIR/kiln-plugin-copies-<pid>[-n]`, readable by this user only, new
+/// (never one another process made).
+fn private_dir() -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let base = std::env::temp_dir().join(format!("kiln-plugin-copies-{}", std::process::id()));
+    let mut attempt = 0;
+    loop {
+        let dir = match attempt {
+            0 => base.clone(),
+            n => PathBuf::from(format!("{}-{n}", base.display())),
+        };
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 100 => {
+                attempt += 1
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Opens the library at `path` for good (`RTLD_NODELETE`, and the handle is never
+/// dropped) and takes its root module through abi_stable's version and layout
+/// checks.
+fn open_plugin(path: &Path) -> Result<WorkerModRef, PluginError> {
+    use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
+    let not_a_plugin = |reason: String| PluginError::NotAPlugin {
+        path: path.to_owned(),
+        reason,
+    };
+    // SAFETY: running a library's initializers is what loading a plugin means; the
+    // operator chose the plugin directories.
+    let library = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL | libc::RTLD_NODELETE) }
+        .map_err(|e| not_a_plugin(e.to_string()))?;
+    // Never dlclose (DESIGN, "Never dlclose"): the module's references are 'static.
+    let library: &'static Library = Box::leak(Box::new(library));
+    // SAFETY: abi_stable exports its root module loader under this name with this
+    // type (`abi_stable::library::abi_header_from_raw_library` reads it the same
+    // way), and the library stays mapped for the life of the process.
+    let header: AbiHeaderRef = unsafe {
+        *library
+            .get::<AbiHeaderRef>(ROOT_MODULE_LOADER_NAME_WITH_NUL.as_bytes())
+            .map_err(|e| not_a_plugin(e.to_string()))?
+    };
+    let header = header.upgrade().map_err(|e| not_a_plugin(e.to_string()))?;
+    header
+        .init_root_module::<WorkerModRef>()
+        .map_err(|e| PluginError::Mismatch {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })
 }
 
 /// A worker name is lower-case letters, digits, `-` and `_`: nothing that can leave

@@ -155,3 +155,76 @@ async fn an_invalid_model_config_is_reported_with_its_file_and_field() {
     );
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// Puts `from` at `to` the way an operator installs a new build: a new file renamed
+/// over the old one (writing into a mapped library in place would change the code
+/// the running server executes).
+fn install(from: &Path, to: &Path) -> std::io::Result<()> {
+    let staged = to.with_extension("so.new");
+    std::fs::copy(from, &staged)?;
+    std::fs::rename(&staged, to)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_plugin_file_loads_its_new_code_and_an_unchanged_one_is_reused() {
+    let dir = std::env::temp_dir().join(format!("kiln-plugin-swap-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // Worker `swap` (a name the build directory, also a plugin directory, lacks) is
+    // first a copy of echo.
+    let swap = dir.join("libkiln_worker_swap.so");
+    install(&build_dir().join("libkiln_worker_echo.so"), &swap).unwrap();
+    let kiln = Kiln::start(&["--plugin-dir", dir.to_str().unwrap()]);
+    let c = &kiln.client;
+    let inputs = |metadata: serde_json::Value| metadata["inputs"].as_array().unwrap().len();
+    assert_eq!(c.load("swap", &json!({})).await.unwrap(), "swap");
+    assert_eq!(inputs(c.model_metadata("swap").await.unwrap()), 1);
+    // Unloaded and loaded again from the same file: the library already loaded.
+    c.unload("swap").await.unwrap();
+    assert_eq!(c.load("swap", &json!({})).await.unwrap(), "swap");
+    assert_eq!(kiln.log().matches("loaded plugin `swap`").count(), 1);
+    // A new build under the same name (here echo-multi's code, three inputs): a new
+    // load runs the new code, from a fresh copy, while the group loaded before keeps
+    // the old library and still answers.
+    install(&build_dir().join("libkiln_worker_echo_multi.so"), &swap).unwrap();
+    let endpoint = c.load("swap", &json!({"batch_size": 4})).await.unwrap();
+    assert_eq!(endpoint, "swap-0");
+    assert_eq!(
+        inputs(c.model_metadata(&endpoint).await.unwrap()),
+        3,
+        "{}",
+        kiln.log()
+    );
+    let mut request = kiln_tests::fixtures::echo_multi_request("swap");
+    request.model = endpoint.clone();
+    kiln_tests::fixtures::check_echo_multi(&c.infer(&request).await.unwrap());
+    assert_eq!(inputs(c.model_metadata("swap").await.unwrap()), 1);
+    let old = kiln_client::InferRequest {
+        model: "swap".into(),
+        inputs: vec![kiln_client::InputTensor::from_slice(
+            "INPUT0",
+            kiln_client::DataType::Uint32,
+            &[1, 2],
+            &[7u32, 8],
+        )],
+        ..Default::default()
+    };
+    assert_eq!(
+        c.infer(&old).await.unwrap().outputs[0].values::<u32>(),
+        vec![8, 9]
+    );
+    let log = kiln.log();
+    assert!(
+        log.contains("changed since it was loaded: a fresh copy"),
+        "{log}"
+    );
+    // The unchanged new file is not copied again.
+    c.unload(&endpoint).await.unwrap();
+    assert_eq!(
+        c.load("swap", &json!({"batch_size": 4})).await.unwrap(),
+        endpoint
+    );
+    assert_eq!(kiln.log().matches("a fresh copy").count(), 1);
+    drop(kiln);
+    let _ = std::fs::remove_dir_all(&dir);
+}
