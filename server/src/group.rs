@@ -2,6 +2,7 @@
 //! a batcher group (threads sharing that queue and one batch queue), a pool of
 //! buffer sets bounding the batches in flight, and one thread per worker instance.
 
+use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -581,7 +582,7 @@ pub fn resolve(info: &WorkerInfo, params: &GroupParams, instances: usize) -> Res
         )));
     }
     let max = info.max_batch_size as usize;
-    let batch_size = match (max, params.batch_size) {
+    let batch_size = match (max, params.batch_size.map(NonZeroUsize::get)) {
         (0, None) | (0, Some(1)) => 1,
         (0, Some(n)) => {
             return Err(ServerError::invalid(format!(
@@ -600,9 +601,11 @@ pub fn resolve(info: &WorkerInfo, params: &GroupParams, instances: usize) -> Res
         batch_size,
         batcher: params.batcher.unwrap_or(info.batcher),
         timeout: params.timeout,
-        batchers: params.batchers,
-        max_buffers: params.max_buffers.unwrap_or(2 * instances + 1),
-        queue_size: params.queue_size,
+        batchers: params.batchers.get(),
+        max_buffers: params
+            .max_buffers
+            .map_or(2 * instances + 1, NonZeroUsize::get),
+        queue_size: params.queue_size.get(),
         dynamic: DynamicConfig {
             max_batch_size: batch_size,
             allow_ragged: info.allow_ragged_batch,

@@ -325,9 +325,10 @@ impl State {
     ) -> Result<Arc<WorkerGroup>> {
         // Instances are counted before any is made; threads and memory once the
         // worker has described itself.
-        let count = only_instances(group_params.instances);
+        let count = only_instances(group_params.instances.get());
         self.within_limits(&endpoint, count, count)?;
-        let (instances, info) = init_instances(module, worker, params, group_params.instances)?;
+        let (instances, info) =
+            init_instances(module, worker, params, group_params.instances.get())?;
         let settings = resolve(&info, group_params, instances.len()).and_then(|settings| {
             let wanted = demand(&info, &settings, instances.len());
             self.within_limits(&endpoint, wanted, wanted)?;

@@ -1,166 +1,484 @@
 //! Load-time parameters of a worker group. The group-level ones are read here; all
 //! parameters (these included) are also handed to the worker's `init`.
 
+use std::collections::BTreeMap;
+use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use kiln_batchers::dynamic::{DynamicConfig, QueuePolicy, TimeoutAction};
-use kiln_worker_sdk::{BatcherKind, Param, ParamScope, ParamSpec, ParamValue, Params};
+use kiln_batchers::sequence::{Control, Strategy};
+use kiln_worker_sdk::{BatcherKind, Param, ParamScope, ParamSpec, ParamValue};
+use serde::Deserialize;
 
 use crate::error::{Result, ServerError};
+use crate::param_de::{from_params, Names, Spelled, ValueError};
+use crate::sequence::{SequenceParams, StateParam};
 
-/// Group settings read from load-time parameters.
+/// Group settings read from load-time parameters, validated.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GroupParams {
     /// Rows per batch; defaults to the worker's max batch size.
-    pub batch_size: Option<usize>,
+    pub batch_size: Option<NonZeroUsize>,
     /// Soft batcher timeout after the first request (`timeout`, ms).
     pub timeout: Duration,
     /// Batcher threads sharing the group's queues.
-    pub batchers: usize,
+    pub batchers: NonZeroUsize,
     /// Worker instances (one thread each).
-    pub instances: usize,
+    pub instances: NonZeroUsize,
     /// Buffer sets in the pool: the bound on batches in flight.
-    pub max_buffers: Option<usize>,
+    pub max_buffers: Option<NonZeroUsize>,
     /// `false`: load another instance into an existing group with these parameters.
     pub share: bool,
     /// Overrides the worker's preferred batcher.
     pub batcher: Option<BatcherKind>,
     /// Requests the group queues before refusing with 429.
-    pub queue_size: usize,
+    pub queue_size: NonZeroUsize,
     /// The dynamic batcher's settings (`batcher=dynamic`), with Triton's names.
     pub dynamic: DynamicConfig,
     /// The sequence batcher's settings (`batcher=sequence`).
-    pub sequence: crate::sequence::SequenceParams,
+    pub sequence: SequenceParams,
 }
 
-/// Reads the dynamic batcher's settings (`dynamic_batching`, Triton's names);
-/// `max_batch_size` and `allow_ragged` are the group's, set by [`crate::group::resolve`].
-fn parse_dynamic(params: &[Param]) -> Result<DynamicConfig> {
-    let p = Params(params);
-    let bad = ServerError::InvalidRequest;
-    let preferred_batch_sizes = match p.string("preferred_batch_size") {
-        None => Vec::new(),
-        Some(list) => {
-            let mut sizes = list
-                .split(',')
-                .map(|v| match v.trim().parse::<usize>() {
-                    Ok(n) if n > 0 => Ok(n),
-                    _ => Err(ServerError::invalid(format!(
-                        "parameter `preferred_batch_size` must be positive sizes, got `{list}`"
-                    ))),
-                })
-                .collect::<Result<Vec<_>>>()?;
-            sizes.sort_unstable();
-            sizes.dedup();
-            sizes
-        }
-    };
-    let micros = |key: &str| -> Result<Option<Duration>> {
-        match p.int(key).map_err(bad)? {
-            None | Some(0) => Ok(None),
-            Some(v) if v > 0 => Ok(Some(Duration::from_micros(v as u64))),
-            Some(v) => Err(ServerError::invalid(format!(
-                "parameter `{key}` must be ≥ 0, got {v}"
-            ))),
-        }
-    };
-    let levels = match p.int("priority_levels").map_err(bad)? {
-        None | Some(0) => 1,
-        Some(v) if (1..=64).contains(&v) => v as usize,
-        Some(v) => {
-            return Err(ServerError::invalid(format!(
-                "parameter `priority_levels` must be in 0..=64, got {v}"
-            )))
-        }
-    };
-    let default_level = match p.int("default_priority_level").map_err(bad)? {
-        None | Some(0) => levels,
-        Some(v) if v >= 1 && v as usize <= levels => v as usize,
-        Some(v) => {
-            return Err(ServerError::invalid(format!(
-                "parameter `default_priority_level` must be in 1..={levels}, got {v}"
-            )))
-        }
-    };
-    let policy = |prefix: &str, base: &QueuePolicy| -> Result<QueuePolicy> {
-        let key = |field: &str| format!("{prefix}{field}");
-        Ok(QueuePolicy {
-            max_queue_size: match p.int(&key("max_queue_size")).map_err(bad)? {
-                None => base.max_queue_size,
-                Some(v) if v >= 0 => v as usize,
-                Some(v) => {
-                    return Err(ServerError::invalid(format!(
-                        "parameter `{}` must be ≥ 0, got {v}",
-                        key("max_queue_size")
-                    )))
-                }
-            },
-            default_timeout: match p.get(&key("default_timeout_microseconds")) {
-                None => base.default_timeout,
-                Some(_) => micros(&key("default_timeout_microseconds"))?,
-            },
-            allow_timeout_override: p
-                .bool(&key("allow_timeout_override"))
-                .map_err(bad)?
-                .unwrap_or(base.allow_timeout_override),
-            timeout_action: match p
-                .string(&key("timeout_action"))
-                .map(|s| s.to_ascii_uppercase())
-                .as_deref()
-            {
-                None => base.timeout_action,
-                Some("REJECT") => TimeoutAction::Reject,
-                Some("DELAY") => TimeoutAction::Delay,
-                Some(other) => {
-                    return Err(ServerError::invalid(format!(
-                        "parameter `{}` must be REJECT or DELAY, got `{other}`",
-                        key("timeout_action")
-                    )))
-                }
-            },
-        })
-    };
-    let base = policy(
-        "default_queue_policy.",
-        &QueuePolicy {
-            allow_timeout_override: false,
-            ..QueuePolicy::default()
-        },
-    )?;
-    let policies = (1..=levels)
-        .map(|level| policy(&format!("priority_queue_policy.{level}."), &base))
-        .collect::<Result<Vec<_>>>()?;
-    // A policy for a level that does not exist would be ignored: refuse it.
-    for param in params {
-        let key = param.key.as_str();
-        let level = crate::sequence::strip_prefix_ignore_case(key, "priority_queue_policy.")
-            .and_then(|rest| rest.split('.').next())
-            .and_then(|level| level.parse::<usize>().ok());
-        if let Some(level) = level.filter(|l| !(1..=levels).contains(l)) {
-            return Err(ServerError::invalid(format!(
-                "parameter `{key}`: level {level} is not in 1..={levels} (`priority_levels`)"
-            )));
+/// The load-time parameters the server reads, as they arrive: one field per
+/// parameter (a struct or map per `.`-separated prefix), any value form a protocol
+/// gives (see [`crate::param_de`]). [`LoadParams::validate`] checks them and makes
+/// the [`GroupParams`]; the worker's own parameters are not here.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct LoadParams {
+    batch_size: Option<i64>,
+    batcher: Option<BatcherName>,
+    batchers: Option<i64>,
+    instances: Option<i64>,
+    max_buffers: Option<i64>,
+    queue_size: Option<i64>,
+    share: Option<bool>,
+    /// Milliseconds.
+    timeout: Option<i64>,
+    // The dynamic batcher's (Triton's `dynamic_batching`).
+    preferred_batch_size: Option<Vec<i64>>,
+    max_queue_delay_microseconds: Option<i64>,
+    max_batch_bytes: Option<i64>,
+    priority_levels: Option<i64>,
+    default_priority_level: Option<i64>,
+    preserve_ordering: Option<bool>,
+    default_queue_policy: PolicyParams,
+    /// By level (`priority_queue_policy.<level>.…`).
+    priority_queue_policy: BTreeMap<String, Spelled<PolicyParams>>,
+    // The sequence batcher's (Triton's `sequence_batching`).
+    sequence_strategy: Option<StrategyName>,
+    max_sequence_idle_microseconds: Option<i64>,
+    max_sequences: Option<i64>,
+    max_candidate_sequences: Option<i64>,
+    max_sequence_backlog: Option<i64>,
+    control: ControlParams,
+    /// `state.<input> = "<output>"`.
+    state: Names<Spelled<StateOutput>>,
+    /// `state_initial.<input> = value`.
+    state_initial: Names<Spelled<f64>>,
+}
+
+/// A queue policy's parameters (`default_queue_policy.…`, `priority_queue_policy.<level>.…`).
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(default)]
+struct PolicyParams {
+    max_queue_size: Option<i64>,
+    default_timeout_microseconds: Option<i64>,
+    allow_timeout_override: Option<bool>,
+    timeout_action: Option<TimeoutActionName>,
+}
+
+/// The sequence batcher's control inputs (`control.start = "START"`, …).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ControlParams {
+    start: Option<String>,
+    end: Option<String>,
+    ready: Option<String>,
+    corrid: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum BatcherName {
+    Hard,
+    Soft,
+    Dynamic,
+    Sequence,
+}
+
+impl From<BatcherName> for BatcherKind {
+    fn from(name: BatcherName) -> BatcherKind {
+        match name {
+            BatcherName::Hard => BatcherKind::Hard,
+            BatcherName::Soft => BatcherKind::Soft,
+            BatcherName::Dynamic => BatcherKind::Dynamic,
+            BatcherName::Sequence => BatcherKind::Sequence,
         }
     }
-    Ok(DynamicConfig {
-        max_batch_size: 0,
-        allow_ragged: false,
-        preferred_batch_sizes,
-        max_queue_delay: micros("max_queue_delay_microseconds")?.unwrap_or(Duration::ZERO),
-        max_batch_bytes: match p.int("max_batch_bytes").map_err(bad)? {
-            None | Some(0) => None,
-            Some(v) if v > 0 => Some(v as usize),
-            Some(v) => {
-                return Err(ServerError::invalid(format!(
-                    "parameter `max_batch_bytes` must be ≥ 0, got {v}"
-                )))
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum StrategyName {
+    Direct,
+    Oldest,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+enum TimeoutActionName {
+    Reject,
+    Delay,
+}
+
+/// A state's output: the name of a worker output, so text only.
+#[derive(Debug)]
+enum StateOutput {
+    Name(String),
+    /// Any other value, as text (refused by [`LoadParams::validate`]).
+    NotAName(String),
+}
+
+impl<'de> Deserialize<'de> for StateOutput {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = StateOutput;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("the name of an output")
             }
-        },
-        priority_levels: levels,
-        default_priority_level: default_level,
-        policies,
-        preserve_ordering: p.bool("preserve_ordering").map_err(bad)?.unwrap_or(false),
-    })
+            fn visit_str<E>(self, v: &str) -> std::result::Result<StateOutput, E> {
+                Ok(StateOutput::Name(v.to_owned()))
+            }
+            fn visit_bool<E>(self, v: bool) -> std::result::Result<StateOutput, E> {
+                Ok(StateOutput::NotAName(v.to_string()))
+            }
+            fn visit_i64<E>(self, v: i64) -> std::result::Result<StateOutput, E> {
+                Ok(StateOutput::NotAName(v.to_string()))
+            }
+            fn visit_u64<E>(self, v: u64) -> std::result::Result<StateOutput, E> {
+                Ok(StateOutput::NotAName(v.to_string()))
+            }
+            fn visit_f64<E>(self, v: f64) -> std::result::Result<StateOutput, E> {
+                Ok(StateOutput::NotAName(v.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A load-time parameter the server reads whose value is wrong.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SettingError {
+    /// The value does not have the parameter's type.
+    #[error(transparent)]
+    Value(#[from] ValueError),
+    #[error("parameter `{key}` must be in {range}, got {got}")]
+    OutOfRange {
+        key: String,
+        range: String,
+        got: i64,
+    },
+    #[error("parameter `timeout` (ms) must be in 0..=60000, got {got}")]
+    Timeout { got: i64 },
+    #[error("parameter `{key}` must be ≥ 0, got {got}")]
+    Negative { key: String, got: i64 },
+    #[error("parameter `{key}` must be > 0, got {got}")]
+    NotPositive { key: String, got: i64 },
+    #[error("parameter `preferred_batch_size` must be positive sizes, got `{got}`")]
+    Sizes { got: String },
+    #[error("parameter `{key}`: level {level} is not in 1..={levels} (`priority_levels`)")]
+    NoSuchLevel {
+        key: String,
+        level: usize,
+        levels: usize,
+    },
+    #[error("parameter `max_sequences` must be at least 1")]
+    NoSequences,
+    #[error("parameter `{key}` must name the output that updates the state, got {got}")]
+    StateOutput { key: String, got: String },
+    #[error("parameter `{key}`: `{input}` is not a state (declare `state.{input}`)")]
+    NotAState { key: String, input: String },
+}
+
+impl From<SettingError> for ServerError {
+    fn from(e: SettingError) -> ServerError {
+        ServerError::InvalidRequest(e.to_string())
+    }
+}
+
+/// `value` in `1..=max`, as a non-zero count.
+fn count(key: &str, value: i64, max: usize) -> Result<NonZeroUsize, SettingError> {
+    usize::try_from(value)
+        .ok()
+        .filter(|&v| v <= max)
+        .and_then(NonZeroUsize::new)
+        .ok_or_else(|| SettingError::OutOfRange {
+            key: key.to_owned(),
+            range: format!("1..={max}"),
+            got: value,
+        })
+}
+
+/// Microseconds, 0 meaning none.
+fn micros(key: &str, value: Option<i64>) -> Result<Option<Duration>, SettingError> {
+    match value {
+        None | Some(0) => Ok(None),
+        Some(v) if v > 0 => Ok(Some(Duration::from_micros(v.unsigned_abs()))),
+        Some(got) => Err(SettingError::Negative {
+            key: key.to_owned(),
+            got,
+        }),
+    }
+}
+
+/// `NonZeroUsize::new(n)` for a constant `n` > 0.
+const fn nonzero(n: usize) -> NonZeroUsize {
+    match NonZeroUsize::new(n) {
+        Some(n) => n,
+        None => NonZeroUsize::MIN,
+    }
+}
+
+impl PolicyParams {
+    /// The policy these parameters make of `base`; `prefix` names them in errors.
+    fn validate(&self, prefix: &str, base: &QueuePolicy) -> Result<QueuePolicy, SettingError> {
+        let key = |field: &str| format!("{prefix}{field}");
+        Ok(QueuePolicy {
+            max_queue_size: match self.max_queue_size {
+                None => base.max_queue_size,
+                Some(v) => usize::try_from(v).map_err(|_| SettingError::Negative {
+                    key: key("max_queue_size"),
+                    got: v,
+                })?,
+            },
+            default_timeout: match self.default_timeout_microseconds {
+                None => base.default_timeout,
+                Some(v) => micros(&key("default_timeout_microseconds"), Some(v))?,
+            },
+            allow_timeout_override: self
+                .allow_timeout_override
+                .unwrap_or(base.allow_timeout_override),
+            timeout_action: match self.timeout_action {
+                None => base.timeout_action,
+                Some(TimeoutActionName::Reject) => TimeoutAction::Reject,
+                Some(TimeoutActionName::Delay) => TimeoutAction::Delay,
+            },
+        })
+    }
+}
+
+impl LoadParams {
+    /// The parameters the server reads in `params` (the others are the worker's).
+    pub fn from_params(params: &[Param]) -> Result<LoadParams, SettingError> {
+        Ok(from_params(params)?.0)
+    }
+
+    /// Checks every setting and makes the group's.
+    pub fn validate(&self) -> Result<GroupParams, SettingError> {
+        let counted = |key: &str, value: Option<i64>, max: usize| {
+            value.map(|v| count(key, v, max)).transpose()
+        };
+        let timeout_ms = match self.timeout {
+            None => 0,
+            Some(v) if (0..=60_000).contains(&v) => v.unsigned_abs(),
+            Some(got) => return Err(SettingError::Timeout { got }),
+        };
+        Ok(GroupParams {
+            batch_size: counted("batch_size", self.batch_size, 1 << 16)?,
+            timeout: Duration::from_millis(timeout_ms),
+            batchers: counted("batchers", self.batchers, 64)?.unwrap_or(NonZeroUsize::MIN),
+            instances: counted("instances", self.instances, 256)?.unwrap_or(NonZeroUsize::MIN),
+            max_buffers: counted("max_buffers", self.max_buffers, 4096)?,
+            share: self.share.unwrap_or(true),
+            batcher: self.batcher.map(BatcherKind::from),
+            queue_size: counted("queue_size", self.queue_size, 1 << 20)?.unwrap_or(nonzero(4096)),
+            dynamic: self.dynamic()?,
+            sequence: self.sequence()?,
+        })
+    }
+
+    /// The dynamic batcher's settings; `max_batch_size` and `allow_ragged` are the
+    /// group's, set by `group::resolve`.
+    fn dynamic(&self) -> Result<DynamicConfig, SettingError> {
+        let mut preferred_batch_sizes = match &self.preferred_batch_size {
+            None => Vec::new(),
+            Some(sizes) => sizes
+                .iter()
+                .map(|&v| usize::try_from(v).ok().filter(|&n| n > 0))
+                .collect::<Option<Vec<usize>>>()
+                .ok_or_else(|| SettingError::Sizes {
+                    got: sizes
+                        .iter()
+                        .map(i64::to_string)
+                        .collect::<Vec<_>>()
+                        .join(","),
+                })?,
+        };
+        preferred_batch_sizes.sort_unstable();
+        preferred_batch_sizes.dedup();
+        let levels = match self.priority_levels {
+            None | Some(0) => 1,
+            Some(v) => usize::try_from(v)
+                .ok()
+                .filter(|l| (1..=64).contains(l))
+                .ok_or_else(|| SettingError::OutOfRange {
+                    key: "priority_levels".into(),
+                    range: "0..=64".into(),
+                    got: v,
+                })?,
+        };
+        let default_priority_level = match self.default_priority_level {
+            None | Some(0) => levels,
+            Some(v) => usize::try_from(v)
+                .ok()
+                .filter(|l| (1..=levels).contains(l))
+                .ok_or_else(|| SettingError::OutOfRange {
+                    key: "default_priority_level".into(),
+                    range: format!("1..={levels}"),
+                    got: v,
+                })?,
+        };
+        let base = self.default_queue_policy.validate(
+            "default_queue_policy.",
+            &QueuePolicy {
+                allow_timeout_override: false,
+                ..QueuePolicy::default()
+            },
+        )?;
+        let policies = (1..=levels)
+            .map(|level| {
+                let prefix = format!("priority_queue_policy.{level}.");
+                match self.priority_queue_policy.get(&level.to_string()) {
+                    Some(policy) => policy.value.validate(&prefix, &base),
+                    None => Ok(base.clone()),
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // A policy for a level that does not exist would be ignored: refuse it
+        // (the one given first).
+        let missing = self
+            .priority_queue_policy
+            .iter()
+            .filter_map(|(level, policy)| Some((level.parse::<usize>().ok()?, policy)))
+            .filter(|(level, _)| !(1..=levels).contains(level))
+            .min_by_key(|(_, policy)| policy.index);
+        if let Some((level, policy)) = missing {
+            return Err(SettingError::NoSuchLevel {
+                key: policy.key.clone(),
+                level,
+                levels,
+            });
+        }
+        Ok(DynamicConfig {
+            max_batch_size: 0,
+            allow_ragged: false,
+            preferred_batch_sizes,
+            max_queue_delay: micros(
+                "max_queue_delay_microseconds",
+                self.max_queue_delay_microseconds,
+            )?
+            .unwrap_or(Duration::ZERO),
+            max_batch_bytes: match self.max_batch_bytes {
+                None | Some(0) => None,
+                Some(v) => Some(usize::try_from(v).map_err(|_| SettingError::Negative {
+                    key: "max_batch_bytes".into(),
+                    got: v,
+                })?),
+            },
+            priority_levels: levels,
+            default_priority_level,
+            policies,
+            preserve_ordering: self.preserve_ordering.unwrap_or(false),
+        })
+    }
+
+    /// The sequence batcher's settings.
+    fn sequence(&self) -> Result<SequenceParams, SettingError> {
+        let max_idle = match self.max_sequence_idle_microseconds {
+            None => Duration::from_secs(1),
+            Some(v) if v > 0 => Duration::from_micros(v.unsigned_abs()),
+            Some(got) => {
+                return Err(SettingError::NotPositive {
+                    key: "max_sequence_idle_microseconds".into(),
+                    got,
+                })
+            }
+        };
+        let count = |key: &str, value: Option<i64>| {
+            value
+                .map(|v| {
+                    usize::try_from(v)
+                        .ok()
+                        .filter(|&n| n <= 1 << 20)
+                        .ok_or_else(|| SettingError::OutOfRange {
+                            key: key.to_owned(),
+                            range: format!("0..={}", 1 << 20),
+                            got: v,
+                        })
+                })
+                .transpose()
+        };
+        let max_sequences = match count("max_sequences", self.max_sequences)? {
+            Some(n) => Some(n),
+            None => count("max_candidate_sequences", self.max_candidate_sequences)?,
+        };
+        let max_sequences = match max_sequences {
+            None => None,
+            Some(n) => Some(NonZeroUsize::new(n).ok_or(SettingError::NoSequences)?),
+        };
+        let c = &self.control;
+        let controls = [
+            (Control::Start, &c.start),
+            (Control::End, &c.end),
+            (Control::Ready, &c.ready),
+            (Control::CorrId, &c.corrid),
+        ]
+        .into_iter()
+        .filter_map(|(kind, name)| Some((kind, name.clone()?)))
+        .collect();
+        // In the order they were given.
+        let mut given: Vec<(&String, &Spelled<StateOutput>)> = self.state.0.iter().collect();
+        given.sort_by_key(|(_, s)| s.index);
+        let states = given
+            .into_iter()
+            .map(|(input, output)| match &output.value {
+                StateOutput::Name(name) => Ok(StateParam {
+                    input: input.clone(),
+                    output: name.clone(),
+                    initial: self.state_initial.0.get(input).map(|v| v.value),
+                }),
+                StateOutput::NotAName(got) => Err(SettingError::StateOutput {
+                    key: output.key.clone(),
+                    got: got.clone(),
+                }),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let stray = self
+            .state_initial
+            .0
+            .iter()
+            .filter(|(input, _)| !self.state.0.contains_key(*input))
+            .min_by_key(|(_, v)| v.index);
+        if let Some((input, value)) = stray {
+            return Err(SettingError::NotAState {
+                key: value.key.clone(),
+                input: input.clone(),
+            });
+        }
+        Ok(SequenceParams {
+            strategy: match self.sequence_strategy {
+                None | Some(StrategyName::Direct) => Strategy::Direct,
+                Some(StrategyName::Oldest) => Strategy::Oldest,
+            },
+            max_idle,
+            max_sequences,
+            max_backlog: count("max_sequence_backlog", self.max_sequence_backlog)?.unwrap_or(0),
+            controls,
+            states,
+        })
+    }
 }
 
 /// The load parameters the server reads, whatever the worker: the group's, the
@@ -390,60 +708,10 @@ fn edit_distance(a: &str, b: &str) -> usize {
 }
 
 impl GroupParams {
-    /// Reads and checks the group parameters.
+    /// Reads and checks the group parameters ([`LoadParams`], then
+    /// [`LoadParams::validate`]).
     pub fn parse(params: &[Param]) -> Result<GroupParams> {
-        let p = Params(params);
-        let bad = ServerError::InvalidRequest;
-        let count = |key: &str, default: usize, max: usize| -> Result<usize> {
-            match p.int(key).map_err(bad)? {
-                None => Ok(default),
-                Some(v) if v >= 1 && v as u64 <= max as u64 => Ok(v as usize),
-                Some(v) => Err(ServerError::invalid(format!(
-                    "parameter `{key}` must be in 1..={max}, got {v}"
-                ))),
-            }
-        };
-        let batch_size = match p.get("batch_size") {
-            None => None,
-            Some(_) => Some(count("batch_size", 1, 1 << 16)?),
-        };
-        let max_buffers = match p.get("max_buffers") {
-            None => None,
-            Some(_) => Some(count("max_buffers", 1, 4096)?),
-        };
-        let timeout_ms = match p.int("timeout").map_err(bad)? {
-            None => 0,
-            Some(v) if (0..=60_000).contains(&v) => v as u64,
-            Some(v) => {
-                return Err(ServerError::invalid(format!(
-                    "parameter `timeout` (ms) must be in 0..=60000, got {v}"
-                )))
-            }
-        };
-        let batcher = match p.string("batcher").map(|s| s.to_ascii_lowercase()) {
-            None => None,
-            Some(s) if s == "hard" => Some(BatcherKind::Hard),
-            Some(s) if s == "soft" => Some(BatcherKind::Soft),
-            Some(s) if s == "dynamic" => Some(BatcherKind::Dynamic),
-            Some(s) if s == "sequence" => Some(BatcherKind::Sequence),
-            Some(s) => {
-                return Err(ServerError::invalid(format!(
-                    "parameter `batcher` must be `hard`, `soft`, `dynamic` or `sequence`, got `{s}`"
-                )))
-            }
-        };
-        Ok(GroupParams {
-            batch_size,
-            timeout: Duration::from_millis(timeout_ms),
-            batchers: count("batchers", 1, 64)?,
-            instances: count("instances", 1, 256)?,
-            max_buffers,
-            share: p.bool("share").map_err(bad)?.unwrap_or(true),
-            batcher,
-            queue_size: count("queue_size", 4096, 1 << 20)?,
-            dynamic: parse_dynamic(params)?,
-            sequence: crate::sequence::SequenceParams::parse(params)?,
-        })
+        Ok(LoadParams::from_params(params)?.validate()?)
     }
 }
 
@@ -505,8 +773,8 @@ mod tests {
     #[test]
     fn defaults_and_ranges() {
         let g = GroupParams::parse(&[]).unwrap();
-        assert_eq!(g.batchers, 1);
-        assert_eq!(g.instances, 1);
+        assert_eq!(g.batchers.get(), 1);
+        assert_eq!(g.instances.get(), 1);
         assert!(g.share);
         assert_eq!(g.batch_size, None);
         let g = GroupParams::parse(&params_from_pairs(&[
@@ -516,7 +784,7 @@ mod tests {
             ("share", "false"),
         ]))
         .unwrap();
-        assert_eq!(g.batch_size, Some(8));
+        assert_eq!(g.batch_size.map(NonZeroUsize::get), Some(8));
         assert_eq!(g.timeout, Duration::from_millis(5));
         assert_eq!(g.batcher, Some(BatcherKind::Hard));
         assert!(!g.share);
@@ -624,6 +892,77 @@ mod tests {
         assert!(parse_load_spec("echo:batch_size").is_err());
         assert!(parse_load_spec(":x=1").is_err());
         assert_eq!(parse_load_spec("invert-image").unwrap().1.len(), 0);
+    }
+
+    #[test]
+    fn server_parameters_are_the_fields_of_load_params() {
+        for name in SERVER_PARAMETERS {
+            let key = name.replace("<level>", "1").replace("<input>", "in.put");
+            let value = match name.rsplit('.').next() {
+                Some("batcher") => "soft",
+                Some("sequence_strategy") => "direct",
+                Some("timeout_action") => "reject",
+                _ => "1",
+            };
+            let (_, left) =
+                from_params::<LoadParams>(&params_from_pairs(&[(&key, value)])).unwrap();
+            // `model_dir` is the repository's, handed to the worker.
+            let want: &[&str] = if key == "model_dir" {
+                &["model_dir"]
+            } else {
+                &[]
+            };
+            assert_eq!(left, want, "{key}");
+        }
+    }
+
+    #[test]
+    fn validate_returns_typed_errors() {
+        let validate = |pairs: &[(&str, &str)]| {
+            LoadParams::from_params(&params_from_pairs(pairs)).and_then(|p| p.validate())
+        };
+        assert_eq!(
+            validate(&[("batch_size", "0")]).unwrap_err(),
+            SettingError::OutOfRange {
+                key: "batch_size".into(),
+                range: "1..=65536".into(),
+                got: 0
+            }
+        );
+        assert_eq!(
+            validate(&[("preferred_batch_size", "4,0")]).unwrap_err(),
+            SettingError::Sizes { got: "4,0".into() }
+        );
+        assert!(matches!(
+            validate(&[("share", "perhaps")]).unwrap_err(),
+            SettingError::Value(ValueError::NotBool { .. })
+        ));
+        assert_eq!(
+            validate(&[("max_sequences", "0")]).unwrap_err(),
+            SettingError::NoSequences
+        );
+        let e = validate(&[("batcher", "Firm")]).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "parameter `batcher` must be `hard`, `soft`, `dynamic` or `sequence`, got `firm`"
+        );
+        let g = validate(&[
+            ("batcher", "Dynamic"),
+            ("preferred_batch_size", "8,4,8"),
+            ("priority_levels", "2"),
+            ("priority_queue_policy.1.timeout_action", "delay"),
+            ("default_queue_policy.default_timeout_microseconds", "100"),
+        ])
+        .unwrap();
+        assert_eq!(g.batcher, Some(BatcherKind::Dynamic));
+        assert_eq!(g.dynamic.preferred_batch_sizes, vec![4, 8]);
+        assert_eq!(g.dynamic.policies[0].timeout_action, TimeoutAction::Delay);
+        assert_eq!(g.dynamic.policies[1].timeout_action, TimeoutAction::Reject);
+        assert_eq!(
+            g.dynamic.policies[1].default_timeout,
+            Some(Duration::from_micros(100))
+        );
+        assert_eq!(g.queue_size.get(), 4096);
     }
 
     #[test]

@@ -19,14 +19,6 @@ use crate::group::Reply;
 use crate::infer::names;
 use crate::instance::InstanceContext;
 
-/// Control kinds with their parameter keys (`control.start = "START"`, …).
-const CONTROLS: [(Control, &str); 4] = [
-    (Control::Start, "control.start"),
-    (Control::End, "control.end"),
-    (Control::Ready, "control.ready"),
-    (Control::CorrId, "control.corrid"),
-];
-
 /// One implicit state: the worker input it feeds and the output that updates it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StateParam {
@@ -44,7 +36,7 @@ pub struct SequenceParams {
     /// `max_sequence_idle_microseconds` (default 1 s, as Triton).
     pub max_idle: Duration,
     /// `max_sequences` (or Triton's `max_candidate_sequences`): live sequences.
-    pub max_sequences: Option<usize>,
+    pub max_sequences: Option<std::num::NonZeroUsize>,
     /// `max_sequence_backlog`: new sequences that may wait for room (default 0).
     pub max_backlog: usize,
     /// `control.<kind>`: the worker input that receives each control.
@@ -64,105 +56,6 @@ impl Default for SequenceParams {
             states: Vec::new(),
         }
     }
-}
-
-impl SequenceParams {
-    /// Reads the sequence batcher's parameters.
-    pub fn parse(params: &[Param]) -> Result<SequenceParams> {
-        let p = Params(params);
-        let bad = ServerError::InvalidRequest;
-        let strategy = match p
-            .string("sequence_strategy")
-            .map(|s| s.to_ascii_lowercase())
-        {
-            None => Strategy::Direct,
-            Some(s) if s == "direct" => Strategy::Direct,
-            Some(s) if s == "oldest" => Strategy::Oldest,
-            Some(s) => {
-                return Err(ServerError::invalid(format!(
-                    "parameter `sequence_strategy` must be `direct` or `oldest`, got `{s}`"
-                )))
-            }
-        };
-        let max_idle = match p.int("max_sequence_idle_microseconds").map_err(bad)? {
-            None => Duration::from_secs(1),
-            Some(v) if v > 0 => Duration::from_micros(v as u64),
-            Some(v) => {
-                return Err(ServerError::invalid(format!(
-                    "parameter `max_sequence_idle_microseconds` must be > 0, got {v}"
-                )))
-            }
-        };
-        let count = |key: &str| -> Result<Option<usize>> {
-            match p.int(key).map_err(bad)? {
-                None => Ok(None),
-                Some(v) if (0..=1 << 20).contains(&v) => Ok(Some(v as usize)),
-                Some(v) => Err(ServerError::invalid(format!(
-                    "parameter `{key}` must be in 0..={}, got {v}",
-                    1 << 20
-                ))),
-            }
-        };
-        let max_sequences = match count("max_sequences")? {
-            Some(n) => Some(n),
-            None => count("max_candidate_sequences")?,
-        };
-        if max_sequences == Some(0) {
-            return Err(ServerError::invalid(
-                "parameter `max_sequences` must be at least 1",
-            ));
-        }
-        let controls = CONTROLS
-            .iter()
-            .filter_map(|&(kind, key)| p.string(key).map(|name| (kind, name)))
-            .collect();
-        let mut states = Vec::new();
-        for param in params {
-            let key = param.key.as_str();
-            let Some(input) = strip_prefix_ignore_case(key, "state.") else {
-                continue;
-            };
-            let output = match &param.value {
-                ParamValue::Str(s) => s.to_string(),
-                other => {
-                    return Err(ServerError::invalid(format!(
-                        "parameter `{key}` must name the output that updates the state, got {other}"
-                    )))
-                }
-            };
-            let initial = p.float(&format!("state_initial.{input}")).map_err(bad)?;
-            states.push(StateParam {
-                input: input.to_owned(),
-                output,
-                initial,
-            });
-        }
-        for param in params {
-            if let Some(input) = strip_prefix_ignore_case(param.key.as_str(), "state_initial.") {
-                if !states.iter().any(|s| s.input == input) {
-                    return Err(ServerError::invalid(format!(
-                        "parameter `{}`: `{input}` is not a state (declare `state.{input}`)",
-                        param.key
-                    )));
-                }
-            }
-        }
-        Ok(SequenceParams {
-            strategy,
-            max_idle,
-            max_sequences,
-            max_backlog: count("max_sequence_backlog")?.unwrap_or(0),
-            controls,
-            states,
-        })
-    }
-}
-
-/// `key` without `prefix`, if it starts with it (ignoring case).
-pub(crate) fn strip_prefix_ignore_case<'a>(key: &'a str, prefix: &str) -> Option<&'a str> {
-    let head = key.get(..prefix.len())?;
-    head.eq_ignore_ascii_case(prefix)
-        .then(|| &key[prefix.len()..])
 }
 
 /// A stateful model as the server serves it: where each worker input comes from,
@@ -337,8 +230,13 @@ impl SequenceModel {
     ) -> SequenceConfig {
         let slots = batch_size.max(1) * instances.max(1);
         let max_sequences = match params.strategy {
-            Strategy::Direct => params.max_sequences.unwrap_or(slots).min(slots),
-            Strategy::Oldest => params.max_sequences.unwrap_or(slots),
+            Strategy::Direct => params
+                .max_sequences
+                .map_or(slots, std::num::NonZeroUsize::get)
+                .min(slots),
+            Strategy::Oldest => params
+                .max_sequences
+                .map_or(slots, std::num::NonZeroUsize::get),
         };
         SequenceConfig {
             strategy: params.strategy,
@@ -523,9 +421,13 @@ mod tests {
         }
     }
 
+    fn sequence_params(params: &[Param]) -> Result<SequenceParams> {
+        crate::params::GroupParams::parse(params).map(|g| g.sequence)
+    }
+
     #[test]
     fn hidden_inputs_and_outputs_leave_the_client_view() {
-        let params = SequenceParams::parse(&params_from_pairs(&[
+        let params = sequence_params(&params_from_pairs(&[
             ("state.state", "stateN"),
             ("state_initial.state", "0.5"),
             ("control.start", "START"),
@@ -551,7 +453,7 @@ mod tests {
     #[test]
     fn mistakes_are_named() {
         let check = |pairs: &[(&str, &str)], want: &str| {
-            let e = SequenceParams::parse(&params_from_pairs(pairs))
+            let e = sequence_params(&params_from_pairs(pairs))
                 .and_then(|p| SequenceModel::new(&info(), &p))
                 .unwrap_err()
                 .to_string();

@@ -159,7 +159,7 @@ impl SequenceBatching {
             max_queue_delay_microseconds: micros(settings.dynamic.max_queue_delay),
             max_candidate_sequences: q
                 .max_sequences
-                .unwrap_or(settings.batch_size.max(1) * instances.max(1)),
+                .map_or(settings.batch_size.max(1) * instances.max(1), |n| n.get()),
             preferred_batch_sizes: settings.dynamic.preferred_batch_sizes.clone(),
             controls: q
                 .controls
