@@ -194,3 +194,57 @@ async fn load_flag_takes_a_list_in_brackets() {
     assert_ne!(code, Some(0), "{log}");
     assert!(log.contains("`[` without its `]`"), "{log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_settings_take_text_and_name_a_bad_value_on_every_ingress() {
+    let repo = TempRepository::new(&[("m", DYNAMIC_ECHO, &[1])]);
+    // Text from `--load`: a number, an enum in any case, a boolean word, nested names.
+    let kiln = Kiln::start(&[
+        "--model-repository",
+        &repo.arg(),
+        "--load",
+        "echo:batcher=DYNAMIC,batch_size=8,priority_levels=2,default_queue_policy.allow_timeout_override=yes,priority_queue_policy.2.timeout_action=delay",
+    ]);
+    let c = &kiln.client;
+    let config: Value = reqwest::get(format!("{}/v2/models/echo/config", kiln.url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let db = &config["dynamic_batching"];
+    assert_eq!(db["priority_levels"], 2, "{config}");
+    assert_eq!(
+        db["priority_queue_policy"]["2"]["timeout_action"], "DELAY",
+        "{config}"
+    );
+    let bad = "parameter `priority_queue_policy.1.max_queue_size` must be an integer, got `x`";
+    // REST: a worker load and a repository override.
+    let params = json!({"priority_levels": 1, "priority_queue_policy.1.max_queue_size": "x"});
+    let err = c.load("echo", &params).await.unwrap_err();
+    assert_eq!(err.status(), Some(400), "{err}");
+    assert!(err.to_string().contains(bad), "{err}");
+    let err = c.load_model("m", &params).await.unwrap_err();
+    assert_eq!(err.status(), Some(400), "{err}");
+    assert!(err.to_string().contains(bad), "{err}");
+    // gRPC's string parameters.
+    let overrides = [Param {
+        key: "priority_queue_policy.1.max_queue_size".into(),
+        value: ParamValue::Str("x".into()),
+    }];
+    let err = kiln
+        .grpc()
+        .await
+        .load_model("m", &overrides)
+        .await
+        .unwrap_err();
+    assert_eq!(err.grpc_code(), Some(Code::InvalidArgument), "{err}");
+    assert!(err.to_string().contains(bad), "{err}");
+    // A range the type cannot hold is named too.
+    let err = c.load("echo", &json!({"instances": 0})).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("parameter `instances` must be in 1..=256, got 0"),
+        "{err}"
+    );
+}
