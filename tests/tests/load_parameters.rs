@@ -15,14 +15,17 @@ use tonic::Code;
 const DYNAMIC_ECHO: &str =
     "worker = \"echo\"\n[parameters]\nbatcher = \"dynamic\"\nbatch_size = 8\n";
 
-async fn preferred_sizes(url: &str, model: &str) -> Value {
-    let config: Value = reqwest::get(format!("{url}/v2/models/{model}/config"))
+async fn triton_config(url: &str, model: &str) -> Value {
+    reqwest::get(format!("{url}/v2/models/{model}/config"))
         .await
         .unwrap()
         .json()
         .await
-        .unwrap();
-    config["dynamic_batching"]["preferred_batch_size"].clone()
+        .unwrap()
+}
+
+async fn preferred_sizes(url: &str, model: &str) -> Value {
+    triton_config(url, model).await["dynamic_batching"]["preferred_batch_size"].clone()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -206,12 +209,7 @@ async fn typed_settings_take_text_and_name_a_bad_value_on_every_ingress() {
         "echo:batcher=DYNAMIC,batch_size=8,priority_levels=2,default_queue_policy.allow_timeout_override=yes,priority_queue_policy.2.timeout_action=delay",
     ]);
     let c = &kiln.client;
-    let config: Value = reqwest::get(format!("{}/v2/models/echo/config", kiln.url))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let config = triton_config(&kiln.url, "echo").await;
     let db = &config["dynamic_batching"];
     assert_eq!(db["priority_levels"], 2, "{config}");
     assert_eq!(
