@@ -234,6 +234,18 @@ impl Plugins {
     }
 }
 
+impl Drop for Plugins {
+    /// Removes the folder of fresh copies (best effort): the libraries stay mapped
+    /// until the process exits, removing their files does not unmap them.
+    fn drop(&mut self) {
+        if let Some(dir) = &self.copies {
+            if let Err(e) = std::fs::remove_dir_all(dir) {
+                spdlog::warn!("cannot remove {}: {e}", dir.display());
+            }
+        }
+    }
+}
+
 /// Makes `$TMPDIR/kiln-plugin-copies-<pid>[-n]`, readable by this user only, new
 /// (never one another process made).
 fn private_dir() -> std::io::Result<PathBuf> {
@@ -328,5 +340,25 @@ mod tests {
             Plugins::file_name("echo-multi"),
             format!("{DLL_PREFIX}kiln_worker_echo_multi{DLL_SUFFIX}")
         );
+    }
+
+    #[test]
+    fn fresh_copies_have_new_names_in_a_private_folder_removed_with_the_plugins() {
+        use std::os::unix::fs::PermissionsExt;
+        let file = std::env::temp_dir().join(format!("kiln-copy-test-{}.so", std::process::id()));
+        std::fs::write(&file, b"v1").unwrap();
+        let mut plugins = Plugins::new(Vec::new());
+        let first = plugins.fresh_copy(&file).unwrap();
+        std::fs::write(&file, b"v2").unwrap();
+        let second = plugins.fresh_copy(&file).unwrap();
+        assert_ne!(first, second);
+        assert_eq!(std::fs::read(&first).unwrap(), b"v1");
+        assert_eq!(std::fs::read(&second).unwrap(), b"v2");
+        let dir = first.parent().unwrap().to_owned();
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        drop(plugins);
+        assert!(!dir.exists());
+        std::fs::remove_file(&file).unwrap();
     }
 }
