@@ -71,23 +71,27 @@ fn one_of(allowed: &[&str]) -> String {
 
 /// Deserializes `T` from `params`; also returns the keys no field of `T` took.
 pub fn from_params<T: DeserializeOwned>(params: &[Param]) -> Result<(T, Vec<String>), ValueError> {
-    let leftovers = RefCell::new(Vec::new());
-    let node = Node {
-        path: String::new(),
-        entries: params
-            .iter()
-            .enumerate()
-            .map(|(index, param)| Entry {
-                rest: param.key.as_str(),
-                param,
-                index,
-            })
-            .collect(),
-        whole_keys: false,
-        leftovers: &leftovers,
-    };
-    let value = T::deserialize(node)?;
-    Ok((value, leftovers.into_inner()))
+    let seen = Seen::default();
+    let value = T::deserialize(Node::root(params, &seen))?;
+    Ok((value, seen.leftovers.into_inner()))
+}
+
+/// The names of every field of every struct deserializing `T` from `params` visits
+/// (`default_queue_policy.max_queue_size`; a map's key as written), whether
+/// `params` sets it or not: what `T` takes, to compare with a list of names.
+pub fn declared_fields<T: DeserializeOwned>(params: &[Param]) -> Result<Vec<String>, ValueError> {
+    let seen = Seen::default();
+    T::deserialize(Node::root(params, &seen))?;
+    Ok(seen.declared.into_inner())
+}
+
+/// What a deserialization saw besides the value.
+#[derive(Default)]
+struct Seen {
+    /// Keys no field took.
+    leftovers: RefCell<Vec<String>>,
+    /// Every field of every struct visited.
+    declared: RefCell<Vec<String>>,
 }
 
 /// A map whose keys are names that may hold dots (`state.<input>`): each key is
@@ -169,10 +173,27 @@ struct Node<'a> {
     entries: Vec<Entry<'a>>,
     /// A [`Names`] map: each key is the whole rest of a name.
     whole_keys: bool,
-    leftovers: &'a RefCell<Vec<String>>,
+    seen: &'a Seen,
 }
 
 impl<'a> Node<'a> {
+    fn root(params: &'a [Param], seen: &'a Seen) -> Node<'a> {
+        Node {
+            path: String::new(),
+            entries: params
+                .iter()
+                .enumerate()
+                .map(|(index, param)| Entry {
+                    rest: param.key.as_str(),
+                    param,
+                    index,
+                })
+                .collect(),
+            whole_keys: false,
+            seen,
+        }
+    }
+
     fn child(&self, name: &str, entries: Vec<Entry<'a>>) -> Node<'a> {
         Node {
             path: if self.path.is_empty() {
@@ -182,7 +203,7 @@ impl<'a> Node<'a> {
             },
             entries,
             whole_keys: false,
-            leftovers: self.leftovers,
+            seen: self.seen,
         }
     }
 
@@ -190,7 +211,8 @@ impl<'a> Node<'a> {
     fn value(&self) -> Result<&'a ParamValue, ValueError> {
         if let Some(entry) = self.entries.iter().find(|e| e.rest.is_empty()) {
             for deeper in self.entries.iter().filter(|e| !e.rest.is_empty()) {
-                self.leftovers
+                self.seen
+                    .leftovers
                     .borrow_mut()
                     .push(deeper.param.key.to_string());
             }
@@ -267,7 +289,8 @@ impl<'a> Node<'a> {
         for entry in &self.entries {
             let (head, rest) = entry.rest.split_once('.').unwrap_or((entry.rest, ""));
             let Some(name) = names.iter().find(|n| n.eq_ignore_ascii_case(head)) else {
-                self.leftovers
+                self.seen
+                    .leftovers
                     .borrow_mut()
                     .push(entry.param.key.to_string());
                 continue;
@@ -519,6 +542,10 @@ impl<'de, 'a> de::Deserializer<'de> for Node<'a> {
         fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, ValueError> {
+        self.seen
+            .declared
+            .borrow_mut()
+            .extend(fields.iter().map(|f| self.child(f, Vec::new()).path));
         let groups = self
             .by_field(fields)
             .into_iter()

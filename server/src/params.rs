@@ -914,6 +914,26 @@ mod tests {
             };
             assert_eq!(left, want, "{key}");
         }
+        // And every field of `LoadParams` is a name `check_known` knows (a struct
+        // or map field: a prefix of some).
+        let nested = params_from_pairs(&[
+            ("default_queue_policy.max_queue_size", "1"),
+            ("priority_levels", "1"),
+            ("priority_queue_policy.1.max_queue_size", "1"),
+            ("control.start", "S"),
+        ]);
+        let fields = crate::param_de::declared_fields::<LoadParams>(&nested).unwrap();
+        assert!(fields.len() > 30, "{fields:?}");
+        for field in fields {
+            let field = field.replace("priority_queue_policy.1.", "priority_queue_policy.<level>.");
+            let prefix = format!("{field}.");
+            assert!(
+                SERVER_PARAMETERS
+                    .iter()
+                    .any(|known| *known == field || known.starts_with(&prefix)),
+                "`{field}` is not in SERVER_PARAMETERS"
+            );
+        }
     }
 
     #[test]
