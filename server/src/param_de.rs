@@ -28,14 +28,19 @@ use serde::{forward_to_deserialize_any, Deserialize};
 /// A parameter whose value does not have the type its setting takes.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ValueError {
+    /// Not an integer, nor text that parses as one.
     #[error("parameter `{key}` must be an integer, got `{got}`")]
     NotInteger { key: String, got: String },
+    /// An unsigned integer beyond `i64::MAX`.
     #[error("parameter `{key}`: {got} is too large (the most is {})", i64::MAX)]
     TooLarge { key: String, got: u64 },
+    /// Not a boolean, 0/1, nor `true`/`false`/`yes`/`no`/`1`/`0` text.
     #[error("parameter `{key}` must be a boolean, got `{got}`")]
     NotBool { key: String, got: String },
+    /// Not a number, nor text that parses as one.
     #[error("parameter `{key}` must be a number, got `{got}`")]
     NotNumber { key: String, got: String },
+    /// Not one of an enum's variants.
     #[error("parameter `{key}` must be {}, got `{got}`", one_of(allowed))]
     NotOneOf {
         key: String,

@@ -174,30 +174,39 @@ pub enum SettingError {
     /// The value does not have the parameter's type.
     #[error(transparent)]
     Value(#[from] ValueError),
+    /// A number outside its range.
     #[error("parameter `{key}` must be in {range}, got {got}")]
     OutOfRange {
         key: String,
         range: String,
         got: i64,
     },
+    /// The soft batcher's `timeout` outside 0..=60000 ms.
     #[error("parameter `timeout` (ms) must be in 0..=60000, got {got}")]
     Timeout { got: i64 },
+    /// A size or duration below zero.
     #[error("parameter `{key}` must be ≥ 0, got {got}")]
     Negative { key: String, got: i64 },
+    /// A duration that must be positive.
     #[error("parameter `{key}` must be > 0, got {got}")]
     NotPositive { key: String, got: i64 },
+    /// A preferred batch size of 0 or less.
     #[error("parameter `preferred_batch_size` must be positive sizes, got `{got}`")]
     Sizes { got: String },
+    /// A queue policy for a priority level that does not exist.
     #[error("parameter `{key}`: level {level} is not in 1..={levels} (`priority_levels`)")]
     NoSuchLevel {
         key: String,
         level: usize,
         levels: usize,
     },
+    /// `max_sequences` (or `max_candidate_sequences`) 0.
     #[error("parameter `max_sequences` must be at least 1")]
     NoSequences,
+    /// A `state.<input>` whose value is not an output's name.
     #[error("parameter `{key}` must name the output that updates the state, got {got}")]
     StateOutput { key: String, got: String },
+    /// A `state_initial.<input>` without its `state.<input>`.
     #[error("parameter `{key}`: `{input}` is not a state (declare `state.{input}`)")]
     NotAState { key: String, input: String },
 }
@@ -529,10 +538,13 @@ pub fn takes_list(key: &str) -> bool {
 /// A `--load` spec that does not parse (see [`parse_load_spec`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LoadSpecError {
+    /// Nothing before the `:`.
     #[error("--load `{spec}`: no worker name")]
     NoWorker { spec: String },
+    /// A parameter without its `=`.
     #[error("--load `{spec}`: `{pair}` is not key=value")]
     NotKeyValue { spec: String, pair: String },
+    /// A list left open.
     #[error("--load `{spec}`: `[` without its `]`")]
     Unclosed { spec: String },
 }
