@@ -45,7 +45,7 @@ pub enum PluginError {
 
 /// What identifies one version of a plugin file: a replaced or rewritten file
 /// differs in inode, size or modification time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct FileVersion {
     dev: u64,
     ino: u64,
@@ -78,6 +78,12 @@ struct Loaded {
 pub struct Plugins {
     dirs: Vec<PathBuf>,
     loaded: HashMap<String, Loaded>,
+    /// Each plugin file opened under its own path, with the version then mapped
+    /// (loaded or refused: it stays mapped either way), which `dlopen` of that path
+    /// answers with from then on.
+    mapped: HashMap<PathBuf, Option<FileVersion>>,
+    /// The copy made of each later version of a file.
+    copies_of: HashMap<(PathBuf, FileVersion), PathBuf>,
     /// The private folder of fresh copies of changed plugin files (made on first
     /// need, under the temporary directory: `$TMPDIR`), and copies made so far.
     copies: Option<PathBuf>,
@@ -90,6 +96,8 @@ impl Plugins {
         Plugins {
             dirs,
             loaded: HashMap::new(),
+            mapped: HashMap::new(),
+            copies_of: HashMap::new(),
             copies: None,
             copied: 0,
         }
@@ -135,8 +143,7 @@ impl Plugins {
         check_name(name)?;
         let path = self.find(name)?;
         let version = FileVersion::of(&path);
-        let previous = self.loaded.get(name);
-        if let Some(loaded) = previous {
+        if let Some(loaded) = self.loaded.get(name) {
             if loaded.path == path && loaded.version.is_some() && loaded.version == version {
                 return Ok(loaded.module);
             }
@@ -145,12 +152,7 @@ impl Plugins {
             worker: name.to_owned(),
             reason: e.to_string(),
         };
-        // The first load opens the file itself; a changed file opens a copy, since
-        // the path would answer with the library already mapped.
-        let open = match previous {
-            None => path.clone(),
-            Some(_) => self.fresh_copy(&path).map_err(fail)?,
-        };
+        let open = self.library_path(&path, version).map_err(fail)?;
         let module = open_plugin(&open).map_err(fail)?;
         (module.set_logger())(plugin_log_sink());
         if open == path {
@@ -171,6 +173,34 @@ impl Plugins {
             },
         );
         Ok(module)
+    }
+
+    /// Where to open `path` at `version` so that this version's code is what gets
+    /// mapped: the path itself the first time, and again while the file is the one
+    /// mapped then; once the file changed, a copy under a new name (`dlopen` of the
+    /// path would answer with the library mapped before), one per version.
+    fn library_path(
+        &mut self,
+        path: &Path,
+        version: Option<FileVersion>,
+    ) -> Result<PathBuf, PluginError> {
+        match self.mapped.get(path) {
+            None => {
+                self.mapped.insert(path.to_owned(), version);
+                return Ok(path.to_owned());
+            }
+            Some(mapped) if mapped.is_some() && *mapped == version => return Ok(path.to_owned()),
+            Some(_) => {}
+        }
+        let key = version.map(|v| (path.to_owned(), v));
+        if let Some(copy) = key.as_ref().and_then(|k| self.copies_of.get(k)) {
+            return Ok(copy.clone());
+        }
+        let copy = self.fresh_copy(path)?;
+        if let Some(key) = key {
+            self.copies_of.insert(key, copy.clone());
+        }
+        Ok(copy)
     }
 
     /// Copies `path` under a new name into this process's private folder of copies.

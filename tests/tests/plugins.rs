@@ -225,6 +225,19 @@ async fn a_changed_plugin_file_loads_its_new_code_and_an_unchanged_one_is_reused
         endpoint
     );
     assert_eq!(kiln.log().matches("a fresh copy").count(), 1);
+    // A library refused stays mapped too: once its file is fixed, the fixed code
+    // loads (from a copy), not the refused mapping again.
+    let fixed = dir.join("libkiln_worker_fixed.so");
+    install(&build_dir().join("libkiln_worker_mismatched.so"), &fixed).unwrap();
+    let err = c.load("fixed", &json!({})).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("does not match this server's plugin ABI"),
+        "{err}"
+    );
+    install(&build_dir().join("libkiln_worker_echo.so"), &fixed).unwrap();
+    assert_eq!(c.load("fixed", &json!({})).await.unwrap(), "fixed");
+    assert_eq!(inputs(c.model_metadata("fixed").await.unwrap()), 1);
     drop(kiln);
     let _ = std::fs::remove_dir_all(&dir);
 }
