@@ -23,6 +23,7 @@ pub mod repository;
 pub mod restricted;
 pub mod sched;
 pub mod sequence;
+pub mod serve;
 pub mod server;
 pub mod shm;
 pub mod stats;

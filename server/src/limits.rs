@@ -199,7 +199,7 @@ mod tests {
         ] {
             let e = limits.check("m", group, total).unwrap_err();
             assert!(e.to_string().contains(flag), "{e} should name {flag}");
-            assert_eq!(e.http_status(), 400);
+            assert_eq!(crate::http::status_code(&e).as_u16(), 400);
         }
     }
 

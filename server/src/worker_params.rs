@@ -97,7 +97,7 @@ mod tests {
     fn clients_cannot_set_operator_parameters() {
         let params = params_from_pairs(&[("threads", "2"), ("RUNTIME", "/tmp/x.so")]);
         let err = check_client_keys("w", SPECS, &client_keys(Origin::Client, &params)).unwrap_err();
-        assert_eq!(err.http_status(), 400);
+        assert_eq!(crate::http::status_code(&err).as_u16(), 400);
         assert!(err.to_string().contains("`RUNTIME`"), "{err}");
         assert!(check_client_keys("w", SPECS, &client_keys(Origin::Operator, &params)).is_ok());
         let dir = params_from_pairs(&[("model_dir", "/etc")]);
@@ -116,7 +116,7 @@ mod tests {
         let err = rules
             .check(&params_from_pairs(&[("increment", "10")]))
             .unwrap_err();
-        assert_eq!(err.grpc_code(), tonic::Code::InvalidArgument);
+        assert_eq!(crate::grpc::code(&err), tonic::Code::InvalidArgument);
         assert!(err.to_string().contains("`increment`"), "{err}");
         // Load-time declarations are not request rules.
         assert!(rules

@@ -9,8 +9,8 @@ use super::model_routes::{self, Action};
 use super::{offload, restricted, shm, triton, HttpError, INFERENCE_HEADER_CONTENT_LENGTH};
 use crate::error::ServerError;
 use crate::group::WorkerGroup;
-use crate::infer::expected_shape;
 use crate::restricted::{Category, Restrictions};
+use crate::serve;
 use crate::server::Server;
 
 /// Shared by every handler.
@@ -146,7 +146,7 @@ async fn model_route(state: web::Data<State>, req: HttpRequest, payload: web::Pa
     if req.method() != path.action.method() {
         return Ok(wrong_method(&req));
     }
-    let group = crate::triton::lookup(&state.server, path.model, path.version)?;
+    let group = state.server.lookup(path.model, path.version)?;
     match path.action {
         Action::Metadata => Ok(model_metadata(&group)),
         Action::Ready => Ok(model_ready(&group)),
@@ -187,24 +187,24 @@ async fn list_models(state: web::Data<State>) -> HttpResponse {
 }
 
 fn model_metadata(group: &WorkerGroup) -> HttpResponse {
-    let batching = group.info.max_batch_size > 0;
-    let tensors = |specs: &[kiln_worker_sdk::TensorSpec]| -> Vec<Value> {
-        specs
+    let m = crate::triton::ModelMetadata::of(group);
+    let tensors = |tensors: &[crate::triton::MetadataTensor]| -> Vec<Value> {
+        tensors
             .iter()
-            .map(|s| json!({"name": s.name.as_str(), "datatype": s.dtype.as_str(), "shape": expected_shape(s, batching)}))
+            .map(|t| json!({"name": t.name, "datatype": t.dtype.as_str(), "shape": t.shape}))
             .collect()
     };
     HttpResponse::Ok().json(json!({
-        "name": group.endpoint,
-        "versions": [group.version],
-        "platform": crate::triton::platform(&group.worker),
-        "inputs": tensors(&group.info.inputs),
-        "outputs": tensors(&group.info.outputs),
+        "name": m.name,
+        "versions": m.versions,
+        "platform": m.platform,
+        "inputs": tensors(&m.inputs),
+        "outputs": tensors(&m.outputs),
         "parameters": {
-            "max_batch_size": group.info.max_batch_size,
-            "batch_size": group.settings.batch_size,
-            "batcher": group.settings.batcher.as_str(),
-            "instances": group.instance_count(),
+            "max_batch_size": m.max_batch_size,
+            "batch_size": m.batch_size,
+            "batcher": m.batcher.as_str(),
+            "instances": m.instances,
         },
     }))
 }
@@ -286,30 +286,24 @@ async fn infer(
 ) -> Reply {
     let body = read_body(req, payload, state.max_body_bytes).await?;
     let header = req.headers().get(INFERENCE_HEADER_CONTENT_LENGTH);
-    let (request, placement) = offload::decode_request(
+    let decoded = offload::decode_request(
         &state.server,
         &group.endpoint,
         body,
         header.map(|v| v.as_bytes()),
     )
-    .await
-    .inspect_err(|_| group.record_invalid())?;
-    let reply = group.submit(request)?;
-    let answer = match req.conn_data::<super::peer::Peer>() {
-        // Returning drops the reply channel: a queued request is then cancelled.
+    .await;
+    let (pending, placement) = serve::submit(group, decoded)?;
+    let response = match req.conn_data::<super::peer::Peer>() {
+        // Returning drops the pending answer: a queued request is then cancelled.
         Some(peer) => tokio::select! {
-            answer = reply => answer,
+            answer = pending => answer,
             () = peer.closed(req.version()) => {
                 return Err(HttpError(ServerError::Unavailable("the client went away".into())))
             }
         },
-        None => reply.await,
-    };
-    let response = answer.map_err(|_| {
-        HttpError(ServerError::Internal(
-            "the worker dropped the request".into(),
-        ))
-    })??;
+        None => pending.await,
+    }?;
     let encoded = offload::encode_response(response, placement).await?;
     match super::compress::negotiate(req) {
         None => Ok(encoded.into_response()),
