@@ -5,6 +5,7 @@
 //! (`http/error.rs`, the one table of HTTP statuses).
 
 mod binary;
+mod body;
 mod compress;
 mod error;
 mod json;
@@ -51,13 +52,19 @@ pub struct HttpConfig {
     pub tls: Option<rustls::ServerConfig>,
 }
 
+/// Shared by every handler.
+pub struct State {
+    pub server: Server,
+    pub max_body_bytes: usize,
+}
+
 /// Binds and returns the running HTTP server (await it) and the bound addresses.
 pub fn serve(
     server: Server,
     config: HttpConfig,
 ) -> std::io::Result<(actix_web::dev::Server, Vec<SocketAddr>)> {
     let restrictions = std::sync::Arc::clone(&server.restricted().http);
-    let state = web::Data::new(routes::State {
+    let state = web::Data::new(State {
         server,
         max_body_bytes: config.max_body_bytes,
     });

@@ -1,23 +1,16 @@
 //! The REST routes.
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
+use super::body::{json_object, read_body, read_raw_body};
 use super::json::load_params_from_json;
 use super::model_routes::{self, Action};
-use super::{offload, restricted, shm, triton, HttpError, INFERENCE_HEADER_CONTENT_LENGTH};
+use super::{offload, restricted, shm, triton, HttpError, State, INFERENCE_HEADER_CONTENT_LENGTH};
 use crate::error::ServerError;
 use crate::group::WorkerGroup;
 use crate::restricted::{Category, Restrictions};
 use crate::serve;
-use crate::server::Server;
-
-/// Shared by every handler.
-pub struct State {
-    pub server: Server,
-    pub max_body_bytes: usize,
-}
 
 type Reply = Result<HttpResponse, HttpError>;
 
@@ -218,66 +211,6 @@ fn model_ready(group: &WorkerGroup) -> HttpResponse {
     }
 }
 
-/// Reads a control request's whole body (not compressed), up to `limit` bytes.
-async fn read_raw_body(payload: web::Payload, limit: usize) -> Result<Bytes, HttpError> {
-    match payload.to_bytes_limited(limit).await {
-        Ok(Ok(body)) => Ok(body),
-        Ok(Err(e)) => Err(HttpError(ServerError::invalid(format!(
-            "cannot read the request body: {e}"
-        )))),
-        Err(_) => Err(HttpError(ServerError::TooLarge(format!(
-            "request body exceeds the limit of {limit} bytes"
-        )))),
-    }
-}
-
-/// Reads an inference request's whole body, up to `limit` bytes (413 beyond). A body sent with
-/// `Content-Encoding: gzip` or `deflate` (tritonclient's request compression) is
-/// decoded first, and the limit applies to what it decodes to.
-async fn read_body(
-    req: &HttpRequest,
-    payload: web::Payload,
-    limit: usize,
-) -> Result<Bytes, HttpError> {
-    let encoding = req
-        .headers()
-        .get(actix_web::http::header::CONTENT_ENCODING)
-        .map(|v| v.to_str().unwrap_or("?").trim().to_ascii_lowercase());
-    let too_large = || {
-        HttpError(ServerError::TooLarge(format!(
-            "request body exceeds the limit of {limit} bytes"
-        )))
-    };
-    let unreadable = |e: &dyn std::fmt::Display| {
-        HttpError(ServerError::invalid(format!(
-            "cannot read the request body: {e}"
-        )))
-    };
-    match encoding.as_deref() {
-        None | Some("identity") => read_raw_body(payload, limit).await,
-        Some("gzip" | "x-gzip" | "deflate") => {
-            let mut stream =
-                actix_web::dev::Decompress::from_headers(payload.into_inner(), req.headers());
-            let mut body = bytes::BytesMut::new();
-            while let Some(chunk) = std::future::poll_fn(|cx| {
-                futures_core::Stream::poll_next(std::pin::Pin::new(&mut stream), cx)
-            })
-            .await
-            {
-                let chunk = chunk.map_err(|e| unreadable(&e))?;
-                if body.len() + chunk.len() > limit {
-                    return Err(too_large());
-                }
-                body.extend_from_slice(&chunk);
-            }
-            Ok(body.freeze())
-        }
-        Some(other) => Err(HttpError(ServerError::invalid(format!(
-            "Content-Encoding `{other}` is not supported (gzip, deflate or identity)"
-        )))),
-    }
-}
-
 async fn infer(
     state: &State,
     req: &HttpRequest,
@@ -334,22 +267,6 @@ async fn load(state: web::Data<State>, path: web::Path<String>, payload: web::Pa
 async fn unload(state: web::Data<State>, path: web::Path<String>) -> Reply {
     state.server.unload(&path.into_inner()).await?;
     Ok(HttpResponse::Ok().json(json!({})))
-}
-
-/// Reads an optional JSON object body.
-pub(super) async fn json_object(
-    payload: web::Payload,
-    limit: usize,
-) -> Result<Map<String, Value>, HttpError> {
-    let body = read_raw_body(payload, limit).await?;
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Map::new());
-    }
-    serde_json::from_slice(&body).map_err(|e| {
-        HttpError(ServerError::invalid(format!(
-            "the request body must be a JSON object: {e}"
-        )))
-    })
 }
 
 /// Triton's repository index: every model in the repository with its state.

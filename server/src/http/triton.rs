@@ -7,7 +7,7 @@
 use actix_web::{web, HttpResponse};
 use serde_json::{json, Map, Value};
 
-use super::routes::State;
+use super::State;
 use crate::group::WorkerGroup;
 use crate::triton::{triton_type, ModelConfig};
 
