@@ -39,7 +39,8 @@ use super::proto::ModelInferRequest;
 use super::service::{KilnGrpc, Pending};
 use super::status::{status, triton_code};
 use super::GrpcLimits;
-use crate::restricted::Restrictions;
+use crate::error::ServerError;
+use crate::restricted::{Category, Restrictions};
 use crate::server::Server;
 
 /// The path of `ModelInfer`.
@@ -123,7 +124,7 @@ impl hyper::service::Service<http::Request<Incoming>> for GrpcRoutes {
         if let Some(refused) = self
             .restricted
             .as_ref()
-            .and_then(|r| r.check_grpc(request.uri().path(), request.headers()))
+            .and_then(|r| refusal(r, request.uri().path(), request.headers()))
         {
             return Box::pin(ready(Ok(status(refused).into_http())));
         }
@@ -215,6 +216,15 @@ fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
         "n" => Duration::from_nanos(n),
         _ => return None,
     })
+}
+
+/// The refusal for a call to `path` with `headers` under `restrictions`
+/// (`--grpc-restricted-protocol`), when its category is restricted and its header
+/// is missing or wrong.
+fn refusal(restrictions: &Restrictions, path: &str, headers: &HeaderMap) -> Option<ServerError> {
+    let restriction = restrictions.get(Category::of_grpc_path(path)?)?;
+    let value = headers.get(restriction.lookup_name()).map(|v| v.as_bytes());
+    (!restriction.allows(value)).then(|| restriction.refusal())
 }
 
 /// `true` when the request says its message is compressed (tonic answers that).

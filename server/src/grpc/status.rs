@@ -48,3 +48,20 @@ pub(super) fn triton_code(headers: &mut HeaderMap) {
         headers.insert(Status::GRPC_STATUS, HeaderValue::from(code));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_requests_are_invalid_argument_and_quotas_resource_exhausted() {
+        assert_eq!(code(&ServerError::invalid("bad")), Code::InvalidArgument);
+        let limit = ServerError::LimitExceeded("--max-instances = 1".into());
+        assert_eq!(code(&limit), Code::ResourceExhausted);
+        let restricted = status(ServerError::Restricted("no key".into()));
+        assert_eq!(restricted.code(), Code::Unavailable);
+        assert_eq!(restricted.message(), "no key");
+        let tonic_limit = triton_status(Status::out_of_range("too big"));
+        assert_eq!(tonic_limit.code(), Code::ResourceExhausted);
+    }
+}

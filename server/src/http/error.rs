@@ -54,3 +54,30 @@ impl ResponseError for HttpError {
         response.json(serde_json::json!({ "error": self.0.to_string() }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refused_loads_and_bad_requests_are_400_and_overload_429_with_retry() {
+        for e in [
+            ServerError::invalid("bad"),
+            ServerError::LimitExceeded("--max-instances = 1".into()),
+            ServerError::LoadFailed {
+                worker: "w".into(),
+                reason: "r".into(),
+            },
+        ] {
+            assert_eq!(status_code(&e).as_u16(), 400, "{e:?}");
+            assert_eq!(e.retry_after(), None);
+        }
+        let full = HttpError(ServerError::QueueFull {
+            model: "m".into(),
+            capacity: 1,
+        });
+        let response = full.error_response();
+        assert_eq!(response.status().as_u16(), 429);
+        assert_eq!(response.headers().get("Retry-After").unwrap(), "1");
+    }
+}
