@@ -64,4 +64,20 @@ mod tests {
         let tonic_limit = triton_status(Status::out_of_range("too big"));
         assert_eq!(tonic_limit.code(), Code::ResourceExhausted);
     }
+
+    /// A request parameter the worker's rules refuse (`worker_params`) is
+    /// INVALID_ARGUMENT over gRPC.
+    #[test]
+    fn a_refused_request_parameter_is_invalid_argument() {
+        use kiln_worker_sdk::{params_from_pairs, ParamKind, ParamSpec};
+        let specs = [ParamSpec::request(
+            "increment",
+            ParamKind::Int { min: 0, max: 9 },
+        )];
+        let rules = crate::worker_params::RequestParams::new(&specs);
+        let err = rules
+            .check(&params_from_pairs(&[("increment", "10")]))
+            .unwrap_err();
+        assert_eq!(code(&err), Code::InvalidArgument);
+    }
 }

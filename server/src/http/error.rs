@@ -80,4 +80,16 @@ mod tests {
         assert_eq!(response.status().as_u16(), 429);
         assert_eq!(response.headers().get("Retry-After").unwrap(), "1");
     }
+
+    /// A client load that sets an operator-only parameter (`worker_params`) is a 400.
+    #[test]
+    fn a_client_setting_an_operator_parameter_is_400() {
+        use crate::worker_params::{check_client_keys, client_keys, Origin};
+        use kiln_worker_sdk::{params_from_pairs, ParamSpec};
+        let specs = [ParamSpec::operator("runtime")];
+        let params = params_from_pairs(&[("RUNTIME", "/tmp/x.so")]);
+        let err =
+            check_client_keys("w", &specs, &client_keys(Origin::Client, &params)).unwrap_err();
+        assert_eq!(status_code(&err).as_u16(), 400);
+    }
 }
