@@ -55,7 +55,7 @@ impl ClientError {
     pub fn status(&self) -> Option<u16> {
         match self {
             ClientError::Status { status, .. } => Some(*status),
-            ClientError::Server(e) => Some(e.http_status()),
+            ClientError::Server(e) => Some(kiln_server::http::status_code(e).as_u16()),
             _ => None,
         }
     }
@@ -64,7 +64,7 @@ impl ClientError {
     pub fn grpc_code(&self) -> Option<tonic::Code> {
         match self {
             ClientError::Grpc { code, .. } => Some(*code),
-            ClientError::Server(e) => Some(e.grpc_code()),
+            ClientError::Server(e) => Some(kiln_server::grpc::code(e)),
             _ => None,
         }
     }

@@ -2,8 +2,8 @@
 //! extensions) over tonic, from `proto/inference.proto`.
 //!
 //! Requests decode into the same protocol-free `InferRequest` as REST
-//! ([`convert`]), and every error's status code comes from
-//! [`ServerError::grpc_code`](crate::error::ServerError::grpc_code). The binary runs
+//! ([`convert`]), and every error's status code comes from [`code`]
+//! (`grpc/status.rs`, the one table of gRPC codes). The binary runs
 //! the service on threads of its own, one single-threaded tokio runtime each
 //! ([`GrpcServer::start`]); an application with a tokio runtime of its own can
 //! [`serve`] it there. Connections are hyper's HTTP/2 server running
@@ -16,6 +16,7 @@ pub mod convert;
 mod gather;
 mod routes;
 mod service;
+mod status;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -28,7 +29,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
 pub use routes::GrpcRoutes;
-pub use service::{status, KilnGrpc};
+pub use service::KilnGrpc;
+pub use status::{code, status};
 
 use crate::server::Server;
 use connection::{Activity, Greeting, Order, Orders, Slot, Slots, Timeouts, Verdict, Watch};

@@ -29,16 +29,18 @@ use tonic::body::Body as TonicBody;
 use tonic::codec::CompressionEncoding;
 use tonic::codegen::http::{self, header, HeaderMap, HeaderValue};
 use tonic::codegen::{BoxFuture, Service, StdError};
-use tonic::{Code, Status};
+use tonic::Status;
 
 use super::budget::{Budget, Charge};
 use super::connection::{Activity, Call};
 use super::gather::Gathered;
 use super::proto::grpc_inference_service_server::GrpcInferenceServiceServer;
 use super::proto::ModelInferRequest;
-use super::service::{status, KilnGrpc, Pending};
+use super::service::{KilnGrpc, Pending};
+use super::status::{status, triton_code};
 use super::GrpcLimits;
-use crate::restricted::Restrictions;
+use crate::error::ServerError;
+use crate::restricted::{Category, Restrictions};
 use crate::server::Server;
 
 /// The path of `ModelInfer`.
@@ -122,7 +124,7 @@ impl hyper::service::Service<http::Request<Incoming>> for GrpcRoutes {
         if let Some(refused) = self
             .restricted
             .as_ref()
-            .and_then(|r| r.check_grpc(request.uri().path(), request.headers()))
+            .and_then(|r| refusal(r, request.uri().path(), request.headers()))
         {
             return Box::pin(ready(Ok(status(refused).into_http())));
         }
@@ -214,6 +216,15 @@ fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
         "n" => Duration::from_nanos(n),
         _ => return None,
     })
+}
+
+/// The refusal for a call to `path` with `headers` under `restrictions`
+/// (`--grpc-restricted-protocol`), when its category is restricted and its header
+/// is missing or wrong.
+fn refusal(restrictions: &Restrictions, path: &str, headers: &HeaderMap) -> Option<ServerError> {
+    let restriction = restrictions.get(Category::of_grpc_path(path)?)?;
+    let value = headers.get(restriction.lookup_name()).map(|v| v.as_bytes());
+    (!restriction.allows(value)).then(|| restriction.refusal())
 }
 
 /// `true` when the request says its message is compressed (tonic answers that).
@@ -419,27 +430,6 @@ fn expected_len(buf: &[u8], limit: usize) -> Result<usize, Status> {
         return Err(too_large("decoded", length, limit));
     }
     Ok(PREFIX + length)
-}
-
-/// tonic refuses a message over its size limit with `OUT_OF_RANGE`; Triton answers
-/// `RESOURCE_EXHAUSTED`. kiln itself never answers `OUT_OF_RANGE`.
-pub(super) fn triton_status(status: Status) -> Status {
-    if status.code() == Code::OutOfRange {
-        Status::resource_exhausted(status.message())
-    } else {
-        status
-    }
-}
-
-/// [`triton_status`] for a status in headers or trailers.
-fn triton_code(headers: &mut HeaderMap) {
-    if headers
-        .get(Status::GRPC_STATUS)
-        .is_some_and(|s| Code::from_bytes(s.as_bytes()) == Code::OutOfRange)
-    {
-        let code = Code::ResourceExhausted as i32;
-        headers.insert(Status::GRPC_STATUS, HeaderValue::from(code));
-    }
 }
 
 fn triton_trailers(frame: http_body::Frame<Bytes>) -> http_body::Frame<Bytes> {

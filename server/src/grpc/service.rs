@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -24,11 +24,12 @@ use super::proto::{
     SystemSharedMemoryStatusResponse, SystemSharedMemoryUnregisterRequest,
     SystemSharedMemoryUnregisterResponse,
 };
+use super::status::{status, triton_status};
 use crate::error::{Result, ServerError};
 use crate::group::WorkerGroup;
-use crate::infer::{expected_shape, InferResponse};
+use crate::serve;
 use crate::server::Server;
-use crate::triton::{self, ModelConfig};
+use crate::triton::{self, MetadataTensor, ModelConfig, ModelMetadata};
 
 /// Requests of one stream accepted and not yet answered; beyond this the stream is
 /// not read until an answer goes out (HTTP/2 flow control then holds the client).
@@ -45,11 +46,6 @@ impl KilnGrpc {
     pub fn new(server: Server) -> KilnGrpc {
         KilnGrpc { server }
     }
-}
-
-/// A [`ServerError`] as a gRPC status, with the code [`ServerError::grpc_code`] gives.
-pub fn status(e: ServerError) -> Status {
-    Status::new(e.grpc_code(), e.to_string())
 }
 
 /// Runs `work` (file reads) on the runtime's blocking threads, not on the thread
@@ -73,40 +69,33 @@ fn non_empty(v: &str) -> Option<&str> {
 }
 
 fn lookup(server: &Server, name: &str, v: &str) -> Result<Arc<WorkerGroup>, Status> {
-    triton::lookup(server, name, non_empty(v)).map_err(status)
+    server.lookup(name, non_empty(v)).map_err(status)
 }
 
 /// An inference on its way: queued in its model's group (with the shared-memory
 /// windows its outputs go to), or refused.
 pub(crate) struct Pending {
     id: String,
-    answer: Result<(oneshot::Receiver<Result<InferResponse>>, ShmOutputs)>,
+    answer: Result<(serve::Pending, ShmOutputs)>,
 }
 
 impl Pending {
-    /// Decodes `request`, checks it against its model and queues it.
+    /// Decodes `request`, checks it against its model and queues it
+    /// ([`crate::serve`]).
     pub(crate) fn start(server: &Server, request: ModelInferRequest) -> Pending {
         let id = request.id.clone();
-        let answer = triton::lookup(
-            server,
-            &request.model_name,
-            non_empty(&request.model_version),
-        )
-        .and_then(|group| {
-            let (decoded, in_shm) = decode_request_shm(request, server.shared_memory())
-                .inspect_err(|_| group.record_invalid())?;
-            Ok((group.submit(decoded)?, in_shm))
-        });
+        let answer = server
+            .lookup(&request.model_name, non_empty(&request.model_version))
+            .and_then(|group| {
+                serve::submit(&group, decode_request_shm(request, server.shared_memory()))
+            });
         Pending { id, answer }
     }
 
     /// Waits for the answer and encodes it.
     pub(crate) async fn finish(self) -> Result<ModelInferResponse> {
-        let (reply, in_shm) = self.answer?;
-        let response = reply
-            .await
-            .map_err(|_| ServerError::Internal("the worker dropped the request".into()))??;
-        encode_response_shm(response, &in_shm)
+        let (pending, in_shm) = self.answer?;
+        encode_response_shm(pending.await?, &in_shm)
     }
 
     /// The answer as a stream message: an error carries the request's id too.
@@ -153,7 +142,9 @@ impl GrpcInferenceService for KilnGrpc {
         request: Request<ModelReadyRequest>,
     ) -> Result<Response<ModelReadyResponse>, Status> {
         let r = request.into_inner();
-        let ready = triton::lookup(&self.server, &r.name, non_empty(&r.version))
+        let ready = self
+            .server
+            .lookup(&r.name, non_empty(&r.version))
             .is_ok_and(|g| g.is_ready());
         Ok(Response::new(ModelReadyResponse { ready }))
     }
@@ -175,23 +166,23 @@ impl GrpcInferenceService for KilnGrpc {
     ) -> Result<Response<ModelMetadataResponse>, Status> {
         let r = request.into_inner();
         let group = lookup(&self.server, &r.name, &r.version)?;
-        let batching = group.info.max_batch_size > 0;
-        let tensors = |specs: &[kiln_worker_sdk::TensorSpec]| -> Vec<TensorMetadata> {
-            specs
-                .iter()
-                .map(|s| TensorMetadata {
-                    name: s.name.as_str().to_owned(),
-                    datatype: s.dtype.as_str().to_owned(),
-                    shape: expected_shape(s, batching),
+        let m = ModelMetadata::of(&group);
+        let tensors = |tensors: Vec<MetadataTensor>| -> Vec<TensorMetadata> {
+            tensors
+                .into_iter()
+                .map(|t| TensorMetadata {
+                    name: t.name,
+                    datatype: t.dtype.as_str().to_owned(),
+                    shape: t.shape,
                 })
                 .collect()
         };
         Ok(Response::new(ModelMetadataResponse {
-            name: group.endpoint.clone(),
-            versions: vec![group.version.clone()],
-            platform: triton::platform(&group.worker),
-            inputs: tensors(&group.info.inputs),
-            outputs: tensors(&group.info.outputs),
+            name: m.name,
+            versions: m.versions,
+            platform: m.platform,
+            inputs: tensors(m.inputs),
+            outputs: tensors(m.outputs),
         }))
     }
 
@@ -227,7 +218,7 @@ impl GrpcInferenceService for KilnGrpc {
                 let next = match inbound.message().await {
                     Ok(Some(request)) => Ok(Pending::start(&server, request)),
                     Ok(None) => break,
-                    Err(e) => Err(super::routes::triton_status(e)),
+                    Err(e) => Err(triton_status(e)),
                 };
                 let failed = next.is_err();
                 if pending_tx.send(next).await.is_err() || failed {

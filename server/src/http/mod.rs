@@ -1,11 +1,13 @@
 //! REST over actix-web: KServe v2 core (health, metadata, infer), Triton's
 //! extensions (model configuration, statistics, model repository, system shared
 //! memory), kiln's worker API (load/unload), and Prometheus `/metrics`. Every error
-//! is answered as `{"error": "..."}` with the status [`ServerError::http_status`]
-//! gives.
+//! is answered as `{"error": "..."}` with the status [`status_code`] gives
+//! (`http/error.rs`, the one table of HTTP statuses).
 
 mod binary;
+mod body;
 mod compress;
+mod error;
 mod json;
 mod model_routes;
 mod offload;
@@ -17,16 +19,15 @@ mod triton;
 
 use std::net::SocketAddr;
 
-use actix_web::http::StatusCode;
-use actix_web::{web, App, HttpResponse, HttpServer, ResponseError};
+use actix_web::{web, App, HttpServer};
 
-use crate::error::ServerError;
 use crate::server::Server;
 
 pub use binary::{
     decode_request_binary, decode_response_binary, encode_request_binary, encode_response_binary,
     BinaryOutputs, Encoded, INFERENCE_HEADER_CONTENT_LENGTH,
 };
+pub use error::{status_code, HttpError};
 pub use json::{
     decode_request, decode_response, encode_request, encode_response, params_from_json,
 };
@@ -51,13 +52,19 @@ pub struct HttpConfig {
     pub tls: Option<rustls::ServerConfig>,
 }
 
+/// Shared by every handler.
+pub struct State {
+    pub server: Server,
+    pub max_body_bytes: usize,
+}
+
 /// Binds and returns the running HTTP server (await it) and the bound addresses.
 pub fn serve(
     server: Server,
     config: HttpConfig,
 ) -> std::io::Result<(actix_web::dev::Server, Vec<SocketAddr>)> {
     let restrictions = std::sync::Arc::clone(&server.restricted().http);
-    let state = web::Data::new(routes::State {
+    let state = web::Data::new(State {
         server,
         max_body_bytes: config.max_body_bytes,
     });
@@ -86,34 +93,4 @@ pub fn serve(
     };
     let addrs = http.addrs();
     Ok((http.run(), addrs))
-}
-
-/// A [`ServerError`] as an HTTP response.
-#[derive(Debug)]
-pub struct HttpError(pub ServerError);
-
-impl std::fmt::Display for HttpError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl From<ServerError> for HttpError {
-    fn from(e: ServerError) -> Self {
-        HttpError(e)
-    }
-}
-
-impl ResponseError for HttpError {
-    fn status_code(&self) -> StatusCode {
-        StatusCode::from_u16(self.0.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
-    }
-
-    fn error_response(&self) -> HttpResponse {
-        let mut response = HttpResponse::build(self.status_code());
-        if let Some(after) = self.0.retry_after() {
-            response.insert_header(("Retry-After", after.as_secs().max(1).to_string()));
-        }
-        response.json(serde_json::json!({ "error": self.0.to_string() }))
-    }
 }

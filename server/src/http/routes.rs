@@ -1,23 +1,16 @@
 //! The REST routes.
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
+use super::body::{json_object, read_body, read_raw_body};
 use super::json::load_params_from_json;
 use super::model_routes::{self, Action};
-use super::{offload, restricted, shm, triton, HttpError, INFERENCE_HEADER_CONTENT_LENGTH};
+use super::{offload, restricted, shm, triton, HttpError, State, INFERENCE_HEADER_CONTENT_LENGTH};
 use crate::error::ServerError;
 use crate::group::WorkerGroup;
-use crate::infer::expected_shape;
 use crate::restricted::{Category, Restrictions};
-use crate::server::Server;
-
-/// Shared by every handler.
-pub struct State {
-    pub server: Server,
-    pub max_body_bytes: usize,
-}
+use crate::serve;
 
 type Reply = Result<HttpResponse, HttpError>;
 
@@ -146,7 +139,7 @@ async fn model_route(state: web::Data<State>, req: HttpRequest, payload: web::Pa
     if req.method() != path.action.method() {
         return Ok(wrong_method(&req));
     }
-    let group = crate::triton::lookup(&state.server, path.model, path.version)?;
+    let group = state.server.lookup(path.model, path.version)?;
     match path.action {
         Action::Metadata => Ok(model_metadata(&group)),
         Action::Ready => Ok(model_ready(&group)),
@@ -187,24 +180,24 @@ async fn list_models(state: web::Data<State>) -> HttpResponse {
 }
 
 fn model_metadata(group: &WorkerGroup) -> HttpResponse {
-    let batching = group.info.max_batch_size > 0;
-    let tensors = |specs: &[kiln_worker_sdk::TensorSpec]| -> Vec<Value> {
-        specs
+    let m = crate::triton::ModelMetadata::of(group);
+    let tensors = |tensors: &[crate::triton::MetadataTensor]| -> Vec<Value> {
+        tensors
             .iter()
-            .map(|s| json!({"name": s.name.as_str(), "datatype": s.dtype.as_str(), "shape": expected_shape(s, batching)}))
+            .map(|t| json!({"name": t.name, "datatype": t.dtype.as_str(), "shape": t.shape}))
             .collect()
     };
     HttpResponse::Ok().json(json!({
-        "name": group.endpoint,
-        "versions": [group.version],
-        "platform": crate::triton::platform(&group.worker),
-        "inputs": tensors(&group.info.inputs),
-        "outputs": tensors(&group.info.outputs),
+        "name": m.name,
+        "versions": m.versions,
+        "platform": m.platform,
+        "inputs": tensors(&m.inputs),
+        "outputs": tensors(&m.outputs),
         "parameters": {
-            "max_batch_size": group.info.max_batch_size,
-            "batch_size": group.settings.batch_size,
-            "batcher": group.settings.batcher.as_str(),
-            "instances": group.instance_count(),
+            "max_batch_size": m.max_batch_size,
+            "batch_size": m.batch_size,
+            "batcher": m.batcher.as_str(),
+            "instances": m.instances,
         },
     }))
 }
@@ -218,66 +211,6 @@ fn model_ready(group: &WorkerGroup) -> HttpResponse {
     }
 }
 
-/// Reads a control request's whole body (not compressed), up to `limit` bytes.
-async fn read_raw_body(payload: web::Payload, limit: usize) -> Result<Bytes, HttpError> {
-    match payload.to_bytes_limited(limit).await {
-        Ok(Ok(body)) => Ok(body),
-        Ok(Err(e)) => Err(HttpError(ServerError::invalid(format!(
-            "cannot read the request body: {e}"
-        )))),
-        Err(_) => Err(HttpError(ServerError::TooLarge(format!(
-            "request body exceeds the limit of {limit} bytes"
-        )))),
-    }
-}
-
-/// Reads an inference request's whole body, up to `limit` bytes (413 beyond). A body sent with
-/// `Content-Encoding: gzip` or `deflate` (tritonclient's request compression) is
-/// decoded first, and the limit applies to what it decodes to.
-async fn read_body(
-    req: &HttpRequest,
-    payload: web::Payload,
-    limit: usize,
-) -> Result<Bytes, HttpError> {
-    let encoding = req
-        .headers()
-        .get(actix_web::http::header::CONTENT_ENCODING)
-        .map(|v| v.to_str().unwrap_or("?").trim().to_ascii_lowercase());
-    let too_large = || {
-        HttpError(ServerError::TooLarge(format!(
-            "request body exceeds the limit of {limit} bytes"
-        )))
-    };
-    let unreadable = |e: &dyn std::fmt::Display| {
-        HttpError(ServerError::invalid(format!(
-            "cannot read the request body: {e}"
-        )))
-    };
-    match encoding.as_deref() {
-        None | Some("identity") => read_raw_body(payload, limit).await,
-        Some("gzip" | "x-gzip" | "deflate") => {
-            let mut stream =
-                actix_web::dev::Decompress::from_headers(payload.into_inner(), req.headers());
-            let mut body = bytes::BytesMut::new();
-            while let Some(chunk) = std::future::poll_fn(|cx| {
-                futures_core::Stream::poll_next(std::pin::Pin::new(&mut stream), cx)
-            })
-            .await
-            {
-                let chunk = chunk.map_err(|e| unreadable(&e))?;
-                if body.len() + chunk.len() > limit {
-                    return Err(too_large());
-                }
-                body.extend_from_slice(&chunk);
-            }
-            Ok(body.freeze())
-        }
-        Some(other) => Err(HttpError(ServerError::invalid(format!(
-            "Content-Encoding `{other}` is not supported (gzip, deflate or identity)"
-        )))),
-    }
-}
-
 async fn infer(
     state: &State,
     req: &HttpRequest,
@@ -286,30 +219,24 @@ async fn infer(
 ) -> Reply {
     let body = read_body(req, payload, state.max_body_bytes).await?;
     let header = req.headers().get(INFERENCE_HEADER_CONTENT_LENGTH);
-    let (request, placement) = offload::decode_request(
+    let decoded = offload::decode_request(
         &state.server,
         &group.endpoint,
         body,
         header.map(|v| v.as_bytes()),
     )
-    .await
-    .inspect_err(|_| group.record_invalid())?;
-    let reply = group.submit(request)?;
-    let answer = match req.conn_data::<super::peer::Peer>() {
-        // Returning drops the reply channel: a queued request is then cancelled.
+    .await;
+    let (pending, placement) = serve::submit(group, decoded)?;
+    let response = match req.conn_data::<super::peer::Peer>() {
+        // Returning drops the pending answer: a queued request is then cancelled.
         Some(peer) => tokio::select! {
-            answer = reply => answer,
+            answer = pending => answer,
             () = peer.closed(req.version()) => {
                 return Err(HttpError(ServerError::Unavailable("the client went away".into())))
             }
         },
-        None => reply.await,
-    };
-    let response = answer.map_err(|_| {
-        HttpError(ServerError::Internal(
-            "the worker dropped the request".into(),
-        ))
-    })??;
+        None => pending.await,
+    }?;
     let encoded = offload::encode_response(response, placement).await?;
     match super::compress::negotiate(req) {
         None => Ok(encoded.into_response()),
@@ -340,22 +267,6 @@ async fn load(state: web::Data<State>, path: web::Path<String>, payload: web::Pa
 async fn unload(state: web::Data<State>, path: web::Path<String>) -> Reply {
     state.server.unload(&path.into_inner()).await?;
     Ok(HttpResponse::Ok().json(json!({})))
-}
-
-/// Reads an optional JSON object body.
-pub(super) async fn json_object(
-    payload: web::Payload,
-    limit: usize,
-) -> Result<Map<String, Value>, HttpError> {
-    let body = read_raw_body(payload, limit).await?;
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Map::new());
-    }
-    serde_json::from_slice(&body).map_err(|e| {
-        HttpError(ServerError::invalid(format!(
-            "the request body must be a JSON object: {e}"
-        )))
-    })
 }
 
 /// Triton's repository index: every model in the repository with its state.

@@ -20,9 +20,9 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use super::binary::{byte_count, split, BinaryOutputs, Encoded, SizedTensor};
+use super::body::json_object;
 use super::json::{decode_request_parts, encode_response_parts};
-use super::routes::{json_object, State};
-use super::HttpError;
+use super::{HttpError, State};
 use crate::error::{Result, ServerError};
 use crate::infer::{InferRequest, InferResponse};
 use crate::shm::{SharedMemory, ShmSlice};

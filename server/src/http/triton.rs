@@ -7,8 +7,9 @@
 use actix_web::{web, HttpResponse};
 use serde_json::{json, Map, Value};
 
-use super::routes::State;
+use super::State;
 use crate::group::WorkerGroup;
+use crate::stats::{StatDuration, StatsSnapshot};
 use crate::triton::{triton_type, ModelConfig};
 
 /// A group's configuration ([`ModelConfig`]: how kiln's batchers and settings
@@ -174,7 +175,50 @@ pub fn config(group: &WorkerGroup) -> HttpResponse {
 }
 
 fn stats_of(group: &WorkerGroup) -> Value {
-    group.stats().to_json(&group.endpoint, &group.version)
+    stats_json(&group.stats().snapshot(), &group.endpoint, &group.version)
+}
+
+/// A count and a cumulative duration, Triton's `StatisticDuration`.
+fn duration_json(d: StatDuration) -> Value {
+    json!({"count": d.count, "ns": d.ns})
+}
+
+/// One entry of Triton's `model_stats` array.
+fn stats_json(s: &StatsSnapshot, name: &str, version: &str) -> Value {
+    let batch_stats: Vec<Value> = s
+        .batches
+        .iter()
+        .map(|b| {
+            json!({
+                "batch_size": b.batch_size,
+                "compute_input": duration_json(b.compute_input),
+                "compute_infer": duration_json(b.compute_infer),
+                "compute_output": duration_json(b.compute_output),
+            })
+        })
+        .collect();
+    // kiln has no response cache; Triton's clients read these fields anyway.
+    let zero = duration_json(StatDuration::default());
+    json!({
+        "name": name,
+        "version": version,
+        "last_inference": s.last_inference,
+        "inference_count": s.inference_count,
+        "execution_count": s.execution_count,
+        "inference_stats": {
+            "success": duration_json(s.success),
+            "fail": duration_json(s.fail),
+            "queue": duration_json(s.queue),
+            "compute_input": duration_json(s.compute_input),
+            "compute_infer": duration_json(s.compute_infer),
+            "compute_output": duration_json(s.compute_output),
+            "cache_hit": zero,
+            "cache_miss": zero,
+        },
+        "response_stats": {},
+        "batch_stats": batch_stats,
+        "memory_usage": [],
+    })
 }
 
 /// `GET /v2/models/{m}[/versions/{v}]/stats`.
@@ -196,6 +240,7 @@ mod tests {
 
     use super::*;
     use crate::group::GroupSettings;
+    use crate::stats::{BatchTiming, ModelStats};
 
     fn settings(batcher: BatcherKind, batch_size: usize, timeout_ms: u64) -> GroupSettings {
         GroupSettings {
@@ -309,5 +354,91 @@ mod tests {
         assert_eq!(c["input"][0]["dims"], json!([-1, -1, 3]));
         assert!(c.get("dynamic_batching").is_none());
         assert_eq!(c["parameters"]["batch_size"]["string_value"], "1");
+    }
+
+    fn timing(input_us: u64, infer_us: u64, output_us: u64) -> BatchTiming {
+        BatchTiming {
+            input: Duration::from_micros(input_us),
+            infer: Duration::from_micros(infer_us),
+            output: Duration::from_micros(output_us),
+        }
+    }
+
+    #[test]
+    fn empty_stats_render_triton_schema() {
+        let v = stats_json(&ModelStats::default().snapshot(), "echo", "1");
+        assert_eq!(v["name"], "echo");
+        assert_eq!(v["version"], "1");
+        assert_eq!(v["last_inference"], 0);
+        assert_eq!(v["inference_count"], 0);
+        assert_eq!(v["execution_count"], 0);
+        for stage in [
+            "success",
+            "fail",
+            "queue",
+            "compute_input",
+            "compute_infer",
+            "compute_output",
+            "cache_hit",
+            "cache_miss",
+        ] {
+            assert_eq!(
+                v["inference_stats"][stage],
+                json!({"count": 0, "ns": 0}),
+                "{stage}"
+            );
+        }
+        assert_eq!(v["batch_stats"], json!([]));
+    }
+
+    #[test]
+    fn batches_are_charged_per_request_and_per_size() {
+        let stats = ModelStats::default();
+        // 3 requests, 4 rows: 1 µs building, 10 µs run, 2 µs answering.
+        stats.record_success(3, 4, 900, timing(1, 10, 2));
+        stats.record_success(1, 1, 100, timing(1, 10, 2));
+        stats.record_success(2, 4, 0, timing(3, 30, 6));
+        stats.record_failure(2, 5_000);
+        let v = stats_json(&stats.snapshot(), "echo", "1");
+        assert_eq!(v["inference_count"], 9);
+        assert_eq!(v["execution_count"], 3);
+        let s = &v["inference_stats"];
+        assert_eq!(s["queue"], json!({"count": 6, "ns": 1000}));
+        assert_eq!(
+            s["compute_input"],
+            json!({"count": 6, "ns": 3 * 1000 + 1000 + 2 * 3000})
+        );
+        assert_eq!(
+            s["compute_infer"],
+            json!({"count": 6, "ns": 3 * 10_000 + 10_000 + 2 * 30_000})
+        );
+        assert_eq!(
+            s["compute_output"],
+            json!({"count": 6, "ns": 3 * 2000 + 2000 + 2 * 6000})
+        );
+        // success = queue + every compute stage.
+        assert_eq!(
+            s["success"],
+            json!({"count": 6, "ns": 1000 + 10_000 + 100_000 + 20_000})
+        );
+        assert_eq!(s["fail"], json!({"count": 2, "ns": 5000}));
+        assert!(v["last_inference"].as_u64().unwrap() > 0);
+        assert_eq!(
+            v["batch_stats"],
+            json!([
+                {
+                    "batch_size": 1,
+                    "compute_input": {"count": 1, "ns": 1000},
+                    "compute_infer": {"count": 1, "ns": 10_000},
+                    "compute_output": {"count": 1, "ns": 2000},
+                },
+                {
+                    "batch_size": 4,
+                    "compute_input": {"count": 2, "ns": 4000},
+                    "compute_infer": {"count": 2, "ns": 40_000},
+                    "compute_output": {"count": 2, "ns": 8000},
+                },
+            ])
+        );
     }
 }

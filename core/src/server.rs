@@ -16,6 +16,7 @@ use crate::metrics::Metrics;
 use crate::plugin::Plugins;
 use crate::repository::{Entry, Repository, Resolved};
 use crate::restricted::RestrictedApis;
+use crate::serve::{self, Pending};
 use crate::shm::SharedMemory;
 use crate::worker_params::{client_keys, Origin};
 
@@ -203,12 +204,30 @@ impl Server {
         groups
     }
 
-    /// Runs one inference.
+    /// The group serving `model` (as [`Server::model`]); with `version`, only if it
+    /// serves that version (404 otherwise). The lookup step of every ingress
+    /// ([`crate::serve`]).
+    pub fn lookup(&self, model: &str, version: Option<&str>) -> Result<Arc<WorkerGroup>> {
+        let group = self.model(model)?;
+        match version {
+            Some(version) if version != group.version => Err(ServerError::NotFound(format!(
+                "model `{model}` has no version `{version}` loaded (loaded: {})",
+                group.version
+            ))),
+            _ => Ok(group),
+        }
+    }
+
+    /// Looks up `request.model` and queues the request ([`crate::serve`]); await
+    /// the [`Pending`] for its answer, or drop it to cancel the request.
+    pub fn submit(&self, request: InferRequest) -> Result<Pending> {
+        let group = self.lookup(&request.model, None)?;
+        serve::submit(&group, Ok((request, ()))).map(|(pending, ())| pending)
+    }
+
+    /// Runs one inference: [`Server::submit`], then its answer.
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
-        let reply = self.model(&request.model)?.submit(request)?;
-        reply
-            .await
-            .map_err(|_| ServerError::Internal("the worker dropped the request".into()))?
+        self.submit(request)?.await
     }
 
     /// The server's registry of system shared-memory regions (one per server),

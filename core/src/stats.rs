@@ -1,5 +1,6 @@
 //! Per-model inference statistics in Triton's schema (`GET /v2/models/{m}/stats`),
-//! measured on the instance threads.
+//! measured on the instance threads; each protocol renders a [`StatsSnapshot`]
+//! (REST in `http/triton.rs`, gRPC in `grpc/convert.rs`).
 //!
 //! Every number follows Triton's meaning: `inference_count` is the sum of the
 //! batch rows of successful requests, `execution_count` the batches run; in
@@ -14,7 +15,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
-use serde_json::{json, Value};
 
 /// A count and a cumulative duration, Triton's `StatisticDuration`.
 #[derive(Default)]
@@ -44,12 +44,6 @@ pub struct StatDuration {
     pub ns: u64,
 }
 
-impl StatDuration {
-    fn json(self) -> Value {
-        json!({"count": self.count, "ns": self.ns})
-    }
-}
-
 /// One batch size's totals, as read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchSizeStats {
@@ -75,46 +69,6 @@ pub struct StatsSnapshot {
     pub compute_output: StatDuration,
     /// One entry per batch size seen, by size.
     pub batches: Vec<BatchSizeStats>,
-}
-
-impl StatsSnapshot {
-    /// One entry of Triton's `model_stats` array.
-    pub fn to_json(&self, name: &str, version: &str) -> Value {
-        let batch_stats: Vec<Value> = self
-            .batches
-            .iter()
-            .map(|b| {
-                json!({
-                    "batch_size": b.batch_size,
-                    "compute_input": b.compute_input.json(),
-                    "compute_infer": b.compute_infer.json(),
-                    "compute_output": b.compute_output.json(),
-                })
-            })
-            .collect();
-        // kiln has no response cache; Triton's clients read these fields anyway.
-        let zero = StatDuration::default().json();
-        json!({
-            "name": name,
-            "version": version,
-            "last_inference": self.last_inference,
-            "inference_count": self.inference_count,
-            "execution_count": self.execution_count,
-            "inference_stats": {
-                "success": self.success.json(),
-                "fail": self.fail.json(),
-                "queue": self.queue.json(),
-                "compute_input": self.compute_input.json(),
-                "compute_infer": self.compute_infer.json(),
-                "compute_output": self.compute_output.json(),
-                "cache_hit": zero,
-                "cache_miss": zero,
-            },
-            "response_stats": {},
-            "batch_stats": batch_stats,
-            "memory_usage": [],
-        })
-    }
 }
 
 /// One batch size's totals: batches of that size and their stage durations.
@@ -240,103 +194,5 @@ impl ModelStats {
             compute_output: self.compute_output.read(),
             batches,
         }
-    }
-
-    /// One entry of Triton's `model_stats` array.
-    pub fn to_json(&self, name: &str, version: &str) -> Value {
-        self.snapshot().to_json(name, version)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-
-    use super::*;
-
-    fn timing(input_us: u64, infer_us: u64, output_us: u64) -> BatchTiming {
-        BatchTiming {
-            input: Duration::from_micros(input_us),
-            infer: Duration::from_micros(infer_us),
-            output: Duration::from_micros(output_us),
-        }
-    }
-
-    #[test]
-    fn empty_stats_render_triton_schema() {
-        let v = ModelStats::default().to_json("echo", "1");
-        assert_eq!(v["name"], "echo");
-        assert_eq!(v["version"], "1");
-        assert_eq!(v["last_inference"], 0);
-        assert_eq!(v["inference_count"], 0);
-        assert_eq!(v["execution_count"], 0);
-        for stage in [
-            "success",
-            "fail",
-            "queue",
-            "compute_input",
-            "compute_infer",
-            "compute_output",
-            "cache_hit",
-            "cache_miss",
-        ] {
-            assert_eq!(
-                v["inference_stats"][stage],
-                json!({"count": 0, "ns": 0}),
-                "{stage}"
-            );
-        }
-        assert_eq!(v["batch_stats"], json!([]));
-    }
-
-    #[test]
-    fn batches_are_charged_per_request_and_per_size() {
-        let stats = ModelStats::default();
-        // 3 requests, 4 rows: 1 µs building, 10 µs run, 2 µs answering.
-        stats.record_success(3, 4, 900, timing(1, 10, 2));
-        stats.record_success(1, 1, 100, timing(1, 10, 2));
-        stats.record_success(2, 4, 0, timing(3, 30, 6));
-        stats.record_failure(2, 5_000);
-        let v = stats.to_json("echo", "1");
-        assert_eq!(v["inference_count"], 9);
-        assert_eq!(v["execution_count"], 3);
-        let s = &v["inference_stats"];
-        assert_eq!(s["queue"], json!({"count": 6, "ns": 1000}));
-        assert_eq!(
-            s["compute_input"],
-            json!({"count": 6, "ns": 3 * 1000 + 1000 + 2 * 3000})
-        );
-        assert_eq!(
-            s["compute_infer"],
-            json!({"count": 6, "ns": 3 * 10_000 + 10_000 + 2 * 30_000})
-        );
-        assert_eq!(
-            s["compute_output"],
-            json!({"count": 6, "ns": 3 * 2000 + 2000 + 2 * 6000})
-        );
-        // success = queue + every compute stage.
-        assert_eq!(
-            s["success"],
-            json!({"count": 6, "ns": 1000 + 10_000 + 100_000 + 20_000})
-        );
-        assert_eq!(s["fail"], json!({"count": 2, "ns": 5000}));
-        assert!(v["last_inference"].as_u64().unwrap() > 0);
-        assert_eq!(
-            v["batch_stats"],
-            json!([
-                {
-                    "batch_size": 1,
-                    "compute_input": {"count": 1, "ns": 1000},
-                    "compute_infer": {"count": 1, "ns": 10_000},
-                    "compute_output": {"count": 1, "ns": 2000},
-                },
-                {
-                    "batch_size": 4,
-                    "compute_input": {"count": 2, "ns": 4000},
-                    "compute_infer": {"count": 2, "ns": 40_000},
-                    "compute_output": {"count": 2, "ns": 8000},
-                },
-            ])
-        );
     }
 }

@@ -6,18 +6,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use kiln_batchers::sequence::{
-    repeat, scalar_bytes, Control, InputLayout, InputSource, SequenceConfig, SequenceEvent,
-    SequenceFlags, SequenceHost, SequenceId, SequenceRejection, StateSpec, Strategy,
+    repeat, scalar_bytes, Control, InputLayout, InputSource, SequenceConfig, SequenceFlags,
+    SequenceHost, SequenceId, SequenceRejection, StateSpec, Strategy,
 };
 use kiln_batchers::Request;
 use kiln_worker_sdk::{DataType, Param, ParamValue, Params, Shape, TensorSpec, WorkerInfo};
 
 use crate::error::{Result, ServerError};
-use crate::group::Reply;
 use crate::infer::names;
 use crate::instance::InstanceContext;
+use crate::reply::Reply;
+pub use crate::reply::SequenceLink;
 
 /// One implicit state: the worker input it feeds and the output that updates it.
 #[derive(Debug, Clone, PartialEq)]
@@ -361,39 +361,6 @@ impl SequenceHost<Reply> for SequenceGroupHost {
     fn sequences(&self, live: usize, backlog: usize) {
         self.ctx.metrics.sequences.set(live as i64);
         self.ctx.metrics.sequence_backlog.set(backlog as i64);
-    }
-}
-
-/// What an instance of a stateful model reports back after each batch.
-pub struct SequenceLink {
-    pub events: crossbeam_channel::Sender<SequenceEvent<Reply>>,
-    pub state_outputs: Vec<usize>,
-    pub state_bytes: Vec<usize>,
-}
-
-impl SequenceLink {
-    /// Each state output's part for request `j`, if every one has the state's size.
-    pub fn states_of(
-        &self,
-        parts: &[&[Bytes]],
-        j: usize,
-    ) -> std::result::Result<Vec<Bytes>, String> {
-        self.state_outputs
-            .iter()
-            .zip(&self.state_bytes)
-            .zip(parts)
-            .map(|((&o, &bytes), parts)| {
-                let part = parts.get(j).cloned().unwrap_or_default();
-                if part.len() == bytes {
-                    Ok(part)
-                } else {
-                    Err(format!(
-                        "state output {o} of request {j} has {} bytes, the state has {bytes}",
-                        part.len()
-                    ))
-                }
-            })
-            .collect()
     }
 }
 

@@ -466,21 +466,23 @@ fn not_registered(name: &str) -> ServerError {
     ))
 }
 
-/// Shared-memory objects for unit tests.
-#[cfg(test)]
-pub(crate) mod testing {
+/// Shared-memory objects for unit tests (this crate's, and with the `testing`
+/// feature other crates').
+#[cfg(any(test, feature = "testing"))]
+#[allow(clippy::unwrap_used)]
+pub mod testing {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A shared-memory object for one test, removed on drop.
-    pub(crate) struct Object {
+    pub struct Object {
         pub key: String,
         pub path: PathBuf,
     }
 
     impl Object {
         /// A new object `/kiln-unit-<pid>-<n>` holding `contents`.
-        pub(crate) fn new(contents: &[u8]) -> Object {
+        pub fn new(contents: &[u8]) -> Object {
             static NEXT: AtomicUsize = AtomicUsize::new(0);
             let n = NEXT.fetch_add(1, Ordering::Relaxed);
             let key = format!("/kiln-unit-{}-{n}", std::process::id());
@@ -489,7 +491,8 @@ pub(crate) mod testing {
             Object { key, path }
         }
 
-        pub(crate) fn contents(&self) -> Vec<u8> {
+        /// What the object holds now.
+        pub fn contents(&self) -> Vec<u8> {
             std::fs::read(&self.path).unwrap()
         }
     }

@@ -20,11 +20,10 @@ use kiln_worker_sdk::{
 };
 
 use crate::error::ServerError;
-use crate::group::Reply;
 use crate::infer::{InferResponse, OutputTensor};
 use crate::metrics::ModelMetrics;
 use crate::ordering::{send, Answers, OrderGate};
-use crate::sequence::SequenceLink;
+use crate::reply::{Reply, SequenceLink};
 use crate::stats::{nanos, BatchTiming, ModelStats};
 
 /// What every instance of a group shares.

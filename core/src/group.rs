@@ -24,16 +24,9 @@ use crate::instance::{run_instance, InstanceContext};
 use crate::limits::Demand;
 use crate::metrics::ModelMetrics;
 use crate::params::GroupParams;
+pub use crate::reply::Reply;
 use crate::sequence::{SequenceGroupHost, SequenceLink, SequenceModel, SequenceParams};
 use crate::stats::ModelStats;
-
-/// How a request is answered once its batch has run.
-pub struct Reply {
-    pub tx: oneshot::Sender<Result<InferResponse>>,
-    pub id: Option<String>,
-    /// Bit `i` set: return output `i`.
-    pub output_mask: u64,
-}
 
 /// Settings a group runs with, resolved from parameters and the worker's info.
 #[derive(Debug, Clone, PartialEq)]

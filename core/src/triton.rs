@@ -2,12 +2,11 @@
 //! for every protocol: REST renders it as JSON (`http::routes`, `http::triton`),
 //! gRPC as protobuf messages (`grpc`).
 
-use std::sync::Arc;
-
 use kiln_worker_sdk::{BatcherKind, DataType, Param, Params, WorkerInfo};
 
 use crate::error::{Result, ServerError};
 use crate::group::{GroupSettings, WorkerGroup};
+use crate::infer::expected_shape;
 use crate::server::Server;
 
 /// The server's name in its metadata.
@@ -30,18 +29,6 @@ pub const EXTENSIONS: &[&str] = &[
 /// A model's platform: `kiln_<worker>`.
 pub fn platform(worker: &str) -> String {
     format!("kiln_{worker}")
-}
-
-/// The group serving `model`; with `version`, only if it serves that version.
-pub fn lookup(server: &Server, model: &str, version: Option<&str>) -> Result<Arc<WorkerGroup>> {
-    let group = server.model(model)?;
-    match version {
-        Some(version) if version != group.version => Err(ServerError::NotFound(format!(
-            "model `{model}` has no version `{version}` loaded (loaded: {})",
-            group.version
-        ))),
-        _ => Ok(group),
-    }
 }
 
 /// Triton's `DataType` enum name for `dtype` (`BYTES` is `TYPE_STRING`).
@@ -339,6 +326,62 @@ impl ModelConfig {
             ));
         }
         config
+    }
+}
+
+/// A tensor of a [`ModelMetadata`]: its shape as clients send it (the batch
+/// dimension first, -1, when the model batches; -1 for dynamic dims).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetadataTensor {
+    pub name: String,
+    pub dtype: DataType,
+    pub shape: Vec<i64>,
+}
+
+/// A model's metadata (KServe v2 model metadata) as clients see it, built once for
+/// every protocol: REST renders it as JSON, gRPC as a `ModelMetadataResponse`
+/// (which has no `parameters`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelMetadata {
+    pub name: String,
+    pub versions: Vec<String>,
+    pub platform: String,
+    pub inputs: Vec<MetadataTensor>,
+    pub outputs: Vec<MetadataTensor>,
+    /// The worker's `max_batch_size` (0: it does not batch).
+    pub max_batch_size: u32,
+    /// The group's settings and instances (REST's `parameters`).
+    pub batch_size: usize,
+    pub batcher: BatcherKind,
+    pub instances: usize,
+}
+
+impl ModelMetadata {
+    /// The metadata of a loaded group (its clients' tensors: a stateful model's
+    /// control and state tensors are not among them).
+    pub fn of(group: &WorkerGroup) -> ModelMetadata {
+        let batching = group.info.max_batch_size > 0;
+        let tensors = |specs: &[kiln_worker_sdk::TensorSpec]| -> Vec<MetadataTensor> {
+            specs
+                .iter()
+                .map(|s| MetadataTensor {
+                    name: s.name.as_str().to_owned(),
+                    dtype: s.dtype,
+                    shape: expected_shape(s, batching),
+                })
+                .collect()
+        };
+        ModelMetadata {
+            name: group.endpoint.clone(),
+            versions: vec![group.version.clone()],
+            platform: platform(&group.worker),
+            inputs: tensors(&group.info.inputs),
+            outputs: tensors(&group.info.outputs),
+            max_batch_size: group.info.max_batch_size,
+            batch_size: group.settings.batch_size,
+            batcher: group.settings.batcher,
+            instances: group.instance_count(),
+        }
     }
 }
 

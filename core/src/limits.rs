@@ -199,7 +199,8 @@ mod tests {
         ] {
             let e = limits.check("m", group, total).unwrap_err();
             assert!(e.to_string().contains(flag), "{e} should name {flag}");
-            assert_eq!(e.http_status(), 400);
+            // HTTP 400, gRPC RESOURCE_EXHAUSTED (`http/error.rs`, `grpc/status.rs`).
+            assert!(matches!(e, ServerError::LimitExceeded(_)), "{e:?}");
         }
     }
 

@@ -1,4 +1,5 @@
-//! The server's errors, and the one place that maps them to protocol status codes.
+//! The server's errors, protocol-free: each protocol maps them to its status codes
+//! at its edge, in one table (`http/error.rs`, `grpc/status.rs`).
 
 use std::time::Duration;
 
@@ -52,38 +53,6 @@ pub enum ServerError {
 }
 
 impl ServerError {
-    /// The HTTP status for this error.
-    pub fn http_status(&self) -> u16 {
-        match self {
-            ServerError::InvalidRequest(_)
-            | ServerError::AlreadyExists(_)
-            | ServerError::LoadFailed { .. }
-            | ServerError::LimitExceeded(_) => 400,
-            ServerError::Restricted(_) => 403,
-            ServerError::NotFound(_) => 404,
-            ServerError::TooLarge(_) => 413,
-            ServerError::QueueFull { .. } | ServerError::Exhausted(_) => 429,
-            ServerError::Unavailable(_) => 503,
-            ServerError::WorkerFailed(_) | ServerError::Internal(_) => 500,
-        }
-    }
-
-    /// The gRPC status code for this error.
-    pub fn grpc_code(&self) -> tonic::Code {
-        match self {
-            ServerError::InvalidRequest(_)
-            | ServerError::LoadFailed { .. }
-            | ServerError::TooLarge(_) => tonic::Code::InvalidArgument,
-            ServerError::NotFound(_) => tonic::Code::NotFound,
-            ServerError::AlreadyExists(_) => tonic::Code::AlreadyExists,
-            ServerError::QueueFull { .. }
-            | ServerError::Exhausted(_)
-            | ServerError::LimitExceeded(_) => tonic::Code::ResourceExhausted,
-            ServerError::Unavailable(_) | ServerError::Restricted(_) => tonic::Code::Unavailable,
-            ServerError::WorkerFailed(_) | ServerError::Internal(_) => tonic::Code::Internal,
-        }
-    }
-
     /// How long a refused client should wait before retrying, when that applies.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {

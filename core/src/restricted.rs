@@ -245,18 +245,6 @@ impl Restrictions {
     pub fn is_empty(&self) -> bool {
         self.by_category.iter().all(Option::is_none)
     }
-
-    /// The refusal for a gRPC call to `path` with `headers`, when its category is
-    /// restricted and the header is missing or wrong.
-    pub fn check_grpc(
-        &self,
-        path: &str,
-        headers: &tonic::codegen::http::HeaderMap,
-    ) -> Option<ServerError> {
-        let restriction = self.get(Category::of_grpc_path(path)?)?;
-        let value = headers.get(restriction.lookup_name()).map(|v| v.as_bytes());
-        (!restriction.allows(value)).then(|| restriction.refusal())
-    }
 }
 
 /// The restrictions of both protocols, as the server keeps them

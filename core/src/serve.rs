@@ -1,0 +1,56 @@
+//! The one inference path. Every ingress (REST, gRPC unary and streaming, the
+//! in-process [`crate::Server::infer`]) decodes its protocol into an
+//! [`InferRequest`], then takes the same steps:
+//!
+//! 1. **lookup**: [`crate::Server::lookup`], the group serving the model (and the
+//!    version) the call names;
+//! 2. **admission**: [`submit`], which counts a request that failed to decode as
+//!    invalid, or validates the decoded one and queues it
+//!    ([`WorkerGroup::submit`]), refusing it at once when the queue is full;
+//! 3. **answer**: awaiting the [`Pending`] it returns. Dropping the `Pending`
+//!    (a client gone, a deadline passed) cancels the request: the dynamic batcher
+//!    sees the closed reply channel and takes it out of its queue.
+//!
+//! Between 2 and 3 an ingress may wait as its transport needs (gRPC queues on the
+//! connection's task and awaits on the call's; REST waits for the answer *or* the
+//! client's leaving); before 1 and after 3 only decoding and encoding differ.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::sync::oneshot;
+
+use crate::error::{Result, ServerError};
+use crate::group::WorkerGroup;
+use crate::infer::{InferRequest, InferResponse};
+
+/// An inference its model's group accepted: awaiting it yields the answer
+/// (a [`ServerError`] when the request failed in its batch); dropping it cancels
+/// the request.
+#[must_use = "dropping a Pending cancels its request"]
+pub struct Pending(oneshot::Receiver<Result<InferResponse>>);
+
+impl Future for Pending {
+    type Output = Result<InferResponse>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.0).poll(cx).map(|answer| {
+            answer.unwrap_or_else(|_| {
+                Err(ServerError::Internal(
+                    "the worker dropped the request".into(),
+                ))
+            })
+        })
+    }
+}
+
+/// Admission of a request an ingress decoded for `group` (found with
+/// [`crate::Server::lookup`]), with what the ingress keeps beside it to encode the
+/// answer (`T`: where the outputs go). A request that failed to decode is counted
+/// invalid for the model and its error returned; a decoded one is validated and
+/// queued ([`WorkerGroup::submit`]).
+pub fn submit<T>(group: &WorkerGroup, decoded: Result<(InferRequest, T)>) -> Result<(Pending, T)> {
+    let (request, keep) = decoded.inspect_err(|_| group.record_invalid())?;
+    Ok((Pending(group.submit(request)?), keep))
+}
