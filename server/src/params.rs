@@ -204,9 +204,7 @@ const SERVER_PARAMETERS: &[&str] = &[
 ];
 
 /// Whether `key` takes a list: JSON's and TOML's `[4, 8]` arrive as the text `"4,8"`.
-pub fn takes_list(key: &str) -> bool {
-    key.eq_ignore_ascii_case("preferred_batch_size")
-}
+pub use kiln_protocol::params::takes_list;
 
 /// A load parameter neither the server nor the worker knows.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

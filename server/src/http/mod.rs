@@ -4,9 +4,8 @@
 //! is answered as `{"error": "..."}` with the status [`ServerError::http_status`]
 //! gives.
 
-mod binary;
+mod body;
 mod compress;
-mod json;
 mod model_routes;
 mod offload;
 mod peer;
@@ -23,14 +22,16 @@ use actix_web::{web, App, HttpResponse, HttpServer, ResponseError};
 use crate::error::ServerError;
 use crate::server::Server;
 
-pub use binary::{
-    decode_request_binary, decode_response_binary, encode_request_binary, encode_response_binary,
-    BinaryOutputs, Encoded, INFERENCE_HEADER_CONTENT_LENGTH,
+pub use kiln_protocol::http::{
+    decode_request, decode_request_binary, decode_request_shm, decode_response,
+    decode_response_binary, encode_request, encode_request_binary, encode_response,
+    encode_response_binary, encode_response_shm, params_from_json, BinaryOutputs, Encoded,
+    INFERENCE_HEADER_CONTENT_LENGTH,
 };
-pub use json::{
-    decode_request, decode_response, encode_request, encode_response, params_from_json,
-};
-pub use shm::{decode_request_shm, encode_response_shm, OutputPlacement};
+
+/// Where each output of a response goes ([`kiln_protocol::http::OutputPlacement`]
+/// over this server's shared memory).
+pub type OutputPlacement = kiln_protocol::http::OutputPlacement<crate::shm::ShmSlice>;
 
 /// How to serve HTTP.
 #[derive(Debug, Clone)]
@@ -101,6 +102,12 @@ impl std::fmt::Display for HttpError {
 impl From<ServerError> for HttpError {
     fn from(e: ServerError) -> Self {
         HttpError(e)
+    }
+}
+
+impl From<kiln_protocol::ProtocolError> for HttpError {
+    fn from(e: kiln_protocol::ProtocolError) -> Self {
+        HttpError(e.into())
     }
 }
 

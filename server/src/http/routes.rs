@@ -2,9 +2,10 @@
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::Bytes;
+use kiln_protocol::http::load_params_from_json;
 use serde_json::{json, Map, Value};
 
-use super::json::load_params_from_json;
+use super::body::EncodedResponse;
 use super::model_routes::{self, Action};
 use super::{offload, restricted, shm, triton, HttpError, INFERENCE_HEADER_CONTENT_LENGTH};
 use crate::error::ServerError;

@@ -1,0 +1,25 @@
+//! kiln-protocol: the KServe v2 protocol (with Triton's extensions) as codecs,
+//! with no transport and no server inside.
+//!
+//! - [`http`]: KServe v2 JSON, the binary tensor data extension and the system
+//!   shared-memory extension, body bytes to a protocol-free [`InferRequest`] and
+//!   an [`InferResponse`] back to body bytes (both directions, for servers and
+//!   clients).
+//! - [`grpc`]: the messages, service and client generated from
+//!   `proto/inference.proto`, and their conversion to and from the same types.
+//!
+//! Tensor data stays zero-copy where the protocol allows: binary tensors and raw
+//! gRPC contents are slices of the received body or message. Shared-memory
+//! regions belong to whoever serves; the codecs reach them through
+//! [`shm::ShmRegions`].
+
+pub mod error;
+pub mod grpc;
+pub mod http;
+pub mod infer;
+pub mod params;
+pub mod shm;
+
+pub use error::ProtocolError;
+pub use infer::{InferRequest, InferResponse, InputTensor, OutputTensor};
+pub use kiln_worker_sdk::{DataType, Param, ParamValue};
