@@ -19,18 +19,19 @@ pub const BYTE_SIZE: &str = "shared_memory_byte_size";
 /// The parameter giving the start of a tensor's window in its region.
 pub const OFFSET: &str = "shared_memory_offset";
 
-/// A tensor's place in shared memory, from its parameters.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShmPlace {
+/// A tensor's place in shared memory, from its parameters (borrowed from the
+/// message).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShmPlace<'a> {
     /// The region's name.
-    pub region: String,
+    pub region: &'a str,
     /// The window's size in bytes.
     pub byte_size: usize,
     /// The window's start in the region.
     pub offset: usize,
 }
 
-impl ShmPlace {
+impl<'a> ShmPlace<'a> {
     /// The place of tensor `name` (`kind`: "input" or "output"), from its
     /// parameters as the message carried them: `region` the
     /// `shared_memory_region` (`Err(got)`: not a string, `got` ends the message),
@@ -38,10 +39,10 @@ impl ShmPlace {
     pub fn from_parameters(
         kind: &str,
         name: &str,
-        region: Option<Result<&str, String>>,
+        region: Option<Result<&'a str, String>>,
         byte_size: Option<usize>,
         offset: Option<usize>,
-    ) -> Result<Option<ShmPlace>> {
+    ) -> Result<Option<ShmPlace<'a>>> {
         let region = match region {
             None if byte_size.is_none() && offset.is_none() => return Ok(None),
             None => {
@@ -49,7 +50,7 @@ impl ShmPlace {
                     "{kind} `{name}`: `{BYTE_SIZE}` or `{OFFSET}` without `{REGION}`"
                 )))
             }
-            Some(Ok(region)) => region.to_owned(),
+            Some(Ok(region)) => region,
             Some(Err(got)) => {
                 return Err(ProtocolError::invalid(format!(
                     "{kind} `{name}`: `{REGION}` must be a string{got}"
@@ -80,7 +81,7 @@ impl ShmPlace {
                 "{kind} `{name}`: shared memory is not available here"
             ))
         })?;
-        shm.window(&self.region, self.offset, self.byte_size)
+        shm.window(self.region, self.offset, self.byte_size)
             .map_err(|e| match e {
                 ProtocolError::NotFound(message) => {
                     ProtocolError::invalid(format!("{kind} `{name}`: {message}"))

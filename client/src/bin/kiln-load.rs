@@ -74,7 +74,7 @@ struct Args {
     /// Server base URL (HTTP mode).
     #[arg(long, env = "KILN_URL", default_value = "http://127.0.0.1:8000")]
     url: String,
-    /// Drive an embedded server instead of HTTP.
+    /// Drive an embedded server instead of HTTP (needs kiln-client's `embedded` feature).
     #[arg(long)]
     in_process: bool,
     /// In-process: worker to load first, WORKER[:key=value,...].

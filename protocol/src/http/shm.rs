@@ -21,11 +21,11 @@ use crate::shm::{
 
 /// The shared-memory place of tensor `name` (`kind`: "input" or "output") its
 /// `parameters` give, if it names a region.
-pub(super) fn shm_place(
+pub(super) fn shm_place<'a>(
     kind: &str,
     name: &str,
-    params: Option<&Map<String, Value>>,
-) -> Result<Option<ShmPlace>> {
+    params: Option<&'a Map<String, Value>>,
+) -> Result<Option<ShmPlace<'a>>> {
     let Some(params) = params else {
         return Ok(None);
     };
@@ -43,7 +43,7 @@ pub(super) fn shm_place(
 /// datatype exactly. Its bytes are copied later, by [`ShmReads::read_into`].
 pub(super) fn input_window<R: ShmRegions>(
     tensor: &SizedTensor<'_>,
-    place: &ShmPlace,
+    place: &ShmPlace<'_>,
     shm: Option<&R>,
 ) -> Result<R::Window> {
     tensor.check_size(place.byte_size)?;
