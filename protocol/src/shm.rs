@@ -122,8 +122,8 @@ pub trait ShmRegions {
     type Window: ShmWindow;
 
     /// The window of `byte_size` bytes at `offset` of region `region`. An unknown
-    /// region is [`ProtocolError::NotFound`](crate::ProtocolError::NotFound); the
-    /// codecs prefix messages with the tensor they concern.
+    /// region is [`ProtocolError::NotFound`]; the codecs prefix messages with the
+    /// tensor they concern.
     fn window(&self, region: &str, offset: usize, byte_size: usize) -> Result<Self::Window>;
 }
 
