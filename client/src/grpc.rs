@@ -1,14 +1,14 @@
 //! The gRPC client (tonic, Triton's `inference.GRPCInferenceService`): unary calls
 //! and inference over one bidirectional stream ([`InferStream`]).
 
-use kiln_server::grpc::convert::{decode_response, encode_request};
-use kiln_server::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
-use kiln_server::grpc::proto::{
+use kiln_protocol::grpc::convert::{decode_response, encode_request};
+use kiln_protocol::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
+use kiln_protocol::grpc::proto::{
     self, model_repository_parameter::ParameterChoice, repository_index_response::ModelIndex,
     system_shared_memory_status_response::RegionStatus, ModelInferRequest, ModelInferResponse,
     ModelStreamInferResponse,
 };
-use kiln_server::{InferRequest, InferResponse, Param, ParamValue};
+use kiln_protocol::{InferRequest, InferResponse, Param, ParamValue};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;

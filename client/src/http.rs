@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
-use kiln_server::http::{
+use kiln_protocol::http::{
     decode_response, decode_response_binary, encode_request, encode_request_binary,
     INFERENCE_HEADER_CONTENT_LENGTH,
 };
-use kiln_server::{InferRequest, InferResponse};
+use kiln_protocol::{InferRequest, InferResponse};
 use serde_json::Value;
 
 use crate::ClientError;

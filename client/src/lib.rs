@@ -1,6 +1,9 @@
 //! kiln-client: talk to kiln over HTTP (KServe v2 JSON, or binary tensors with
 //! [`HttpClient::infer_binary`]), over gRPC ([`GrpcClient`], unary or one stream)
-//! or in-process, with one API.
+//! or in-process (`NativeClient`, with the `embedded` feature), with one API.
+//!
+//! The codecs are [`kiln_protocol`]'s: without the `embedded` feature the client
+//! does not depend on the server (no actix-web, no plugin loader).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), kiln_client::ClientError> {
@@ -18,13 +21,15 @@
 
 mod grpc;
 mod http;
+#[cfg(feature = "embedded")]
 mod native;
 
 pub use grpc::{GrpcClient, InferStream};
 pub use http::HttpClient;
-pub use kiln_server::{
+pub use kiln_protocol::{
     DataType, InferRequest, InferResponse, InputTensor, OutputTensor, Param, ParamValue,
 };
+#[cfg(feature = "embedded")]
 pub use native::NativeClient;
 
 /// Why a call failed.
@@ -40,6 +45,7 @@ pub enum ClientError {
     #[error("decode: {0}")]
     Decode(String),
     /// The in-process server refused the request.
+    #[cfg(feature = "embedded")]
     #[error(transparent)]
     Server(#[from] kiln_server::ServerError),
     /// A gRPC call ended with a status other than OK.
@@ -55,6 +61,7 @@ impl ClientError {
     pub fn status(&self) -> Option<u16> {
         match self {
             ClientError::Status { status, .. } => Some(*status),
+            #[cfg(feature = "embedded")]
             ClientError::Server(e) => Some(kiln_server::http::status_code(e).as_u16()),
             _ => None,
         }
@@ -64,6 +71,7 @@ impl ClientError {
     pub fn grpc_code(&self) -> Option<tonic::Code> {
         match self {
             ClientError::Grpc { code, .. } => Some(*code),
+            #[cfg(feature = "embedded")]
             ClientError::Server(e) => Some(kiln_server::grpc::code(e)),
             _ => None,
         }

@@ -79,5 +79,20 @@ impl ServerError {
     }
 }
 
+/// A codec's error as the server answers it: each kind is the variant of the same
+/// name, with the same message.
+impl From<kiln_protocol::ProtocolError> for ServerError {
+    fn from(e: kiln_protocol::ProtocolError) -> Self {
+        use kiln_protocol::ProtocolError as P;
+        match e {
+            P::InvalidRequest(m) => ServerError::InvalidRequest(m),
+            P::TooLarge(m) => ServerError::TooLarge(m),
+            P::NotFound(m) => ServerError::NotFound(m),
+            P::Exhausted(m) => ServerError::Exhausted(m),
+            P::Internal(m) => ServerError::Internal(m),
+        }
+    }
+}
+
 /// Result with a [`ServerError`].
 pub type Result<T, E = ServerError> = std::result::Result<T, E>;

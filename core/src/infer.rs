@@ -1,75 +1,12 @@
-//! Protocol-free inference requests and responses, and their validation against a
-//! worker's declared inputs and outputs.
+//! The validation of protocol-free inference requests against a worker's declared
+//! inputs and outputs. The requests and responses themselves are
+//! [`kiln_protocol`]'s, re-exported here.
 
-use bytes::Bytes;
-use kiln_worker_sdk::{tensor_byte_len, DataType, Param, Shape, TensorSpec, WorkerInfo, MAX_RANK};
+use kiln_worker_sdk::{tensor_byte_len, DataType, Shape, TensorSpec, WorkerInfo, MAX_RANK};
+
+pub use kiln_protocol::{InferRequest, InferResponse, InputTensor, OutputTensor};
 
 use crate::error::{Result, ServerError};
-
-/// One input tensor as a client sent it. `data` is row-major, little-endian; BYTES
-/// elements carry 4-byte length prefixes.
-#[derive(Debug, Clone, PartialEq)]
-pub struct InputTensor {
-    pub name: String,
-    pub dtype: DataType,
-    pub shape: Vec<i64>,
-    pub data: Bytes,
-}
-
-impl InputTensor {
-    /// An input from typed elements.
-    pub fn from_slice<T: bytemuck::Pod>(
-        name: &str,
-        dtype: DataType,
-        shape: &[i64],
-        data: &[T],
-    ) -> Self {
-        InputTensor {
-            name: name.to_owned(),
-            dtype,
-            shape: shape.to_vec(),
-            data: Bytes::copy_from_slice(bytemuck::cast_slice(data)),
-        }
-    }
-}
-
-/// An inference request for one model.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct InferRequest {
-    pub model: String,
-    /// Echoed back in the response.
-    pub id: Option<String>,
-    pub inputs: Vec<InputTensor>,
-    /// Outputs to return; all when `None`.
-    pub outputs: Option<Vec<String>>,
-    /// Request parameters, handed to the worker.
-    pub parameters: Vec<Param>,
-}
-
-/// One output tensor of a response.
-#[derive(Debug, Clone, PartialEq)]
-pub struct OutputTensor {
-    pub name: String,
-    pub dtype: DataType,
-    pub shape: Vec<i64>,
-    pub data: Bytes,
-}
-
-impl OutputTensor {
-    /// The data as elements of `T` (copied, so alignment does not matter).
-    pub fn values<T: bytemuck::Pod>(&self) -> Vec<T> {
-        bytemuck::pod_collect_to_vec(&self.data)
-    }
-}
-
-/// The answer to an [`InferRequest`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct InferResponse {
-    pub model_name: String,
-    pub model_version: String,
-    pub id: Option<String>,
-    pub outputs: Vec<OutputTensor>,
-}
 
 /// A request checked against a worker: inputs in declared order, rows counted, the
 /// requested outputs as a bit mask over the declared outputs.
@@ -249,6 +186,7 @@ pub(crate) fn names(specs: &[TensorSpec]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
     use kiln_worker_sdk::BatcherKind;
 
     fn info() -> WorkerInfo {

@@ -282,6 +282,53 @@ impl ShmSlice {
     }
 }
 
+/// The registry as the codecs see it ([`kiln_protocol::shm`]).
+impl kiln_protocol::shm::ShmRegions for SharedMemory {
+    type Window = ShmSlice;
+
+    fn window(
+        &self,
+        region: &str,
+        offset: usize,
+        byte_size: usize,
+    ) -> kiln_protocol::error::Result<ShmSlice> {
+        self.slice(region, offset, byte_size).map_err(for_codec)
+    }
+}
+
+impl kiln_protocol::shm::ShmWindow for ShmSlice {
+    fn region(&self) -> &str {
+        ShmSlice::region(self)
+    }
+
+    fn len(&self) -> usize {
+        ShmSlice::len(self)
+    }
+
+    fn read(&self) -> kiln_protocol::error::Result<Bytes> {
+        ShmSlice::read(self).map_err(for_codec)
+    }
+
+    fn write(&self, data: &[u8]) -> kiln_protocol::error::Result<()> {
+        ShmSlice::write(self, data).map_err(for_codec)
+    }
+}
+
+/// A registry's error as a codec carries it back to the server (which turns it
+/// into the same [`ServerError`] again: the kinds the registry gives are those
+/// [`kiln_protocol::ProtocolError`] has).
+fn for_codec(e: ServerError) -> kiln_protocol::ProtocolError {
+    use kiln_protocol::ProtocolError as P;
+    match e {
+        ServerError::InvalidRequest(m) => P::InvalidRequest(m),
+        ServerError::TooLarge(m) => P::TooLarge(m),
+        ServerError::NotFound(m) => P::NotFound(m),
+        ServerError::Exhausted(m) => P::Exhausted(m),
+        ServerError::Internal(m) => P::Internal(m),
+        other => P::Internal(other.to_string()),
+    }
+}
+
 /// Bytes read out of shared memory, counted as held until dropped.
 struct Owned {
     data: Vec<u8>,

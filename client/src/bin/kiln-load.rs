@@ -7,7 +7,8 @@
 //! with `--binary` binary tensor data both ways), over gRPC (`--grpc`: one HTTP/2
 //! connection per client, raw tensor contents; with `--streaming` each client keeps
 //! one `ModelStreamInfer` stream and sends its next request when the last is
-//! answered) or in-process (`--in-process`: an embedded server, no socket).
+//! answered) or in-process (`--in-process`: an embedded server, no socket; needs
+//! kiln-client's `embedded` feature).
 //!
 //! HTTP and gRPC calls go through small clients of this program's own
 //! (`kiln_load/http1.rs`, `kiln_load/grpc.rs`), alike in what they do per call: the
@@ -41,12 +42,15 @@ use anyhow::{bail, Context};
 use bytes::Bytes;
 use clap::Parser;
 use hdrhistogram::Histogram;
+#[cfg(feature = "embedded")]
+use kiln_client::NativeClient;
 use kiln_client::{
-    DataType, GrpcClient, InferRequest, InferStream, InputTensor, NativeClient, Param, ParamValue,
+    DataType, GrpcClient, InferRequest, InferStream, InputTensor, Param, ParamValue,
 };
-use kiln_server::grpc::convert::{encode_request as encode_grpc_request, params_to_proto};
-use kiln_server::grpc::proto::ModelInferRequest;
-use kiln_server::http::{encode_request, encode_request_binary, INFERENCE_HEADER_CONTENT_LENGTH};
+use kiln_protocol::grpc::convert::{encode_request as encode_grpc_request, params_to_proto};
+use kiln_protocol::grpc::proto::ModelInferRequest;
+use kiln_protocol::http::{encode_request, encode_request_binary, INFERENCE_HEADER_CONTENT_LENGTH};
+#[cfg(feature = "embedded")]
 use kiln_server::ServerConfig;
 
 #[path = "kiln_load/grpc.rs"]
@@ -70,7 +74,7 @@ struct Args {
     /// Server base URL (HTTP mode).
     #[arg(long, env = "KILN_URL", default_value = "http://127.0.0.1:8000")]
     url: String,
-    /// Drive an embedded server instead of HTTP.
+    /// Drive an embedded server instead of HTTP (needs kiln-client's `embedded` feature).
     #[arg(long)]
     in_process: bool,
     /// In-process: worker to load first, WORKER[:key=value,...].
@@ -253,6 +257,7 @@ enum Caller {
         http: Http1,
         sequence: Option<(InferRequest, HttpEncoding)>,
     },
+    #[cfg(feature = "embedded")]
     Native {
         client: NativeClient,
         request: InferRequest,
@@ -275,6 +280,7 @@ impl Caller {
     /// Sets the next request's sequence parameters.
     fn set_sequence(&mut self, params: Vec<Param>) {
         match self {
+            #[cfg(feature = "embedded")]
             Caller::Native { request, .. } => request.parameters = params,
             Caller::Grpc { request, .. } | Caller::GrpcStream { request, .. } => {
                 request.parameters.extend(params_to_proto(&params));
@@ -297,6 +303,7 @@ impl Caller {
         match self {
             Caller::Http { http, .. } => http.call().await,
             Caller::GrpcLean(grpc) => grpc.call().await,
+            #[cfg(feature = "embedded")]
             Caller::Native { client, request } => client
                 .infer(request.clone())
                 .await
@@ -336,6 +343,7 @@ enum Target {
         body: Bytes,
         sequence: Option<(InferRequest, HttpEncoding)>,
     },
+    #[cfg(feature = "embedded")]
     Native {
         client: NativeClient,
         request: InferRequest,
@@ -366,6 +374,7 @@ impl Target {
                     sequence: sequence.clone(),
                 })
             }
+            #[cfg(feature = "embedded")]
             Target::Native { client, request } => Ok(Caller::Native {
                 client: client.clone(),
                 request: request.clone(),
@@ -494,6 +503,7 @@ async fn run(target: Arc<Target>, clients: usize, args: &Args) -> anyhow::Result
     Ok(total)
 }
 
+#[cfg(feature = "embedded")]
 fn parse_load(spec: &str) -> (String, Vec<Param>) {
     let (worker, rest) = spec.split_once(':').unwrap_or((spec, ""));
     let params = rest
@@ -517,22 +527,7 @@ async fn target(args: &Args, inputs: Vec<InputTensor>) -> anyhow::Result<Target>
         if args.binary {
             bail!("--binary is for HTTP; in-process requests are not encoded");
         }
-        let client = NativeClient::start(ServerConfig {
-            plugin_dirs: args.plugin_dir.clone(),
-            model_repository: args.model_repository.clone(),
-            ..ServerConfig::default()
-        })?;
-        if let Some(spec) = &args.load_model {
-            let (name, overrides) = parse_load(spec);
-            let endpoint = client.server().load_model(&name, None, overrides).await?;
-            eprintln!("kiln-load: loaded model `{endpoint}` in-process");
-        }
-        if let Some(spec) = &args.load {
-            let (worker, params) = parse_load(spec);
-            let endpoint = client.load(&worker, params).await?;
-            eprintln!("kiln-load: loaded `{endpoint}` in-process");
-        }
-        return Ok(Target::Native { client, request });
+        return in_process(args, request).await;
     }
     if args.grpc {
         if args.binary {
@@ -564,10 +559,40 @@ async fn target(args: &Args, inputs: Vec<InputTensor>) -> anyhow::Result<Target>
     })
 }
 
-fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+/// `--in-process`: an embedded server, with the worker or model to load first.
+#[cfg(feature = "embedded")]
+async fn in_process(args: &Args, request: InferRequest) -> anyhow::Result<Target> {
     // Keep stdout for results: the embedded server logs warnings to stderr.
     kiln_server::logging::init("warn", None).map_err(anyhow::Error::msg)?;
+    let client = NativeClient::start(ServerConfig {
+        plugin_dirs: args.plugin_dir.clone(),
+        model_repository: args.model_repository.clone(),
+        ..ServerConfig::default()
+    })?;
+    if let Some(spec) = &args.load_model {
+        let (name, overrides) = parse_load(spec);
+        let endpoint = client.server().load_model(&name, None, overrides).await?;
+        eprintln!("kiln-load: loaded model `{endpoint}` in-process");
+    }
+    if let Some(spec) = &args.load {
+        let (worker, params) = parse_load(spec);
+        let endpoint = client.load(&worker, params).await?;
+        eprintln!("kiln-load: loaded `{endpoint}` in-process");
+    }
+    Ok(Target::Native { client, request })
+}
+
+/// `--in-process` without the server built in.
+#[cfg(not(feature = "embedded"))]
+async fn in_process(_: &Args, _: InferRequest) -> anyhow::Result<Target> {
+    bail!(
+        "--in-process embeds the server: build kiln-load with kiln-client's `embedded` feature \
+         (cargo build -p kiln-client --features embedded)"
+    )
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
     let inputs = args
         .inputs
         .iter()
@@ -623,6 +648,7 @@ fn main() -> anyhow::Result<()> {
                 );
             }
         }
+        #[cfg(feature = "embedded")]
         if let Target::Native { client, .. } = &*target {
             client.shutdown().await;
         }

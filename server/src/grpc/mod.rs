@@ -35,15 +35,10 @@ pub use status::{code, status};
 use crate::server::Server;
 use connection::{Activity, Greeting, Order, Orders, Slot, Slots, Timeouts, Verdict, Watch};
 
-/// The protocol's messages, server and client, generated from `proto/inference.proto`.
-#[allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
-pub mod proto {
-    tonic::include_proto!("inference");
-}
-
+/// The protocol's messages, server and client ([`kiln_protocol::grpc::proto`]).
+pub use kiln_protocol::grpc::proto;
 /// `proto/inference.proto` compiled to a `FileDescriptorSet` (protobuf bytes).
-pub const FILE_DESCRIPTOR_SET: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/inference_descriptor.bin"));
+pub use kiln_protocol::grpc::FILE_DESCRIPTOR_SET;
 
 /// How to serve gRPC.
 #[derive(Debug, Clone)]

@@ -11,7 +11,9 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use flate2::{Compress, Compression, Crc, FlushCompress, Status};
 use std::cell::RefCell;
 
-use super::binary::Encoded;
+use kiln_protocol::http::Encoded;
+
+use super::encoded::EncodedResponse;
 use crate::error::ServerError;
 
 /// Bodies up to this size are compressed on the connection's thread; larger ones

@@ -41,6 +41,12 @@ impl From<ServerError> for HttpError {
     }
 }
 
+impl From<kiln_protocol::ProtocolError> for HttpError {
+    fn from(e: kiln_protocol::ProtocolError) -> Self {
+        HttpError(e.into())
+    }
+}
+
 impl ResponseError for HttpError {
     fn status_code(&self) -> StatusCode {
         status_code(&self.0)

@@ -4,11 +4,10 @@
 //! is answered as `{"error": "..."}` with the status [`status_code`] gives
 //! (`http/error.rs`, the one table of HTTP statuses).
 
-mod binary;
 mod body;
 mod compress;
+mod encoded;
 mod error;
-mod json;
 mod model_routes;
 mod offload;
 mod peer;
@@ -23,15 +22,17 @@ use actix_web::{web, App, HttpServer};
 
 use crate::server::Server;
 
-pub use binary::{
-    decode_request_binary, decode_response_binary, encode_request_binary, encode_response_binary,
-    BinaryOutputs, Encoded, INFERENCE_HEADER_CONTENT_LENGTH,
-};
 pub use error::{status_code, HttpError};
-pub use json::{
-    decode_request, decode_response, encode_request, encode_response, params_from_json,
+pub use kiln_protocol::http::{
+    decode_request, decode_request_binary, decode_request_shm, decode_response,
+    decode_response_binary, encode_request, encode_request_binary, encode_response,
+    encode_response_binary, encode_response_shm, params_from_json, BinaryOutputs, Encoded,
+    INFERENCE_HEADER_CONTENT_LENGTH,
 };
-pub use shm::{decode_request_shm, encode_response_shm, OutputPlacement};
+
+/// Where each output of a response goes ([`kiln_protocol::http::OutputPlacement`]
+/// over this server's shared memory).
+pub type OutputPlacement = kiln_protocol::http::OutputPlacement<crate::shm::ShmSlice>;
 
 /// How to serve HTTP.
 #[derive(Debug, Clone)]

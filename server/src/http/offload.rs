@@ -8,9 +8,9 @@
 use actix_web::web;
 use bytes::Bytes;
 
-use super::binary::{split, Encoded};
-use super::json::decode_request_parts;
-use super::shm::{encode_response_shm, OutputPlacement};
+use kiln_protocol::http::{decode_request_parts, encode_response_shm, split, Encoded};
+
+use super::OutputPlacement;
 use crate::error::{Result, ServerError};
 use crate::infer::{InferRequest, InferResponse};
 use crate::server::Server;
@@ -65,7 +65,7 @@ pub(super) async fn decode_request(
             let shm = Some(server.shared_memory());
             let (mut request, placement, reads) = decode_request_parts(&model, &json, binary, shm)?;
             reads.read_into(&mut request)?;
-            Ok((request, placement))
+            Ok::<_, ServerError>((request, placement))
         })
         .await?;
     }
@@ -74,7 +74,7 @@ pub(super) async fn decode_request(
     if reads.bytes() > INLINE_COPY_BYTES {
         return blocking(move || {
             reads.read_into(&mut request)?;
-            Ok((request, placement))
+            Ok::<_, ServerError>((request, placement))
         })
         .await?;
     }
@@ -92,7 +92,7 @@ pub(super) async fn encode_response(
 ) -> Result<Encoded> {
     let (json, copy) = placement.encoding_work(&response);
     if json > INLINE_JSON_BYTES || copy > INLINE_COPY_BYTES {
-        return blocking(move || encode_response_shm(&response, &placement)).await?;
+        return Ok(blocking(move || encode_response_shm(&response, &placement)).await??);
     }
-    encode_response_shm(&response, &placement)
+    Ok(encode_response_shm(&response, &placement)?)
 }

@@ -1,10 +1,11 @@
 //! The REST routes.
 
 use actix_web::{web, HttpRequest, HttpResponse};
+use kiln_protocol::http::load_params_from_json;
 use serde_json::{json, Map, Value};
 
 use super::body::{json_object, read_body, read_raw_body};
-use super::json::load_params_from_json;
+use super::encoded::EncodedResponse;
 use super::model_routes::{self, Action};
 use super::{offload, restricted, shm, triton, HttpError, State, INFERENCE_HEADER_CONTENT_LENGTH};
 use crate::error::ServerError;

@@ -1,7 +1,8 @@
 //! Triton's system shared-memory extension over REST.
 //!
 //! Regions (windows of `/dev/shm` objects, held by the server's
-//! [`SharedMemory`] registry) are managed under `/v2/systemsharedmemory`:
+//! [`SharedMemory`](crate::shm::SharedMemory) registry) are managed under
+//! `/v2/systemsharedmemory`:
 //! `POST region/{r}/register` with `{"key": "/name", "offset": 0, "byte_size": N}`,
 //! `POST region/{r}/unregister`, `POST unregister` (every region), `GET status` and
 //! `GET region/{r}/status` (a list of `{"name", "key", "offset", "byte_size"}`).
@@ -11,282 +12,16 @@
 //! `shared_memory_offset` has no `data`: an input's bytes are copied out of the
 //! region when the request is decoded (see [`crate::shm`] for why), an output is written into it after inference and answered with
 //! `"parameters": {"shared_memory_region": r, "shared_memory_byte_size": written}`
-//! instead of data. Where each output goes is returned beside the protocol-free
-//! [`InferRequest`] as an [`OutputPlacement`]; the protocol's keys never reach the
-//! worker.
+//! instead of data. That codec is [`kiln_protocol::http::shm`]'s, over this
+//! server's regions (the registry is its [`kiln_protocol::shm::ShmRegions`]).
 
 use actix_web::{web, HttpResponse};
-use bytes::Bytes;
-use serde_json::{json, Map, Value};
+use kiln_protocol::http::byte_count;
+use serde_json::{json, Value};
 
-use super::binary::{byte_count, split, BinaryOutputs, Encoded, SizedTensor};
 use super::body::json_object;
-use super::json::{decode_request_parts, encode_response_parts};
 use super::{HttpError, State};
-use crate::error::{Result, ServerError};
-use crate::infer::{InferRequest, InferResponse};
-use crate::shm::{SharedMemory, ShmSlice};
-
-const REGION: &str = "shared_memory_region";
-const BYTE_SIZE: &str = "shared_memory_byte_size";
-const OFFSET: &str = "shared_memory_offset";
-
-/// A tensor's place in shared memory, from its `parameters`.
-pub(super) struct ShmParams {
-    region: String,
-    byte_size: usize,
-    offset: usize,
-}
-
-impl ShmParams {
-    /// The shared-memory parameters of tensor `name` (`kind`: "input" or "output"),
-    /// if it names a region.
-    pub(super) fn from_parameters(
-        kind: &str,
-        name: &str,
-        params: Option<&Map<String, Value>>,
-    ) -> Result<Option<ShmParams>> {
-        let Some(params) = params else {
-            return Ok(None);
-        };
-        let context = || format!("{kind} `{name}`: ");
-        let byte_size = byte_count(params, BYTE_SIZE, context)?;
-        let offset = byte_count(params, OFFSET, context)?;
-        let region = match params.get(REGION) {
-            None if byte_size.is_none() && offset.is_none() => return Ok(None),
-            None => {
-                return Err(ServerError::invalid(format!(
-                    "{kind} `{name}`: `{BYTE_SIZE}` or `{OFFSET}` without `{REGION}`"
-                )))
-            }
-            Some(Value::String(region)) => region.clone(),
-            Some(other) => {
-                return Err(ServerError::invalid(format!(
-                    "{kind} `{name}`: `{REGION}` must be a string, got {other}"
-                )))
-            }
-        };
-        let byte_size = byte_size.ok_or_else(|| {
-            ServerError::invalid(format!("{kind} `{name}`: `{REGION}` needs `{BYTE_SIZE}`"))
-        })?;
-        Ok(Some(ShmParams {
-            region,
-            byte_size,
-            offset: offset.unwrap_or(0),
-        }))
-    }
-
-    /// The window these parameters name. As Triton answers an inference naming an
-    /// unregistered region with 400, an unknown region is an invalid request here.
-    fn slice(&self, kind: &str, name: &str, shm: Option<&SharedMemory>) -> Result<ShmSlice> {
-        let shm = shm.ok_or_else(|| {
-            ServerError::invalid(format!(
-                "{kind} `{name}`: shared memory is not available here"
-            ))
-        })?;
-        shm.slice(&self.region, self.offset, self.byte_size)
-            .map_err(|e| match e {
-                ServerError::NotFound(message) => {
-                    ServerError::invalid(format!("{kind} `{name}`: {message}"))
-                }
-                other => in_tensor(other, kind, name),
-            })
-    }
-}
-
-/// The window of an input in shared memory: `byte_size` must fit its shape and
-/// datatype exactly. Its bytes are copied later, by [`ShmReads::read_into`].
-pub(super) fn input_window(
-    tensor: &SizedTensor<'_>,
-    params: &ShmParams,
-    shm: Option<&SharedMemory>,
-) -> Result<ShmSlice> {
-    tensor.check_size(params.byte_size)?;
-    params.slice(tensor.kind, tensor.name, shm)
-}
-
-/// The shared-memory inputs of a decoded request, still to be copied out of their
-/// regions (decoding checks the windows; copying them is the costly part, done
-/// where the caller chooses).
-#[derive(Default)]
-pub struct ShmReads(Vec<PendingRead>);
-
-struct PendingRead {
-    /// The input's index in the request.
-    input: usize,
-    window: ShmSlice,
-    /// Elements of the input's shape.
-    elements: usize,
-}
-
-impl ShmReads {
-    pub(super) fn push(&mut self, input: usize, window: ShmSlice, elements: usize) {
-        self.0.push(PendingRead {
-            input,
-            window,
-            elements,
-        });
-    }
-
-    /// The bytes to copy.
-    pub fn bytes(&self) -> usize {
-        self.0.iter().map(|r| r.window.len()).sum()
-    }
-
-    /// Copies each window into its input's data (a copy, read now: an object
-    /// truncated meanwhile is a 400, and later changes of the region do not reach
-    /// the request). BYTES elements must fill their window.
-    pub fn read_into(self, request: &mut InferRequest) -> Result<()> {
-        for read in self.0 {
-            let input = request.inputs.get_mut(read.input).ok_or_else(|| {
-                ServerError::Internal(format!("no input {} to read into", read.input))
-            })?;
-            let data = read
-                .window
-                .read()
-                .map_err(|e| in_tensor(e, "input", &input.name))?;
-            SizedTensor {
-                kind: "input",
-                name: &input.name,
-                dtype: input.dtype,
-                shape: &input.shape,
-                elements: read.elements,
-                param: BYTE_SIZE,
-            }
-            .check_bytes(&data)?;
-            input.data = data;
-        }
-        Ok(())
-    }
-}
-
-/// `e`, its message beginning with the tensor it concerns.
-fn in_tensor(e: ServerError, kind: &str, name: &str) -> ServerError {
-    let prefixed = |message: String| format!("{kind} `{name}`: {message}");
-    match e {
-        ServerError::InvalidRequest(m) => ServerError::InvalidRequest(prefixed(m)),
-        ServerError::TooLarge(m) => ServerError::TooLarge(prefixed(m)),
-        ServerError::Exhausted(m) => ServerError::Exhausted(prefixed(m)),
-        other => other,
-    }
-}
-
-/// Where each output of a response goes: into a shared-memory region when the
-/// request placed it there, else binary or JSON as [`BinaryOutputs`] says.
-#[derive(Clone, Default)]
-pub struct OutputPlacement {
-    /// The binary tensor data choice, for outputs not in shared memory.
-    pub binary: BinaryOutputs,
-    /// Outputs to write into shared memory, by name, with the window checked (and
-    /// held) when the request was decoded.
-    shared_memory: Vec<(String, ShmSlice)>,
-}
-
-/// An output written into shared memory (the response leaves its data out).
-pub(super) struct InShm<'a> {
-    pub output: &'a str,
-}
-
-impl OutputPlacement {
-    /// Takes the protocol's keys (binary and shared-memory) out of the request
-    /// parameters, so they never reach the worker.
-    pub(super) fn from_request_parameters(params: &mut Map<String, Value>) -> Result<Self> {
-        for key in [REGION, BYTE_SIZE, OFFSET] {
-            params.remove(key);
-        }
-        Ok(OutputPlacement {
-            binary: BinaryOutputs::from_request_parameters(params)?,
-            shared_memory: Vec::new(),
-        })
-    }
-
-    /// Records output `name`'s own choice: binary, or a window of `shm`.
-    pub(super) fn set_from_output_parameters(
-        &mut self,
-        name: &str,
-        params: Option<&Map<String, Value>>,
-        shm: Option<&SharedMemory>,
-    ) -> Result<()> {
-        self.binary.set_from_output_parameters(name, params)?;
-        if let Some(place) = ShmParams::from_parameters("output", name, params)? {
-            let slice = place.slice("output", name, shm)?;
-            self.shared_memory.push((name.to_owned(), slice));
-        }
-        Ok(())
-    }
-
-    /// The work of encoding `response`: its bytes to write as JSON, and those to
-    /// write into shared memory (binary outputs are sent as they are).
-    pub(super) fn encoding_work(&self, response: &InferResponse) -> (usize, usize) {
-        let (mut json, mut copy) = (0, 0);
-        for output in &response.outputs {
-            if self.shared_memory.iter().any(|(n, _)| *n == output.name) {
-                copy += output.data.len();
-            } else if !self.binary.is_binary(&output.name) {
-                json += output.data.len();
-            }
-        }
-        (json, copy)
-    }
-
-    /// Writes the outputs placed in shared memory; each must fit its window (else
-    /// nothing is written).
-    fn write_outputs<'a>(&'a self, response: &'a InferResponse) -> Result<Vec<InShm<'a>>> {
-        let mut placed = Vec::with_capacity(self.shared_memory.len());
-        for output in &response.outputs {
-            let Some((_, slice)) = self.shared_memory.iter().find(|(n, _)| *n == output.name)
-            else {
-                continue;
-            };
-            if output.data.len() > slice.len() {
-                return Err(ServerError::invalid(format!(
-                    "output `{}` needs {} bytes but its {BYTE_SIZE} is {}",
-                    output.name,
-                    output.data.len(),
-                    slice.len()
-                )));
-            }
-            placed.push((slice, output));
-        }
-        placed
-            .into_iter()
-            .map(|(slice, output)| {
-                slice
-                    .write(&output.data)
-                    .map_err(|e| in_tensor(e, "output", &output.name))?;
-                Ok(InShm {
-                    output: &output.name,
-                })
-            })
-            .collect()
-    }
-}
-
-/// Decodes an inference request for `model` (JSON, or with binary tensors after
-/// `header` bytes of JSON), reading shared-memory inputs from `shm`; also returns
-/// where each output goes.
-pub fn decode_request_shm(
-    model: &str,
-    body: Bytes,
-    header: Option<&[u8]>,
-    shm: &SharedMemory,
-) -> Result<(InferRequest, OutputPlacement)> {
-    let (json, binary) = split(body, header)?;
-    let (mut request, placement, reads) = decode_request_parts(model, &json, binary, Some(shm))?;
-    reads.read_into(&mut request)?;
-    Ok((request, placement))
-}
-
-/// Writes the outputs `placement` puts in shared memory, then encodes the response
-/// (those outputs without data, the binary ones as binary tensor data). An output
-/// larger than its window is an [`ServerError::InvalidRequest`].
-pub fn encode_response_shm(
-    response: &InferResponse,
-    placement: &OutputPlacement,
-) -> Result<Encoded> {
-    let in_shm = placement.write_outputs(response)?;
-    Ok(encode_response_parts(response, &placement.binary, &in_shm))
-}
+use crate::error::ServerError;
 
 type Reply = Result<HttpResponse, HttpError>;
 
@@ -350,12 +85,23 @@ fn status(state: &State, name: Option<&str>) -> Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::infer::OutputTensor;
+    use crate::error::Result;
+    use crate::infer::{InferRequest, InferResponse, OutputTensor};
     use crate::shm::testing::Object;
+    use crate::shm::SharedMemory;
+    use bytes::Bytes;
+    use kiln_protocol::http::{decode_request_shm, encode_response_shm};
     use kiln_worker_sdk::{DataType, Param, ParamValue};
 
+    type OutputPlacement = super::super::OutputPlacement;
+
     fn decode(shm: &SharedMemory, body: Value) -> Result<(InferRequest, OutputPlacement)> {
-        decode_request_shm("m", Bytes::from(body.to_string()), None, shm)
+        Ok(decode_request_shm(
+            "m",
+            Bytes::from(body.to_string()),
+            None,
+            shm,
+        )?)
     }
 
     fn words(values: &[u32]) -> Vec<u8> {
@@ -396,7 +142,7 @@ mod tests {
             }],
             "the protocol's keys stay out"
         );
-        assert!(placement.shared_memory.is_empty());
+        assert!(placement.shared_memory_outputs().next().is_none());
     }
 
     #[test]
@@ -466,7 +212,8 @@ mod tests {
         let (request, _) = decode(&shm, bytes.clone()).unwrap();
         assert_eq!(request.inputs[0].data.as_ref(), b"\x02\0\0\0ab");
         // Without a registry (the client's decoder) shared memory is refused.
-        let err = super::super::decode_request("m", bytes.to_string().as_bytes()).unwrap_err();
+        let err =
+            kiln_protocol::http::decode_request("m", bytes.to_string().as_bytes()).unwrap_err();
         assert!(err.to_string().contains("not available here"), "{err}");
     }
 
@@ -517,7 +264,9 @@ mod tests {
         assert_eq!(encoded.binary, vec![Bytes::from(words(&[3]))]);
         assert_eq!(&object.contents()[4..12], words(&[1, 2]).as_slice());
         // Too large for its window: refused, and nothing is written.
-        let err = encode_response_shm(&response(&[5, 6, 7, 8]), &placement).unwrap_err();
+        let err = ServerError::from(
+            encode_response_shm(&response(&[5, 6, 7, 8]), &placement).unwrap_err(),
+        );
         assert!(matches!(err, ServerError::InvalidRequest(_)));
         assert!(
             err.to_string()

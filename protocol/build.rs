@@ -2,11 +2,14 @@
 //! protoc: protox parses it into a FileDescriptorSet in pure Rust, and
 //! tonic-prost-build generates the messages, the server and the client from that.
 
-use std::path::PathBuf;
+//! Without the `grpc` feature there is nothing to generate.
 
-use prost::Message;
-
+#[cfg(feature = "grpc")]
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    use std::path::PathBuf;
+
+    use prost::Message;
+
     let proto_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../proto");
     let proto = proto_dir.join("inference.proto");
     println!("cargo:rerun-if-changed={}", proto.display());
@@ -23,3 +26,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .compile_fds(descriptors)?;
     Ok(())
 }
+
+#[cfg(not(feature = "grpc"))]
+fn main() {}

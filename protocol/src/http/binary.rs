@@ -13,12 +13,6 @@
 //! That choice is an HTTP matter: it is returned beside the protocol-free
 //! [`InferRequest`] as [`BinaryOutputs`], never passed to the worker.
 
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
-use actix_web::body::{BodySize, MessageBody};
-use actix_web::http::header::ContentType;
-use actix_web::{HttpResponse, HttpResponseBuilder};
 use bytes::Bytes;
 use kiln_worker_sdk::{tensor_byte_len, DataType};
 use serde_json::{Map, Value};
@@ -26,8 +20,9 @@ use serde_json::{Map, Value};
 use super::json::{
     decode_request_parts, decode_response_parts, encode_request_parts, encode_response_parts,
 };
-use crate::error::{Result, ServerError};
+use crate::error::{ProtocolError, Result};
 use crate::infer::{InferRequest, InferResponse};
+use crate::shm::NoSharedMemory;
 
 /// The header giving the length of the JSON part of a body with binary tensors.
 pub const INFERENCE_HEADER_CONTENT_LENGTH: &str = "Inference-Header-Content-Length";
@@ -61,7 +56,7 @@ impl BinaryOutputs {
             None => false,
             Some(Value::Bool(b)) => b,
             Some(other) => {
-                return Err(ServerError::invalid(format!(
+                return Err(ProtocolError::invalid(format!(
                     "parameter `binary_data_output` must be a boolean, got {other}"
                 )))
             }
@@ -84,7 +79,7 @@ impl BinaryOutputs {
                 self.outputs.push((name.to_owned(), *b));
                 Ok(())
             }
-            Some(other) => Err(ServerError::invalid(format!(
+            Some(other) => Err(ProtocolError::invalid(format!(
                 "output `{name}`: `binary_data` must be a boolean, got {other}"
             ))),
         }
@@ -122,62 +117,11 @@ impl Encoded {
         }
         body
     }
-
-    /// The HTTP answer's head: JSON only as `application/json`; otherwise
-    /// `application/octet-stream` with the header.
-    pub(super) fn response_head(&self) -> HttpResponseBuilder {
-        let mut head = HttpResponse::Ok();
-        match self.header_length() {
-            None => head.content_type(ContentType::json()),
-            Some(length) => head
-                .content_type(ContentType::octet_stream())
-                .insert_header((INFERENCE_HEADER_CONTENT_LENGTH, length.to_string())),
-        };
-        head
-    }
-
-    /// The HTTP answer ([`Encoded::response_head`]), the tensors sent from the
-    /// response's own buffers.
-    pub(super) fn into_response(self) -> HttpResponse {
-        let mut head = self.response_head();
-        if self.binary.is_empty() {
-            return head.body(self.json);
-        }
-        let size = self.body_len() as u64;
-        let mut chunks = Vec::with_capacity(self.binary.len() + 1);
-        chunks.push(Bytes::from(self.json));
-        chunks.extend(self.binary.into_iter().filter(|c| !c.is_empty()));
-        head.body(ChunkBody {
-            chunks: chunks.into_iter(),
-            size,
-        })
-    }
-}
-
-/// A body of known size sent as a series of `Bytes`.
-struct ChunkBody {
-    chunks: std::vec::IntoIter<Bytes>,
-    size: u64,
-}
-
-impl MessageBody for ChunkBody {
-    type Error = std::convert::Infallible;
-
-    fn size(&self) -> BodySize {
-        BodySize::Sized(self.size)
-    }
-
-    fn poll_next(
-        self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Bytes, Self::Error>>> {
-        Poll::Ready(self.get_mut().chunks.next().map(Ok))
-    }
 }
 
 /// Splits `body` into its JSON and binary parts by the value of the
 /// `Inference-Header-Content-Length` header (`None`: all JSON).
-pub(super) fn split(body: Bytes, header: Option<&[u8]>) -> Result<(Bytes, Bytes)> {
+pub fn split(body: Bytes, header: Option<&[u8]>) -> Result<(Bytes, Bytes)> {
     let Some(header) = header else {
         return Ok((body, Bytes::new()));
     };
@@ -185,13 +129,13 @@ pub(super) fn split(body: Bytes, header: Option<&[u8]>) -> Result<(Bytes, Bytes)
         .ok()
         .and_then(|s| s.trim().parse::<usize>().ok())
         .ok_or_else(|| {
-            ServerError::invalid(format!(
+            ProtocolError::invalid(format!(
                 "{INFERENCE_HEADER_CONTENT_LENGTH} `{}` is not a byte count",
                 String::from_utf8_lossy(header)
             ))
         })?;
     if length > body.len() {
-        return Err(ServerError::invalid(format!(
+        return Err(ProtocolError::invalid(format!(
             "{INFERENCE_HEADER_CONTENT_LENGTH} is {length} but the body has only {} bytes",
             body.len()
         )));
@@ -211,7 +155,7 @@ pub fn decode_request_binary(
     header: Option<&[u8]>,
 ) -> Result<(InferRequest, BinaryOutputs)> {
     let (json, binary) = split(body, header)?;
-    decode_request_parts(model, &json, binary, None)
+    decode_request_parts(model, &json, binary, None::<&NoSharedMemory>)
         .map(|(request, placement, _)| (request, placement.binary))
 }
 
@@ -247,7 +191,7 @@ pub(super) fn binary_data_size(
 }
 
 /// `params[key]` as a byte count, if present; `context` begins the error message.
-pub(super) fn byte_count(
+pub fn byte_count(
     params: &Map<String, Value>,
     key: &str,
     context: impl FnOnce() -> String,
@@ -259,7 +203,7 @@ pub(super) fn byte_count(
             .and_then(|n| usize::try_from(n).ok())
             .map(Some)
             .ok_or_else(|| {
-                ServerError::invalid(format!(
+                ProtocolError::invalid(format!(
                     "{}`{key}` must be a non-negative integer, got {v}",
                     context()
                 ))
@@ -294,7 +238,7 @@ impl SizedTensor<'_> {
         if let Some(width) = dtype.size() {
             let needed = self.elements.checked_mul(width);
             if needed != Some(size) {
-                return Err(ServerError::invalid(format!(
+                return Err(ProtocolError::invalid(format!(
                     "{kind} `{name}`: {param} {size} does not match shape {shape:?} of \
                      {dtype} ({} bytes)",
                     needed.map_or_else(|| "too many".to_owned(), |n| n.to_string())
@@ -320,10 +264,10 @@ impl SizedTensor<'_> {
         let size = data.len();
         match tensor_byte_len(*dtype, *elements, data) {
             Ok(n) if n == size => Ok(()),
-            Ok(n) => Err(ServerError::invalid(format!(
+            Ok(n) => Err(ProtocolError::invalid(format!(
                 "{kind} `{name}`: {param} {size} but its {elements} BYTES elements take {n} bytes"
             ))),
-            Err(e) => Err(ServerError::invalid(format!(
+            Err(e) => Err(ProtocolError::invalid(format!(
                 "{kind} `{name}`: BYTES data of {size} bytes ({param}): {e}"
             ))),
         }
@@ -363,7 +307,7 @@ impl BinaryPart {
         tensor.check_size(size)?;
         let left = self.data.len() - self.taken;
         if size > left {
-            return Err(ServerError::invalid(format!(
+            return Err(ProtocolError::invalid(format!(
                 "{kind} `{name}`: binary_data_size {size} runs past the end of the binary data \
                  ({left} of {} bytes left)",
                 self.data.len()
@@ -378,7 +322,7 @@ impl BinaryPart {
     /// Every byte must belong to a tensor (`what`: "inputs" or "outputs").
     pub(super) fn finish(&self, what: &str) -> Result<()> {
         if self.taken != self.data.len() {
-            return Err(ServerError::invalid(format!(
+            return Err(ProtocolError::invalid(format!(
                 "the binary data has {} bytes but the {what}' binary_data_size add up to {}",
                 self.data.len(),
                 self.taken

@@ -17,10 +17,10 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::binary::{binary_data_size, BinaryOutputs, BinaryPart, Encoded, SizedTensor};
-use super::shm::{input_window, InShm, OutputPlacement, ShmParams, ShmReads};
-use crate::error::{Result, ServerError};
+use super::shm::{input_window, shm_place, InShm, OutputPlacement, ShmReads};
+use crate::error::{ProtocolError, Result};
 use crate::infer::{InferRequest, InferResponse, InputTensor, OutputTensor};
-use crate::shm::SharedMemory;
+use crate::shm::{NoSharedMemory, ShmRegions};
 
 #[derive(Deserialize)]
 struct RequestJson<'a> {
@@ -54,21 +54,27 @@ struct OutputRequestJson {
 
 /// Decodes a KServe v2 JSON inference request for `model`.
 pub fn decode_request(model: &str, body: &[u8]) -> Result<InferRequest> {
-    decode_request_parts(model, body, Bytes::new(), None).map(|(request, ..)| request)
+    decode_request_parts(model, body, Bytes::new(), None::<&NoSharedMemory>)
+        .map(|(request, ..)| request)
 }
 
 /// Decodes the JSON header `json` of a request whose binary tensors are `binary`,
 /// its shared-memory tensors in `shm` (none allowed without it); also returns where
 /// the client wants each output, and the shared-memory inputs still to be read
 /// (their data is empty until [`ShmReads::read_into`] fills it).
-pub(super) fn decode_request_parts(
+#[allow(clippy::type_complexity)]
+pub fn decode_request_parts<R: ShmRegions>(
     model: &str,
     json: &[u8],
     binary: Bytes,
-    shm: Option<&SharedMemory>,
-) -> Result<(InferRequest, OutputPlacement, ShmReads)> {
+    shm: Option<&R>,
+) -> Result<(
+    InferRequest,
+    OutputPlacement<R::Window>,
+    ShmReads<R::Window>,
+)> {
     let parsed: RequestJson<'_> = serde_json::from_slice(json)
-        .map_err(|e| ServerError::invalid(format!("malformed inference request: {e}")))?;
+        .map_err(|e| ProtocolError::invalid(format!("malformed inference request: {e}")))?;
     let mut part = BinaryPart::new(binary);
     let mut reads = ShmReads::default();
     let inputs = parsed
@@ -103,21 +109,21 @@ pub(super) fn decode_request_parts(
 
 /// Where a request's tensor `index` reads shared memory from: the registry, and the
 /// list its window joins.
-type ShmTarget<'a, 'r> = (&'a SharedMemory, usize, &'r mut ShmReads);
+type ShmTarget<'a, 'r, R> = (&'a R, usize, &'r mut ShmReads<<R as ShmRegions>::Window>);
 
 /// One tensor (`kind` is "input" or "output"), its data from `data`, with
 /// `binary_data_size` from the binary part, or with `shared_memory_region` from a
 /// window of `shm` (checked now, its data left empty and its window added to the
 /// reads; refused without `shm`).
-fn decode_tensor(
+fn decode_tensor<R: ShmRegions>(
     input: InputJson<'_>,
     kind: &str,
     part: &mut BinaryPart,
-    shm: Option<ShmTarget<'_, '_>>,
+    shm: Option<ShmTarget<'_, '_, R>>,
 ) -> Result<InputTensor> {
     let name = &input.name;
     let dtype = DataType::parse(&input.datatype).ok_or_else(|| {
-        ServerError::invalid(format!(
+        ProtocolError::invalid(format!(
             "{kind} `{name}`: unknown datatype `{}`",
             input.datatype
         ))
@@ -126,15 +132,15 @@ fn decode_tensor(
         .filter(|_| input.shape.iter().all(|&d| d >= 0))
         .map(|s| s.element_count())
         .ok_or_else(|| {
-            ServerError::invalid(format!(
+            ProtocolError::invalid(format!(
                 "{kind} `{name}`: shape {:?} is invalid",
                 input.shape
             ))
         })?;
     let binary_size = binary_data_size(kind, name, input.parameters.as_ref())?;
-    let in_shm = ShmParams::from_parameters(kind, name, input.parameters.as_ref())?;
+    let in_shm = shm_place(kind, name, input.parameters.as_ref())?;
     let both = |a: &str, b: &str| {
-        Err(ServerError::invalid(format!(
+        Err(ProtocolError::invalid(format!(
             "{kind} `{name}` has both `{a}` and `{b}`"
         )))
     };
@@ -143,13 +149,13 @@ fn decode_tensor(
         (Some(_), None, Some(_)) => return both("data", "shared_memory_region"),
         (None, Some(_), Some(_)) => return both("binary_data_size", "shared_memory_region"),
         (None, None, None) => {
-            return Err(ServerError::invalid(format!(
+            return Err(ProtocolError::invalid(format!(
                 "{kind} `{name}` has no data (no `data`, `parameters.binary_data_size` or \
                  `parameters.shared_memory_region`)"
             )))
         }
         (Some(raw), None, None) => decode_data(dtype, elements, raw)
-            .map_err(|e| ServerError::invalid(format!("{kind} `{name}` ({dtype}): {e}")))?,
+            .map_err(|e| ProtocolError::invalid(format!("{kind} `{name}` ({dtype}): {e}")))?,
         (None, Some(size), None) => part.take(kind, name, dtype, &input.shape, elements, size)?,
         (None, None, Some(params)) => {
             let tensor = SizedTensor {
@@ -188,7 +194,7 @@ pub fn params_from_json(map: Map<String, Value>) -> Result<Vec<Param>> {
                 },
                 Value::String(s) => ParamValue::Str(s.into()),
                 other => {
-                    return Err(ServerError::invalid(format!(
+                    return Err(ProtocolError::invalid(format!(
                         "parameter `{key}` must be a boolean, number or string, got {other}"
                     )))
                 }
@@ -212,7 +218,7 @@ pub fn load_params_from_json(mut map: Map<String, Value>) -> Result<Vec<Param>> 
                 .map(|item| match item {
                     Value::Number(n) => Ok(n.to_string()),
                     Value::String(s) => Ok(s.clone()),
-                    other => Err(ServerError::invalid(format!(
+                    other => Err(ProtocolError::invalid(format!(
                         "parameter `{key}`: a list of numbers or strings, got {other}"
                     ))),
                 })
@@ -568,11 +574,11 @@ pub fn decode_response(body: &[u8]) -> Result<InferResponse> {
 /// Decodes the JSON header `json` of a response whose binary tensors are `binary`.
 pub(super) fn decode_response_parts(json: &[u8], binary: Bytes) -> Result<InferResponse> {
     let parsed: ResponseInJson<'_> = serde_json::from_slice(json)
-        .map_err(|e| ServerError::invalid(format!("malformed inference response: {e}")))?;
+        .map_err(|e| ProtocolError::invalid(format!("malformed inference response: {e}")))?;
     let mut part = BinaryPart::new(binary);
     let mut outputs = Vec::with_capacity(parsed.outputs.len());
     for out in parsed.outputs {
-        let tensor = decode_tensor(out, "output", &mut part, None)?;
+        let tensor = decode_tensor::<NoSharedMemory>(out, "output", &mut part, None)?;
         outputs.push(OutputTensor {
             name: tensor.name,
             dtype: tensor.dtype,
