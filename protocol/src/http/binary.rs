@@ -11,18 +11,13 @@
 //! `"binary_data_output": true` (every output) or, per requested output,
 //! `"parameters": {"binary_data": true}` (which overrides the request-level choice).
 //! That choice is an HTTP matter: it is returned beside the protocol-free
-//! [`InferRequest`] as [`BinaryOutputs`], never passed to the worker.
+//! [`InferRequest`](crate::InferRequest) as [`BinaryOutputs`], never passed to the worker.
 
 use bytes::Bytes;
 use kiln_worker_sdk::{tensor_byte_len, DataType};
 use serde_json::{Map, Value};
 
-use super::json::{
-    decode_request_parts, decode_response_parts, encode_request_parts, encode_response_parts,
-};
 use crate::error::{ProtocolError, Result};
-use crate::infer::{InferRequest, InferResponse};
-use crate::shm::NoSharedMemory;
 
 /// The header giving the length of the JSON part of a body with binary tensors.
 pub const INFERENCE_HEADER_CONTENT_LENGTH: &str = "Inference-Header-Content-Length";
@@ -144,37 +139,6 @@ pub fn split(body: Bytes, header: Option<&[u8]>) -> Result<(Bytes, Bytes)> {
     let mut json = body;
     json.truncate(length);
     Ok((json, binary))
-}
-
-/// Decodes an inference request for `model`, JSON or with binary tensors (`header`:
-/// the value of `Inference-Header-Content-Length`, if sent). Binary inputs are
-/// slices of `body`. Also returns which outputs the client wants binary.
-pub fn decode_request_binary(
-    model: &str,
-    body: Bytes,
-    header: Option<&[u8]>,
-) -> Result<(InferRequest, BinaryOutputs)> {
-    let (json, binary) = split(body, header)?;
-    decode_request_parts(model, &json, binary, None::<&NoSharedMemory>)
-        .map(|(request, placement, _)| (request, placement.binary))
-}
-
-/// Encodes a request with every input as binary tensor data, asking for every
-/// output as binary (what `HttpClient::infer_binary` sends).
-pub fn encode_request_binary(request: &InferRequest) -> Encoded {
-    encode_request_parts(request, true)
-}
-
-/// Encodes a response, the outputs `binary` names as binary tensor data.
-pub fn encode_response_binary(response: &InferResponse, binary: &BinaryOutputs) -> Encoded {
-    encode_response_parts(response, binary, &[])
-}
-
-/// Decodes a response, JSON or with binary tensors (`header`: the value of
-/// `Inference-Header-Content-Length`, if sent). Binary outputs are slices of `body`.
-pub fn decode_response_binary(body: Bytes, header: Option<&[u8]>) -> Result<InferResponse> {
-    let (json, binary) = split(body, header)?;
-    decode_response_parts(&json, binary)
 }
 
 /// A tensor's `binary_data_size` parameter, if it has one (`kind`: "input" or
@@ -334,7 +298,9 @@ impl BinaryPart {
 
 #[cfg(test)]
 mod tests {
+    use super::super::codec::*;
     use super::*;
+    use crate::infer::{InferRequest, InferResponse};
     use crate::infer::{InputTensor, OutputTensor};
     use half::f16;
     use kiln_worker_sdk::{Param, ParamValue};

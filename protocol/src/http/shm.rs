@@ -8,11 +8,9 @@
 //! goes is returned beside the protocol-free [`InferRequest`] as an
 //! [`OutputPlacement`]; the protocol's keys never reach the worker.
 
-use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use super::binary::{byte_count, split, BinaryOutputs, Encoded, SizedTensor};
-use super::json::{decode_request_parts, encode_response_parts};
+use super::binary::{byte_count, BinaryOutputs, SizedTensor};
 use crate::error::{ProtocolError, Result};
 use crate::infer::{InferRequest, InferResponse};
 use crate::shm::{
@@ -185,7 +183,10 @@ impl<W: ShmWindow> OutputPlacement<W> {
 
     /// Writes the outputs placed in shared memory; each must fit its window (else
     /// nothing is written).
-    fn write_outputs<'a>(&'a self, response: &'a InferResponse) -> Result<Vec<InShm<'a>>> {
+    pub(super) fn write_outputs<'a>(
+        &'a self,
+        response: &'a InferResponse,
+    ) -> Result<Vec<InShm<'a>>> {
         let mut placed = Vec::with_capacity(self.shared_memory.len());
         for output in &response.outputs {
             let Some((_, slice)) = self.shared_memory.iter().find(|(n, _)| *n == output.name)
@@ -207,30 +208,4 @@ impl<W: ShmWindow> OutputPlacement<W> {
             })
             .collect()
     }
-}
-
-/// Decodes an inference request for `model` (JSON, or with binary tensors after
-/// `header` bytes of JSON), reading shared-memory inputs from `shm`; also returns
-/// where each output goes.
-pub fn decode_request_shm<R: ShmRegions>(
-    model: &str,
-    body: Bytes,
-    header: Option<&[u8]>,
-    shm: &R,
-) -> Result<(InferRequest, OutputPlacement<R::Window>)> {
-    let (json, binary) = split(body, header)?;
-    let (mut request, placement, reads) = decode_request_parts(model, &json, binary, Some(shm))?;
-    reads.read_into(&mut request)?;
-    Ok((request, placement))
-}
-
-/// Writes the outputs `placement` puts in shared memory, then encodes the response
-/// (those outputs without data, the binary ones as binary tensor data). An output
-/// larger than its window is an [`ProtocolError::InvalidRequest`].
-pub fn encode_response_shm<W: ShmWindow>(
-    response: &InferResponse,
-    placement: &OutputPlacement<W>,
-) -> Result<Encoded> {
-    let in_shm = placement.write_outputs(response)?;
-    Ok(encode_response_parts(response, &placement.binary, &in_shm))
 }
