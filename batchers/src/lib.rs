@@ -25,5 +25,5 @@ pub mod sequence;
 
 pub use admission::{Admission, Ticket};
 pub use batch::{Batch, Member};
-pub use batcher::{run_batcher, BatcherConfig};
+pub use batcher::{form_batch, run_batcher, BatchFormer, BatcherConfig};
 pub use request::{Request, Tensor};
