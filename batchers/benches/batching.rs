@@ -83,5 +83,74 @@ fn admission(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, batcher, pool, admission);
+/// The hand-off of requests into a group's queue and out of it, 64 at a time (a
+/// batch's worth; the requests move back into a reused `Vec`, nothing is dropped):
+/// today's bounded crossbeam channel (`try_send` at submit, `try_recv` in batch
+/// formation) against crossbeam-queue's `ArrayQueue` and `SegQueue` (which would
+/// still need a parking mechanism for an idle instance).
+fn handoff(c: &mut Criterion) {
+    let mut group = c.benchmark_group("handoff_64");
+    group.throughput(Throughput::Elements(64));
+    let mut held: Vec<Request<u32>> = requests().into_iter().take(64).collect();
+    let (tx, rx) = crossbeam_channel::bounded(4096);
+    group.bench_function("channel_bounded", |b| {
+        b.iter(|| {
+            for r in held.drain(..) {
+                let _ = tx.try_send(r);
+            }
+            held.extend(rx.try_iter());
+        })
+    });
+    let queue = crossbeam_queue::ArrayQueue::new(4096);
+    group.bench_function("array_queue", |b| {
+        b.iter(|| {
+            for r in held.drain(..) {
+                let _ = queue.push(r);
+            }
+            held.extend(std::iter::from_fn(|| queue.pop()));
+        })
+    });
+    let queue = crossbeam_queue::SegQueue::new();
+    group.bench_function("seg_queue", |b| {
+        b.iter(|| {
+            for r in held.drain(..) {
+                queue.push(r);
+            }
+            held.extend(std::iter::from_fn(|| queue.pop()));
+        })
+    });
+    group.finish();
+}
+
+/// The buffer pool's free list, one take and return (once per batch): today's
+/// bounded channel against an `ArrayQueue` (which would need its own parking for
+/// `acquire` while every set is out).
+fn free_list(c: &mut Criterion) {
+    let mut group = c.benchmark_group("pool_free_list");
+    let (back, free) = crossbeam_channel::bounded(4);
+    for _ in 0..4 {
+        let _ = back.send(BufferSet::with_capacities(&[4096], &[4096]));
+    }
+    group.bench_function("channel", |b| {
+        b.iter(|| {
+            if let Ok(set) = free.try_recv() {
+                let _ = back.send(std::hint::black_box(set));
+            }
+        })
+    });
+    let queue = crossbeam_queue::ArrayQueue::new(4);
+    for _ in 0..4 {
+        let _ = queue.push(BufferSet::with_capacities(&[4096], &[4096]));
+    }
+    group.bench_function("array_queue", |b| {
+        b.iter(|| {
+            if let Some(set) = queue.pop() {
+                let _ = queue.push(std::hint::black_box(set));
+            }
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, batcher, pool, admission, handoff, free_list);
 criterion_main!(benches);

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use kiln_buffers::{BufferSet, Pool};
 use kiln_worker_sdk::BatcherKind;
+use parking_lot::Mutex;
 
 use crate::batch::Batch;
 use crate::request::Request;
@@ -33,47 +34,94 @@ pub fn run_batcher<R>(
     pool: Arc<Pool<BufferSet>>,
     batches: Sender<Batch<R>>,
 ) {
-    let batch_size = config.batch_size.max(1);
     let mut carried: Option<Request<R>> = None;
-    loop {
-        let first = match carried.take() {
-            Some(request) => request,
-            None => match requests.recv() {
-                Ok(request) => request,
-                Err(_) => return,
-            },
-        };
-        let deadline = first.arrived + config.timeout;
-        let mut batch = Batch::new(pool.acquire(), config.inputs, batch_size.min(256));
-        batch.push(first);
-        while batch.rows < batch_size {
-            let next = match requests.try_recv() {
-                Ok(request) => Ok(request),
-                Err(_) => match config.kind {
-                    BatcherKind::Hard => {
-                        requests.recv().map_err(|_| RecvTimeoutError::Disconnected)
-                    }
-                    // The dynamic and sequence batchers have their own loops; given to
-                    // this one, they behave as soft.
-                    BatcherKind::Soft | BatcherKind::Dynamic | BatcherKind::Sequence => {
-                        recv_until(&requests, deadline)
-                    }
-                },
-            };
-            match next {
-                Ok(request) if batch.accepts(&request, batch_size, config.allow_ragged) => {
-                    batch.push(request)
-                }
-                Ok(request) => {
-                    carried = Some(request);
-                    break;
-                }
-                Err(_) => break,
-            }
-        }
+    while let Some(batch) = form_batch(&config, &requests, &pool, &mut carried) {
         if batches.send(batch).is_err() {
             return;
         }
+    }
+}
+
+/// Forms the next batch from `requests` by `config`'s policy: waits for a first
+/// request (`carried`, the request a previous batch could not take, comes first),
+/// then for a buffer set from `pool`, and adds requests while they fit until the
+/// policy fires. `None` once `requests` is disconnected and drained; a request that
+/// does not fit is left in `carried` for the next batch.
+pub fn form_batch<R>(
+    config: &BatcherConfig,
+    requests: &Receiver<Request<R>>,
+    pool: &Arc<Pool<BufferSet>>,
+    carried: &mut Option<Request<R>>,
+) -> Option<Batch<R>> {
+    let batch_size = config.batch_size.max(1);
+    let first = match carried.take() {
+        Some(request) => request,
+        None => requests.recv().ok()?,
+    };
+    let deadline = first.arrived + config.timeout;
+    let mut batch = Batch::new(pool.acquire(), config.inputs, batch_size.min(256));
+    batch.push(first);
+    while batch.rows < batch_size {
+        let next = match requests.try_recv() {
+            Ok(request) => Ok(request),
+            Err(_) => match config.kind {
+                BatcherKind::Hard => requests.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                // The dynamic and sequence batchers have their own loops; given to
+                // this one, they behave as soft.
+                BatcherKind::Soft | BatcherKind::Dynamic | BatcherKind::Sequence => {
+                    recv_until(requests, deadline)
+                }
+            },
+        };
+        match next {
+            Ok(request) if batch.accepts(&request, batch_size, config.allow_ragged) => {
+                batch.push(request)
+            }
+            Ok(request) => {
+                *carried = Some(request);
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    Some(batch)
+}
+
+/// A hard or soft batcher without a thread of its own: the instance threads that
+/// share it take turns forming batches, each for itself
+/// ([`BatchFormer::next_batch`]). One batch is in formation at a time, as with
+/// one batcher thread, so the policy and the order of requests are the same; what
+/// goes away is the hand-off of each batch to an instance thread (a wake-up per
+/// batch) and the batcher thread itself. A group with `batchers` = N has N formers,
+/// instance `i` taking its turns on former `i % N`.
+pub struct BatchFormer<R> {
+    config: BatcherConfig,
+    requests: Receiver<Request<R>>,
+    pool: Arc<Pool<BufferSet>>,
+    /// The turn to form a batch, with the request a previous batch could not take.
+    turn: Mutex<Option<Request<R>>>,
+}
+
+impl<R> BatchFormer<R> {
+    /// A former over a group's request queue and buffer pool.
+    pub fn new(
+        config: BatcherConfig,
+        requests: Receiver<Request<R>>,
+        pool: Arc<Pool<BufferSet>>,
+    ) -> BatchFormer<R> {
+        BatchFormer {
+            config,
+            requests,
+            pool,
+            turn: Mutex::new(None),
+        }
+    }
+
+    /// Waits for the turn, then forms a batch ([`form_batch`]) for the caller to run.
+    /// `None` once the request queue is disconnected and drained.
+    pub fn next_batch(&self) -> Option<Batch<R>> {
+        let mut carried = self.turn.lock();
+        form_batch(&self.config, &self.requests, &self.pool, &mut carried)
     }
 }
 
@@ -244,6 +292,57 @@ mod tests {
         let ragged = batch_all(config(BatcherKind::Soft, 8, 0, true), reqs());
         assert_eq!(ragged.len(), 1);
         assert_eq!(ragged[0].2.len(), (2 + 3 + 3) * 4);
+    }
+
+    #[test]
+    fn instances_sharing_a_former_form_one_batch_at_a_time() {
+        // Hard, 3 rows: two "instances" take turns; however they interleave, the
+        // requests are batched in order, three by three, never split between them.
+        let (tx, rx) = unbounded();
+        let pool = Pool::new(4, || BufferSet::with_capacities(&[64], &[64]));
+        let former = Arc::new(BatchFormer::new(
+            config(BatcherKind::Hard, 3, 0, false),
+            rx,
+            pool,
+        ));
+        let instances: Vec<_> = (0..2)
+            .map(|_| {
+                let former = Arc::clone(&former);
+                std::thread::spawn(move || {
+                    let mut ran = Vec::new();
+                    while let Some(batch) = former.next_batch() {
+                        ran.push(batch.members.iter().map(|m| m.reply).collect::<Vec<_>>());
+                    }
+                    ran
+                })
+            })
+            .collect();
+        for i in 0..7 {
+            tx.send(request(i, &[1, 1])).unwrap();
+        }
+        // Closed: the partial last batch is still formed, then both instances end.
+        drop(tx);
+        let mut batches: Vec<Vec<u32>> = instances
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect();
+        batches.sort();
+        assert_eq!(batches, vec![vec![0, 1, 2], vec![3, 4, 5], vec![6]]);
+    }
+
+    #[test]
+    fn former_carries_a_misfit_into_the_next_batch() {
+        let (tx, rx) = unbounded();
+        let pool = Pool::new(4, || BufferSet::with_capacities(&[64], &[64]));
+        let former = BatchFormer::new(config(BatcherKind::Soft, 8, 0, false), rx, pool);
+        for (i, dims) in [[1, 2], [1, 3], [1, 3]].iter().enumerate() {
+            tx.send(request(i as u32, dims)).unwrap();
+        }
+        drop(tx);
+        let ids = |b: Batch<u32>| b.members.iter().map(|m| m.reply).collect::<Vec<_>>();
+        assert_eq!(former.next_batch().map(ids), Some(vec![0]));
+        assert_eq!(former.next_batch().map(ids), Some(vec![1, 2]));
+        assert!(former.next_batch().is_none());
     }
 
     #[test]

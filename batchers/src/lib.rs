@@ -1,9 +1,11 @@
 //! kiln-batchers: turn single requests into batches.
 //!
-//! A worker group's batcher threads share one request queue and one batch queue.
-//! Each thread takes a request, takes a buffer set from the group's pool (blocking
-//! while every set is in flight: the backpressure), copies request tensors into the
-//! set's contiguous memory, and hands the [`Batch`] on when the policy fires:
+//! Hard and soft batches are formed by whoever runs them: a group's instance threads
+//! take turns on a [`BatchFormer`] over the group's request queue (or a thread runs
+//! [`run_batcher`] and hands the batches on). Forming a batch takes a request,
+//! takes a buffer set from the group's pool (blocking while every set is in flight:
+//! the backpressure), copies request tensors into the set's contiguous memory, and
+//! ends the [`Batch`] when the policy fires:
 //!
 //! - **hard**: exactly `batch_size` rows;
 //! - **soft**: up to `batch_size` rows, or what has arrived when `timeout` after the
@@ -25,5 +27,5 @@ pub mod sequence;
 
 pub use admission::{Admission, Ticket};
 pub use batch::{Batch, Member};
-pub use batcher::{run_batcher, BatcherConfig};
+pub use batcher::{form_batch, run_batcher, BatchFormer, BatcherConfig};
 pub use request::{Request, Tensor};

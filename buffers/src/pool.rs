@@ -1,48 +1,102 @@
 //! A bounded pool: a fixed number of items, handed out and returned on drop.
+//!
+//! The free list is a lock-free `crossbeam_queue::ArrayQueue` (a take and a return
+//! cost about half of a bounded channel's: `docs/benchmarks.md`, "#12"). Only a
+//! taker that finds it empty parks, on a mutex and condition variable; a return
+//! takes that mutex only while someone is parked.
 
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{fence, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, Sender};
+use crossbeam_queue::ArrayQueue;
+use parking_lot::{Condvar, Mutex};
 
 /// A fixed set of reusable items. [`Pool::acquire`] blocks while every item is out;
 /// a [`Pooled`] goes back when dropped.
 pub struct Pool<T> {
-    free: Receiver<T>,
-    back: Sender<T>,
+    free: ArrayQueue<T>,
+    /// Takers parked (or about to park) on `cond`.
+    waiters: AtomicUsize,
+    lock: Mutex<()>,
+    cond: Condvar,
     size: usize,
 }
 
 impl<T> Pool<T> {
-    /// A pool of `size` items made by `make`.
+    /// A pool of `size` items (at least 1) made by `make`.
     pub fn new(size: usize, mut make: impl FnMut() -> T) -> Arc<Pool<T>> {
-        let (back, free) = bounded(size);
+        let size = size.max(1);
+        let free = ArrayQueue::new(size);
         for _ in 0..size {
-            // Cannot fail: the channel has room for `size` items and we hold the receiver.
-            let _ = back.send(make());
+            // Cannot fail: the queue has room for `size` items.
+            let _ = free.push(make());
         }
-        Arc::new(Pool { free, back, size })
+        Arc::new(Pool {
+            free,
+            waiters: AtomicUsize::new(0),
+            lock: Mutex::new(()),
+            cond: Condvar::new(),
+            size,
+        })
     }
 
     /// Takes an item, waiting while every item is out.
     pub fn acquire(self: &Arc<Self>) -> Pooled<T> {
-        // Cannot disconnect: the pool holds a sender.
-        let item = self.free.recv().ok();
+        let item = self.take(None);
         self.wrap(item)
     }
 
     /// Takes an item if one is free now.
     pub fn try_acquire(self: &Arc<Self>) -> Option<Pooled<T>> {
-        self.free.try_recv().ok().map(|item| self.wrap(Some(item)))
+        self.free.pop().map(|item| self.wrap(Some(item)))
     }
 
     /// Takes an item, waiting at most `timeout`.
     pub fn acquire_timeout(self: &Arc<Self>, timeout: Duration) -> Option<Pooled<T>> {
-        self.free
-            .recv_timeout(timeout)
-            .ok()
+        // A timeout beyond what `Instant` can hold waits as `acquire` does.
+        self.take(Instant::now().checked_add(timeout))
             .map(|item| self.wrap(Some(item)))
+    }
+
+    /// Pops an item, parking while there is none (until `deadline`, if given).
+    fn take(&self, deadline: Option<Instant>) -> Option<T> {
+        if let Some(item) = self.free.pop() {
+            return Some(item);
+        }
+        let mut guard = self.lock.lock();
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        // Pairs with the fence in `put`: either this pop sees the item returned, or
+        // the returner sees this waiter and notifies under the lock, which this
+        // taker holds until it waits.
+        fence(Ordering::SeqCst);
+        let item = loop {
+            if let Some(item) = self.free.pop() {
+                break Some(item);
+            }
+            match deadline {
+                None => self.cond.wait(&mut guard),
+                Some(deadline) => {
+                    if self.cond.wait_until(&mut guard, deadline).timed_out() {
+                        break self.free.pop();
+                    }
+                }
+            }
+        };
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        item
+    }
+
+    /// Returns an item and wakes a parked taker, if any.
+    fn put(&self, item: T) {
+        // Cannot fail: the pool's items are never more than its capacity.
+        let _ = self.free.push(item);
+        fence(Ordering::SeqCst);
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            let _guard = self.lock.lock();
+            self.cond.notify_one();
+        }
     }
 
     fn wrap(self: &Arc<Self>, item: Option<T>) -> Pooled<T> {
@@ -92,7 +146,7 @@ impl<T> DerefMut for Pooled<T> {
 impl<T> Drop for Pooled<T> {
     fn drop(&mut self) {
         if let Some(item) = self.item.take() {
-            let _ = self.pool.back.send(item);
+            self.pool.put(item);
         }
     }
 }
@@ -118,6 +172,27 @@ mod tests {
         assert!(c.is_some());
         drop((b, c));
         assert_eq!(pool.in_use(), 0);
+    }
+
+    #[test]
+    fn contended_takers_all_get_their_turn() {
+        // 4 threads, 2 items, 1000 takes each: no wake-up is lost (a lost one would
+        // hang this test) and never more than 2 are out.
+        let pool = Pool::new(2, || 0u64);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..1000 {
+                        let mut item = pool.acquire();
+                        *item += 1;
+                        assert!(pool.in_use() <= 2);
+                    }
+                });
+            }
+        });
+        let a = pool.acquire();
+        let b = pool.acquire();
+        assert_eq!(*a + *b, 4000);
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! A worker group: the endpoint clients address. It owns a bounded request queue,
-//! a batcher group (threads sharing that queue and one batch queue), a pool of
-//! buffer sets bounding the batches in flight, and one thread per worker instance.
+//! its batching (hard and soft: `batchers` formers on which the instance threads
+//! take turns forming their own batches; dynamic and sequence: a scheduler thread
+//! handing batches over), a pool of buffer sets bounding the batches in flight, and
+//! one thread per worker instance.
 
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,7 +14,7 @@ use arc_swap::ArcSwapOption;
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TrySendError};
 use kiln_batchers::dynamic::{run_dynamic_batcher, DynamicConfig, DynamicHost, Rejection};
 use kiln_batchers::sequence::{run_sequence_batcher, SequenceEvent};
-use kiln_batchers::{run_batcher, Admission, Batch, BatcherConfig, Request};
+use kiln_batchers::{Admission, Batch, BatchFormer, BatcherConfig, Request};
 use kiln_buffers::{BufferSet, Pool};
 use kiln_worker_sdk::{BatcherKind, Shape, WorkerBox, WorkerInfo};
 use parking_lot::Mutex;
@@ -20,7 +22,7 @@ use tokio::sync::oneshot;
 
 use crate::error::{Result, ServerError};
 use crate::infer::{validate, InferRequest, InferResponse, MAX_OUTPUTS};
-use crate::instance::{run_instance, InstanceContext};
+use crate::instance::{run_instance, BatchSource, InstanceContext};
 use crate::limits::Demand;
 use crate::metrics::ModelMetrics;
 use crate::params::GroupParams;
@@ -72,10 +74,14 @@ pub struct WorkerGroup {
     /// they wait (the channel, a batcher's own queues, a batcher's hands).
     admission: Arc<Admission>,
     batches: Receiver<Batch<Reply>>,
+    /// Hard and soft: the `batchers` formers the instances take turns on (empty for
+    /// dynamic and sequence, whose scheduler thread fills `batches`).
+    formers: Vec<Arc<BatchFormer<Reply>>>,
     pool: Arc<Pool<BufferSet>>,
     context: Arc<InstanceContext>,
     threads: Mutex<Vec<JoinHandle<()>>>,
-    /// Batcher threads (the rest of `threads` run instances).
+    /// Batcher threads (the rest of `threads` run instances): dynamic and sequence
+    /// only.
     batcher_threads: usize,
     /// The pool's memory at load (see [`pool_bytes`]), for the server-wide limits.
     pool_bytes: u64,
@@ -157,6 +163,7 @@ impl WorkerGroup {
             inputs: info.inputs.len(),
         };
         let mut threads = Vec::new();
+        let mut formers = Vec::new();
         if let Some(model) = &sequence_model {
             let config = model.config(
                 &settings.sequence,
@@ -190,12 +197,16 @@ impl WorkerGroup {
                 run_dynamic_batcher(dynamic, inputs, rx, pool, tx, host)
             })?);
         } else {
-            for i in 0..settings.batchers {
-                let (rx, tx, pool) = (queue_rx.clone(), batch_tx.clone(), Arc::clone(&pool));
-                threads.push(spawn(format!("batcher-{endpoint}-{i}"), move || {
-                    run_batcher(config, rx, pool, tx)
-                })?);
-            }
+            // No batcher thread: the instances form their own batches (BatchFormer).
+            formers = (0..settings.batchers.max(1))
+                .map(|_| {
+                    Arc::new(BatchFormer::new(
+                        config,
+                        queue_rx.clone(),
+                        Arc::clone(&pool),
+                    ))
+                })
+                .collect();
         }
         let batcher_threads = threads.len();
         let admission = Admission::new(settings.queue_size);
@@ -211,6 +222,7 @@ impl WorkerGroup {
             queue: ArcSwapOption::from_pointee(queue_tx),
             admission,
             batches: batch_rx,
+            formers,
             pool,
             context,
             threads: Mutex::new(threads),
@@ -247,9 +259,18 @@ impl WorkerGroup {
             Some(seq) => {
                 let (tx, rx) = unbounded();
                 // The Manager adds instances one at a time: the index is the count.
-                (rx, Some(tx), seq.instances.load(Ordering::SeqCst))
+                let index = seq.instances.load(Ordering::SeqCst);
+                (BatchSource::Queue(rx), Some(tx), index)
             }
-            None => (self.batches.clone(), None, 0),
+            None => {
+                // Instance `n` takes its turns on former `n % batchers`.
+                let n = self.threads.lock().len();
+                let source = match self.formers.get(n % self.formers.len().max(1)) {
+                    Some(former) => BatchSource::Former(Arc::clone(former)),
+                    None => BatchSource::Queue(self.batches.clone()),
+                };
+                (source, None, 0)
+            }
         };
         let ctx = Arc::clone(&self.context);
         // The thread takes the instance from this slot; if it never starts, the
@@ -449,7 +470,8 @@ impl WorkerGroup {
     pub fn demand(&self) -> Demand {
         Demand {
             instances: self.instance_count(),
-            batcher_threads: self.batcher_threads,
+            // A hard or soft group's formers count as its batcher threads.
+            batcher_threads: batcher_threads(&self.settings),
             buffer_bytes: self.pool_bytes,
         }
     }
@@ -466,7 +488,8 @@ impl WorkerGroup {
     /// ends every instance's lifecycle. Returns when all is done.
     pub fn drain(&self) {
         // Dropping the last sender lets the batchers drain the queue and exit; the
-        // worker threads then drain the batch queue and exit.
+        // worker threads then drain the batch queue and exit (hard and soft: the
+        // instances form batches until the request queue is drained, then exit).
         self.queue.store(None);
         let threads = std::mem::take(&mut *self.threads.lock());
         for handle in threads {
@@ -617,8 +640,9 @@ pub fn demand(info: &WorkerInfo, settings: &GroupSettings, instances: usize) -> 
     }
 }
 
-/// Batcher threads a group runs: `batchers` for hard and soft, one scheduler for
-/// dynamic and sequence.
+/// Batcher threads a group counts against the limits: `batchers` for hard and soft
+/// (its formers: the instances form the batches, no thread of its own), one
+/// scheduler for dynamic and sequence.
 fn batcher_threads(settings: &GroupSettings) -> usize {
     match settings.batcher {
         BatcherKind::Dynamic | BatcherKind::Sequence => 1,

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use crossbeam_channel::Receiver;
-use kiln_batchers::{Batch, Member};
+use kiln_batchers::{Batch, BatchFormer, Member};
 use kiln_worker_sdk::reexports::RStr;
 use kiln_worker_sdk::{
     tensor_byte_len, BatchFfi, InputFfi, OutputBuffer_TO, OutputFfi, RequestError, RequestFfi,
@@ -59,16 +59,34 @@ impl InstanceContext {
     }
 }
 
-/// Runs batches until the batch queue closes, then ends the instance's lifecycle.
-/// `index` numbers the instance for a stateful model's sequence batcher.
+/// Where an instance's batches come from.
+pub enum BatchSource {
+    /// Formed by a batcher thread (dynamic, sequence) and handed over.
+    Queue(Receiver<Batch<Reply>>),
+    /// Formed by the instance itself, in its turn (hard, soft).
+    Former(Arc<BatchFormer<Reply>>),
+}
+
+impl BatchSource {
+    fn next(&self) -> Option<Batch<Reply>> {
+        match self {
+            BatchSource::Queue(batches) => batches.recv().ok(),
+            BatchSource::Former(former) => former.next_batch(),
+        }
+    }
+}
+
+/// Runs batches until its source closes (the batch queue, or the group's request
+/// queue once drained), then ends the instance's lifecycle. `index` numbers the
+/// instance for a stateful model's sequence batcher.
 pub fn run_instance(
     mut worker: WorkerBox,
     ctx: Arc<InstanceContext>,
-    batches: Receiver<Batch<Reply>>,
+    batches: BatchSource,
     index: usize,
 ) {
     let mut healthy = true;
-    for mut batch in batches.iter() {
+    while let Some(mut batch) = batches.next() {
         // Should this thread unwind on the batch, later batches are not held.
         let _in_order = ctx.ordering.as_ref().map(|gate| gate.guard(batch.order));
         if !healthy {

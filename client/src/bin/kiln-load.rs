@@ -598,10 +598,15 @@ fn main() -> anyhow::Result<()> {
         .iter()
         .map(|s| parse_input(s))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(args.threads.max(1))
-        .enable_all()
-        .build()?;
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.worker_threads(args.threads.max(1)).enable_all();
+    if args.in_process {
+        // In-process the load generator's threads await the answers, as the server's
+        // serving threads do over the network: under SCHED_BATCH, not woken into
+        // preempting the instance thread once per answer (kiln_server::sched).
+        builder.on_thread_start(kiln_server::sched::serving_thread);
+    }
+    let runtime = builder.build()?;
     runtime.block_on(async {
         let target = Arc::new(target(&args, inputs).await?);
         for &clients in &args.concurrency {
