@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod ordering;
 pub mod params;
 pub mod plugin;
+pub mod process_metrics;
 pub mod repository;
 pub mod restricted;
 pub mod sched;
