@@ -241,7 +241,8 @@ impl State {
             if !group_params.share {
                 let grown = group.demand() + only_instances(1);
                 self.within_limits(&group.endpoint, grown, only_instances(1))?;
-                let (instances, info) = init_instances(module, worker, &params, 1)?;
+                let told = with_instances(&params, group.instance_count() + 1);
+                let (instances, info) = init_instances(module, worker, &told, 1)?;
                 if info != *group.worker_info {
                     teardown(instances, Stage::Initialized);
                     return Err(load_failed(
@@ -436,9 +437,9 @@ fn teardown(instances: Vec<WorkerBox>, stage: Stage) {
     }
 }
 
-/// `params` with [`INSTANCES_PARAM`] set to the group's instance count when the
-/// loader left it to its default: every worker's `init` is told how many instances
-/// share the machine.
+/// `params` with [`INSTANCES_PARAM`] set to the group's instance count (once the
+/// new instances are in) when the loader left it to its default: every worker's
+/// `init` is told how many instances share the machine.
 fn with_instances(params: &[Param], instances: usize) -> Vec<Param> {
     let mut params = params.to_vec();
     if !params
