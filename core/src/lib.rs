@@ -19,6 +19,7 @@ pub mod ordering;
 pub mod param_de;
 pub mod params;
 pub mod plugin;
+pub mod process_metrics;
 pub mod reply;
 pub mod repository;
 pub mod restricted;

@@ -8,7 +8,7 @@ use std::thread::JoinHandle;
 
 use arc_swap::ArcSwap;
 use crossbeam_channel::{unbounded, Receiver, Sender};
-use kiln_worker_sdk::{Param, WorkerBox, WorkerInfo, WorkerModRef};
+use kiln_worker_sdk::{Param, ParamValue, WorkerBox, WorkerInfo, WorkerModRef, INSTANCES_PARAM};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
@@ -241,7 +241,8 @@ impl State {
             if !group_params.share {
                 let grown = group.demand() + only_instances(1);
                 self.within_limits(&group.endpoint, grown, only_instances(1))?;
-                let (instances, info) = init_instances(module, worker, &params, 1)?;
+                let told = with_instances(&params, group.instance_count() + 1);
+                let (instances, info) = init_instances(module, worker, &told, 1)?;
                 if info != *group.worker_info {
                     teardown(instances, Stage::Initialized);
                     return Err(load_failed(
@@ -327,8 +328,9 @@ impl State {
         // worker has described itself.
         let count = only_instances(group_params.instances.get());
         self.within_limits(&endpoint, count, count)?;
+        let params = with_instances(params, group_params.instances.get());
         let (instances, info) =
-            init_instances(module, worker, params, group_params.instances.get())?;
+            init_instances(module, worker, &params, group_params.instances.get())?;
         let settings = resolve(&info, group_params, instances.len()).and_then(|settings| {
             let wanted = demand(&info, &settings, instances.len());
             self.within_limits(&endpoint, wanted, wanted)?;
@@ -434,6 +436,23 @@ fn teardown(instances: Vec<WorkerBox>, stage: Stage) {
         }
         instance.destroy();
     }
+}
+
+/// `params` with [`INSTANCES_PARAM`] set to the group's instance count (once the
+/// new instances are in) when the loader left it to its default: every worker's
+/// `init` is told how many instances share the machine.
+fn with_instances(params: &[Param], instances: usize) -> Vec<Param> {
+    let mut params = params.to_vec();
+    if !params
+        .iter()
+        .any(|p| p.key.as_str().eq_ignore_ascii_case(INSTANCES_PARAM))
+    {
+        params.push(Param {
+            key: INSTANCES_PARAM.into(),
+            value: ParamValue::Int(i64::try_from(instances).unwrap_or(i64::MAX)),
+        });
+    }
+    params
 }
 
 /// Creates `count` instances and runs `init` on each; all must describe themselves

@@ -157,6 +157,7 @@ impl Metrics {
                 "Sequences waiting for a live one to end (sequence batcher)",
                 metrics.sequence_backlog.clone(),
             );
+            r.register_collector(Box::new(crate::process_metrics::ProcessCollector));
         }
         metrics
     }

@@ -172,3 +172,61 @@ async fn load_generator_sequences() {
         assert!(!run["errors"].as_object().unwrap().is_empty(), "{run}");
     }
 }
+
+/// `--server-pid` (from `/proc/PID/stat`) and `--server-cpu` (from the server's
+/// `process_cpu_seconds_total`) report the real server's CPU per request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_generator_reports_server_cpu_per_request() {
+    let kiln = Kiln::start(&["--load", "echo"]);
+    let pid = kiln.pid().to_string();
+    let (url, grpc_url) = (kiln.url.as_str(), kiln.grpc_url.as_str());
+    let cases: [&[&str]; 3] = [
+        &["--url", url, "--server-pid", &pid],
+        &["--url", url, "--server-cpu"],
+        &[
+            "--grpc",
+            "--grpc-url",
+            grpc_url,
+            "--server-metrics",
+            &format!("{url}/metrics"),
+        ],
+    ];
+    for flags in cases {
+        let mut args = vec!["--concurrency", "4"];
+        args.extend_from_slice(flags);
+        let run = &run_load(&args)[0];
+        assert!(run["requests"].as_u64().unwrap() > 0, "{run}");
+        assert_eq!(run["errors"], serde_json::json!({}), "{run}");
+        let per_request = run["server_cpu_us_per_request"].as_f64().unwrap_or(0.0);
+        assert!(per_request > 0.0, "{flags:?}: {run}");
+        assert!(
+            run["server_cpu_seconds"].as_f64().unwrap_or(0.0) > 0.0,
+            "{run}"
+        );
+    }
+    // The text report carries it too; without the flags it is absent.
+    let text = |extra: &[&str]| {
+        let mut args = vec!["--url", url, "--duration", "0.5", "--warmup", "0"];
+        args.extend_from_slice(&["--model", "echo", "--input", "INPUT0:UINT32:1x16"]);
+        let output = Command::new(build_dir().join("kiln-load"))
+            .args(args)
+            .args(extra)
+            .output()
+            .expect("run kiln-load");
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    assert!(text(&["--server-pid", &pid]).contains("us/req"));
+    assert!(!text(&[]).contains("server_cpu"));
+    // A process that is not there is an error, not a silent 0.
+    let output = Command::new(build_dir().join("kiln-load"))
+        .args(["--url", url, "--duration", "0.2", "--warmup", "0"])
+        .args(["--input", "INPUT0:UINT32:1x16", "--server-pid", "0"])
+        .output()
+        .expect("run kiln-load");
+    assert!(!output.status.success());
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("/proc/0/stat"),
+        "{output:?}"
+    );
+}

@@ -318,3 +318,39 @@ async fn a_missing_or_foreign_runtime_is_a_clear_load_error() {
     c.load_model("good", &json!({})).await.unwrap();
     assert!(c.is_ready().await.unwrap());
 }
+
+/// The intra-op threads each `init` of `model` logged, in order.
+fn intra_op_threads_logged(log: &str, model: &str) -> Vec<usize> {
+    log.lines()
+        .filter(|l| l.contains(&format!("{model}/1/model.onnx")))
+        .filter_map(|l| {
+            let (before, _) = l.split_once(" intra-op thread(s)")?;
+            before.rsplit(' ').next()?.parse().ok()
+        })
+        .collect()
+}
+
+/// Without `intra_op_threads` the onnx worker takes ONNX Runtime's default (one per
+/// physical core) divided among the group's instances, which the server passes to
+/// every `init`; a set `intra_op_threads` wins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn intra_op_threads_default_to_the_cores_shared_among_instances() {
+    let repo = model_repository();
+    let kiln = Kiln::start(&["--model-repository", repo.to_str().unwrap()]);
+    let c = &kiln.client;
+    c.load_model("ocr-cls", &json!({})).await.unwrap();
+    let logged = intra_op_threads_logged(&kiln.log(), "ocr-cls");
+    let cores = *logged.last().unwrap();
+    let available = std::thread::available_parallelism().unwrap().get();
+    assert!(cores >= 1 && cores <= available, "{logged:?}");
+    c.load_model("ocr-cls", &json!({"instances": 2}))
+        .await
+        .unwrap();
+    let logged = intra_op_threads_logged(&kiln.log(), "ocr-cls");
+    // One signature-reading init per instance, each told of both.
+    assert_eq!(logged[1..], [(cores / 2).max(1); 2], "{logged:?}");
+    let overrides = json!({"instances": 2, "intra_op_threads": 3});
+    c.load_model("ocr-cls", &overrides).await.unwrap();
+    let logged = intra_op_threads_logged(&kiln.log(), "ocr-cls");
+    assert_eq!(logged[3..], [3, 3], "{logged:?}");
+}

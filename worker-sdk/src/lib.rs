@@ -32,7 +32,7 @@ pub use batch::{
 pub use error::{RequestError, RequestErrorKind, WorkerError};
 pub use ffi::{WorkerBox, WorkerFfi, WorkerFfi_TO, WorkerMod, WorkerModRef};
 pub use logging::LogSink;
-pub use spec::{ParamKind, ParamScope, ParamSpec};
+pub use spec::{ParamKind, ParamScope, ParamSpec, INSTANCES_PARAM};
 pub use types::{
     encode_bytes, params_from_pairs, tensor_byte_len, BatcherKind, DataType, Param, ParamValue,
     Params, Shape, TensorSpec, WorkerInfo, MAX_RANK,

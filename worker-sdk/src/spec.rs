@@ -9,6 +9,11 @@ use abi_stable::StableAbi;
 
 use crate::types::Params;
 
+/// The parameter the server always passes to `init`: the number of instances the
+/// group starts with (the `instances` load parameter, 1 unless set). A worker
+/// that sizes a thread pool by the machine divides it among them.
+pub const INSTANCES_PARAM: &str = "instances";
+
 /// Who may set a parameter, and when.
 #[repr(u8)]
 #[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]

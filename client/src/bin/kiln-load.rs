@@ -32,6 +32,14 @@
 //! N-th request and `sequence_end` on the one before the next start. Each request
 //! is then encoded on its own: over HTTP the body is encoded per call, over gRPC
 //! the calls go through the tonic client.
+//!
+//! The server's CPU per request: `--server-pid PID` reads the user + system time of
+//! the server process from `/proc/PID/stat` when the measured window opens (after
+//! the warm-up) and when it closes, and reports that time divided by the requests
+//! answered in the window (`server_cpu=…µs/req`; `server_cpu_us_per_request` with
+//! `--json`). Any server on this machine, Triton included. `--server-cpu` reads the
+//! same from the server's Prometheus `process_cpu_seconds_total` at
+//! `--server-metrics` (default: `--url` + `/metrics`), for a server elsewhere.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,9 +69,12 @@ mod hpack;
 mod http1;
 #[path = "kiln_load/io.rs"]
 mod io;
+#[path = "kiln_load/server_cpu.rs"]
+mod server_cpu;
 
 use grpc::Grpc;
 use http1::Http1;
+use server_cpu::CpuSource;
 
 #[derive(Parser, Clone)]
 #[command(
@@ -135,6 +146,18 @@ struct Args {
     /// Stateful models: each client runs sequences of this many requests.
     #[arg(long)]
     sequence_length: Option<u64>,
+    /// Report the server's CPU per request: user + system time of process PID
+    /// (`/proc/PID/stat`, so a server on this machine) over the measured window.
+    #[arg(long, env = "KILN_LOAD_SERVER_PID", conflicts_with = "server_cpu")]
+    server_pid: Option<u32>,
+    /// Report the server's CPU per request from its `process_cpu_seconds_total`
+    /// at `--server-metrics`.
+    #[arg(long, env = "KILN_LOAD_SERVER_CPU", conflicts_with = "in_process")]
+    server_cpu: bool,
+    /// The server's Prometheus metrics for `--server-cpu` (which it implies);
+    /// default `--url` + `/metrics`.
+    #[arg(long, env = "KILN_LOAD_SERVER_METRICS", conflicts_with_all = ["server_pid", "in_process"])]
+    server_metrics: Option<String>,
 }
 
 impl Args {
@@ -143,6 +166,18 @@ impl Args {
     /// lean client sends one body encoded once).
     fn grpc_through_tonic(&self) -> bool {
         self.tonic || self.sequence_length.is_some()
+    }
+
+    /// Where the server's CPU time is read, if asked.
+    fn cpu_source(&self) -> Option<CpuSource> {
+        if let Some(pid) = self.server_pid {
+            return Some(CpuSource::Pid(pid));
+        }
+        let url = self.server_metrics.clone().or_else(|| {
+            self.server_cpu
+                .then(|| format!("{}/metrics", self.url.trim_end_matches('/')))
+        })?;
+        Some(CpuSource::Metrics(url))
     }
 }
 
@@ -418,6 +453,9 @@ struct Stats {
     ok: u64,
     errors: BTreeMap<String, u64>,
     latency: Option<Histogram<u64>>,
+    /// The server's CPU seconds over the measured window (`--server-pid`,
+    /// `--server-cpu`).
+    server_cpu: Option<f64>,
 }
 
 impl Stats {
@@ -449,11 +487,28 @@ fn histogram() -> Option<Histogram<u64>> {
     Histogram::new_with_bounds(1, 120_000_000, 3).ok()
 }
 
-/// One run: `clients` clients for warmup + duration; returns the measured stats.
-async fn run(target: Arc<Target>, clients: usize, args: &Args) -> anyhow::Result<Stats> {
+/// One run: `clients` clients for warmup + duration; returns the measured stats,
+/// with the server's CPU time over the measured window when `cpu` says where to
+/// read it.
+async fn run(
+    target: Arc<Target>,
+    clients: usize,
+    args: &Args,
+    cpu: Option<(CpuSource, reqwest::Client)>,
+) -> anyhow::Result<Stats> {
     let start = Instant::now();
     let measure_from = start + Duration::from_secs_f64(args.warmup);
     let end = measure_from + Duration::from_secs_f64(args.duration);
+    // Read at the window's edges on its own task, so a slow client cannot move them.
+    let sampler = cpu.map(|(source, http)| {
+        tokio::spawn(async move {
+            tokio::time::sleep_until(measure_from.into()).await;
+            let before = source.cpu_seconds(&http).await?;
+            tokio::time::sleep_until(end.into()).await;
+            let after = source.cpu_seconds(&http).await?;
+            Ok::<f64, String>(after - before)
+        })
+    });
     let next = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::with_capacity(clients);
     for client in 0..clients {
@@ -499,6 +554,9 @@ async fn run(target: Arc<Target>, clients: usize, args: &Args) -> anyhow::Result
     };
     for task in tasks {
         total.merge(task.await?);
+    }
+    if let Some(sampler) = sampler {
+        total.server_cpu = Some(sampler.await?.map_err(anyhow::Error::msg)?);
     }
     Ok(total)
 }
@@ -600,6 +658,7 @@ fn main() -> anyhow::Result<()> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.worker_threads(args.threads.max(1)).enable_all();
+    #[cfg(feature = "embedded")]
     if args.in_process {
         // In-process the load generator's threads await the answers, as the server's
         // serving threads do over the network: under SCHED_BATCH, not woken into
@@ -607,11 +666,18 @@ fn main() -> anyhow::Result<()> {
         builder.on_thread_start(kiln_server::sched::serving_thread);
     }
     let runtime = builder.build()?;
+    let cpu_source = args.cpu_source();
     runtime.block_on(async {
         let target = Arc::new(target(&args, inputs).await?);
+        let metrics_client = reqwest::Client::new();
         for &clients in &args.concurrency {
-            let stats = run(Arc::clone(&target), clients.max(1), &args).await?;
+            let cpu = cpu_source.clone().map(|s| (s, metrics_client.clone()));
+            let stats = run(Arc::clone(&target), clients.max(1), &args, cpu).await?;
             let throughput = stats.ok as f64 / args.duration;
+            // Server CPU µs per request answered in the window.
+            let server_cpu_us = stats
+                .server_cpu
+                .map(|s| s * 1e6 / stats.ok.max(1) as f64);
             let q = |p: f64| {
                 stats
                     .latency
@@ -637,11 +703,13 @@ fn main() -> anyhow::Result<()> {
                         "rate": args.rate, "requests": stats.ok, "errors": stats.errors,
                         "throughput": throughput, "p50_ms": q(0.5), "p90_ms": q(0.9),
                         "p99_ms": q(0.99), "max_ms": q(1.0),
+                        "server_cpu_seconds": stats.server_cpu,
+                        "server_cpu_us_per_request": server_cpu_us,
                     })
                 );
             } else {
                 println!(
-                    "{mode} model={} concurrency={clients}{} requests={} throughput={throughput:.0}/s p50={:.3}ms p90={:.3}ms p99={:.3}ms max={:.3}ms errors={errors}{}",
+                    "{mode} model={} concurrency={clients}{} requests={} throughput={throughput:.0}/s p50={:.3}ms p90={:.3}ms p99={:.3}ms max={:.3}ms{} errors={errors}{}",
                     args.model,
                     args.rate.map(|r| format!(" rate={r}/s")).unwrap_or_default(),
                     stats.ok,
@@ -649,6 +717,9 @@ fn main() -> anyhow::Result<()> {
                     q(0.9),
                     q(0.99),
                     q(1.0),
+                    server_cpu_us
+                        .map(|us| format!(" server_cpu={us:.1}us/req"))
+                        .unwrap_or_default(),
                     if errors > 0 { format!(" {:?}", stats.errors) } else { String::new() },
                 );
             }

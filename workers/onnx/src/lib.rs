@@ -17,7 +17,9 @@
 //! `model.onnx`), `model_dir` (set by the server's model repository), `runtime` (the
 //! `libonnxruntime.so`; else `$KILN_ONNXRUNTIME`, else
 //! `$KILN_CACHE/onnxruntime/libonnxruntime.so.1.31.1`, else `./.cache/onnxruntime/…`),
-//! `intra_op_threads` (1), `inter_op_threads` (1), `optimization_level`
+//! `intra_op_threads` (default: the physical cores divided among the group's
+//! `instances`, at least 1, as ONNX Runtime would pick for one session; see
+//! [`threads`]), `inter_op_threads` (1), `optimization_level`
 //! (`disable`, `basic`, `extended`, `all`; default `all`), `max_batch_size`,
 //! `batch_axis.<tensor>`, `input.<name>`.
 //! The session is created in `acquire` and dropped in `release`.
@@ -31,6 +33,7 @@ mod constant;
 mod convert;
 mod runtime;
 mod signature;
+mod threads;
 
 use std::path::{Component, Path, PathBuf};
 
@@ -352,7 +355,7 @@ impl Worker for Onnx {
         let mut worker = Onnx {
             path,
             environment,
-            intra_op_threads: count(&params, "intra_op_threads", 1)?,
+            intra_op_threads: threads::intra_op_threads(&params, threads::physical_cores())?,
             inter_op_threads: count(&params, "inter_op_threads", 1)?,
             level: optimization_level(&params)?,
             signature: Signature::default(),
@@ -371,11 +374,12 @@ impl Worker for Onnx {
             .map(|_| AlignedBytes::default())
             .collect();
         log::info!(
-            "onnx: {} — {} input(s), {} output(s), max_batch_size {}{}",
+            "onnx: {} — {} input(s), {} output(s), max_batch_size {}, {} intra-op thread(s){}",
             worker.path.display(),
             worker.signature.inputs.len(),
             worker.signature.outputs.len(),
             worker.signature.max_batch_size,
+            worker.intra_op_threads,
             worker.signature.describe_options()
         );
         Ok(worker)
