@@ -134,6 +134,30 @@ fn load_generator_in_process() {
     assert_eq!(runs[0]["errors"], serde_json::json!({}));
 }
 
+/// `--load` reads its spec as `kiln serve --load` does: a bracketed list is one
+/// parameter, and a bracket left open is refused, naming the problem.
+#[test]
+fn load_generator_in_process_load_spec() {
+    let runs = run_load(&[
+        "--in-process",
+        "--load",
+        "echo:batcher=dynamic,preferred_batch_size=[4,8],batch_size=8",
+        "--concurrency",
+        "8",
+    ]);
+    assert!(runs[0]["requests"].as_u64().unwrap() > 0, "{}", runs[0]);
+    assert_eq!(runs[0]["errors"], serde_json::json!({}));
+    let output = Command::new(build_dir().join("kiln-load"))
+        .args(["--in-process", "--load", "echo:preferred_batch_size=[4,8"])
+        .args(["--model", "echo", "--input", "INPUT0:UINT32:1x16"])
+        .args(["--duration", "1", "--json"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("without its `]`"), "{stderr}");
+}
+
 /// `accumulate` served as a stateful model (the sequence batcher).
 const ACCUMULATE: &str = "accumulate:batcher=sequence,batch_size=8,state.STATE=STATE_OUT,\
 control.start=START,control.end=END,control.ready=READY,control.corrid=CORRID";

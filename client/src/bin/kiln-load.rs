@@ -561,18 +561,14 @@ async fn run(
     Ok(total)
 }
 
+/// `--load`/`--load-model`'s `NAME[:key=value,...]`: the parameters as `kiln serve
+/// --load` reads them (bracketed lists included), the name as given (a repository
+/// model's folder keeps its case).
 #[cfg(feature = "embedded")]
-fn parse_load(spec: &str) -> (String, Vec<Param>) {
-    let (worker, rest) = spec.split_once(':').unwrap_or((spec, ""));
-    let params = rest
-        .split(',')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| Param {
-            key: k.trim().into(),
-            value: ParamValue::Str(v.trim().into()),
-        })
-        .collect();
-    (worker.to_owned(), params)
+fn parse_load(spec: &str) -> anyhow::Result<(String, Vec<Param>)> {
+    let (_, params) = kiln_server::params::parse_load_spec(spec)?;
+    let name = spec.split_once(':').map_or(spec, |(name, _)| name).trim();
+    Ok((name.to_owned(), params))
 }
 
 async fn target(args: &Args, inputs: Vec<InputTensor>) -> anyhow::Result<Target> {
@@ -628,12 +624,12 @@ async fn in_process(args: &Args, request: InferRequest) -> anyhow::Result<Target
         ..ServerConfig::default()
     })?;
     if let Some(spec) = &args.load_model {
-        let (name, overrides) = parse_load(spec);
+        let (name, overrides) = parse_load(spec)?;
         let endpoint = client.server().load_model(&name, None, overrides).await?;
         eprintln!("kiln-load: loaded model `{endpoint}` in-process");
     }
     if let Some(spec) = &args.load {
-        let (worker, params) = parse_load(spec);
+        let (worker, params) = parse_load(spec)?;
         let endpoint = client.load(&worker, params).await?;
         eprintln!("kiln-load: loaded `{endpoint}` in-process");
     }
