@@ -222,6 +222,16 @@ pub fn serve_until_exit(args: &[&str]) -> (Option<i32>, String) {
     panic!("kiln {args:?} kept running");
 }
 
+/// A model's Triton configuration (`GET {url}/v2/models/{model}/config`).
+pub async fn triton_config(url: &str, model: &str) -> serde_json::Value {
+    reqwest::get(format!("{url}/v2/models/{model}/config"))
+        .await
+        .expect("GET the model's config")
+        .json()
+        .await
+        .expect("the config as JSON")
+}
+
 /// One caller's way to the server (see [`Kiln::caller`]).
 pub enum Caller {
     Http(HttpClient),

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use kiln_client::{DataType, HttpClient, InferRequest, InputTensor, Param, ParamValue};
-use kiln_tests::{metric, requests_outcome, wait_metric, wait_pending, Kiln};
+use kiln_tests::{metric, requests_outcome, triton_config, wait_metric, wait_pending, Kiln};
 use serde_json::json;
 
 fn request(model: &str, values: &[i32], priority: Option<i64>) -> InferRequest {
@@ -32,16 +32,6 @@ fn request(model: &str, values: &[i32], priority: Option<i64>) -> InferRequest {
             .unwrap_or_default(),
         ..Default::default()
     }
-}
-
-/// The model's Triton configuration (`GET /v2/models/{m}/config`).
-async fn triton_config(url: &str, model: &str) -> serde_json::Value {
-    reqwest::get(format!("{url}/v2/models/{model}/config"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
 }
 
 async fn outcome(c: &HttpClient, model: &str, outcome: &str) -> f64 {

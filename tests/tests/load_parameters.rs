@@ -8,21 +8,12 @@
 
 use kiln_client::{Param, ParamValue};
 use kiln_tests::fixtures::TempRepository;
-use kiln_tests::{serve_until_exit, Kiln};
+use kiln_tests::{serve_until_exit, triton_config, Kiln};
 use serde_json::{json, Value};
 use tonic::Code;
 
 const DYNAMIC_ECHO: &str =
     "worker = \"echo\"\n[parameters]\nbatcher = \"dynamic\"\nbatch_size = 8\n";
-
-async fn triton_config(url: &str, model: &str) -> Value {
-    reqwest::get(format!("{url}/v2/models/{model}/config"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
 
 async fn preferred_sizes(url: &str, model: &str) -> Value {
     triton_config(url, model).await["dynamic_batching"]["preferred_batch_size"].clone()
