@@ -21,7 +21,7 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use crate::error::{Result, ServerError};
-use crate::infer::{validate, InferRequest, InferResponse, MAX_OUTPUTS};
+use crate::infer::{validate, InferRequest, MAX_OUTPUTS};
 use crate::instance::{run_instance, BatchSource, InstanceContext};
 use crate::limits::Demand;
 use crate::metrics::ModelMetrics;
@@ -139,6 +139,11 @@ impl WorkerGroup {
         });
         metrics.pool_size.set(settings.max_buffers as i64);
         let context = Arc::new(InstanceContext {
+            answer_model: Arc::new(crate::reply::AnswerModel {
+                name: endpoint.clone(),
+                version: version.clone(),
+                info: Arc::clone(&info),
+            }),
             endpoint: endpoint.clone(),
             version: version.clone(),
             info: Arc::clone(&info),
@@ -316,10 +321,7 @@ impl WorkerGroup {
 
     /// Validates `request` and queues it; the receiver yields its answer. A full
     /// queue refuses at once.
-    pub fn submit(
-        &self,
-        request: InferRequest,
-    ) -> Result<oneshot::Receiver<Result<InferResponse>>> {
+    pub fn submit(&self, request: InferRequest) -> Result<oneshot::Receiver<crate::reply::Answer>> {
         let metrics = &self.context.metrics;
         // Move the fields out: `validate` needs only the tensors, the rest travels on.
         let InferRequest {

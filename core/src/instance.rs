@@ -20,14 +20,15 @@ use kiln_worker_sdk::{
 };
 
 use crate::error::ServerError;
-use crate::infer::{InferResponse, OutputTensor};
 use crate::metrics::ModelMetrics;
 use crate::ordering::{send, Answers, OrderGate};
-use crate::reply::{Reply, SequenceLink};
+use crate::reply::{AnswerModel, Answered, BatchOutputs, Reply, RunOutput, SequenceLink};
 use crate::stats::{nanos, BatchTiming, ModelStats};
 
 /// What every instance of a group shares.
 pub struct InstanceContext {
+    /// What the answers name (the model, its version, its outputs).
+    pub answer_model: Arc<AnswerModel>,
     pub endpoint: String,
     pub version: String,
     pub info: Arc<WorkerInfo>,
@@ -198,12 +199,6 @@ fn report_failed(ctx: &InstanceContext, index: usize, batch: &Batch<Reply>) {
     let _ = report_states(ctx, index, batch, None);
 }
 
-/// One output of a run: each request's slice (sharing one allocation) and shape.
-struct RunOutput {
-    parts: Vec<Bytes>,
-    shapes: Vec<Shape>,
-}
-
 /// A batch that ran: its outputs, the requests the worker failed alone (by index;
 /// usually none, and then nothing is allocated), when building its `BatchFfi`
 /// began, and when `run` was called and returned.
@@ -342,14 +337,26 @@ fn run_batch(
 /// counted.
 fn answer(ctx: &InstanceContext, batch: Batch<Reply>, ran: Ran, mut queue_ns: u64) {
     let (requests, mut rows, order) = (batch.len(), batch.rows, batch.order);
-    let outputs = &ran.outputs;
+    let Ran {
+        outputs,
+        failures,
+        building,
+        built,
+        ran,
+    } = ran;
+    let failure = |j: usize| failures.iter().find(|(i, _)| *i == j).map(|(_, e)| e);
+    // The answers share the outputs; each caller builds its own response.
+    let shared = Arc::new(BatchOutputs {
+        model: Arc::clone(&ctx.answer_model),
+        outputs,
+    });
     let mut replies = Vec::with_capacity(requests);
     let (mut invalid, mut failed, mut failed_ns) = (0u64, 0u64, 0u64);
     for (j, member) in batch.members.into_iter().enumerate() {
         let reply = member.reply;
-        if let Some(error) = ran.failure(j) {
+        if let Some(error) = failure(j) {
             rows = rows.saturating_sub(member.rows);
-            let waited = ran.building.saturating_duration_since(member.arrived);
+            let waited = building.saturating_duration_since(member.arrived);
             queue_ns = queue_ns.saturating_sub(nanos(waited));
             failed_ns = failed_ns.saturating_add(nanos(member.arrived.elapsed()));
             let error = ServerError::from_request(error);
@@ -360,31 +367,18 @@ fn answer(ctx: &InstanceContext, batch: Batch<Reply>, ran: Ran, mut queue_ns: u6
             replies.push((reply.tx, Err(error)));
             continue;
         }
-        let tensors = ctx
-            .info
-            .outputs
-            .iter()
-            .enumerate()
-            .filter(|(k, _)| reply.output_mask & (1 << k) != 0)
-            .map(|(k, spec)| OutputTensor {
-                name: spec.name.to_string(),
-                dtype: spec.dtype,
-                shape: outputs[k].shapes[j].dims().to_vec(),
-                data: outputs[k].parts[j].clone(),
-            })
-            .collect();
-        let response = InferResponse {
-            model_name: ctx.endpoint.clone(),
-            model_version: ctx.version.clone(),
+        let answered = Answered {
+            batch: Arc::clone(&shared),
+            index: j,
+            output_mask: reply.output_mask,
             id: reply.id,
-            outputs: tensors,
         };
-        replies.push((reply.tx, Ok(response)));
+        replies.push((reply.tx, Ok(answered)));
     }
     let timing = BatchTiming {
-        input: ran.built.saturating_duration_since(ran.building),
-        infer: ran.ran.saturating_duration_since(ran.built),
-        output: ran.ran.elapsed(),
+        input: built.saturating_duration_since(building),
+        infer: ran.saturating_duration_since(built),
+        output: ran.elapsed(),
     };
     let succeeded = requests - (invalid + failed) as usize;
     if succeeded > 0 {

@@ -6,14 +6,10 @@ use std::collections::BTreeMap;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
-use crate::error::Result;
-use crate::infer::InferResponse;
+use crate::reply::Answer;
 
 /// One batch's answers, ready to send.
-pub type Answers = Vec<(
-    oneshot::Sender<Result<InferResponse>>,
-    Result<InferResponse>,
-)>;
+pub type Answers = Vec<(oneshot::Sender<Answer>, Answer)>;
 
 /// Holds a batch's answers until every batch formed before it has been answered.
 /// Taken once per batch (not per request), and only by groups that ask for it.
@@ -103,7 +99,7 @@ mod tests {
     use super::*;
     use crate::error::ServerError;
 
-    fn answers(tag: &str) -> (Answers, oneshot::Receiver<Result<InferResponse>>) {
+    fn answers(tag: &str) -> (Answers, oneshot::Receiver<Answer>) {
         let (tx, rx) = oneshot::channel();
         (vec![(tx, Err(ServerError::invalid(tag)))], rx)
     }

@@ -24,23 +24,24 @@ use tokio::sync::oneshot;
 use crate::error::{Result, ServerError};
 use crate::group::WorkerGroup;
 use crate::infer::{InferRequest, InferResponse};
+use crate::reply::{Answer, Answered};
 
 /// An inference its model's group accepted: awaiting it yields the answer
 /// (a [`ServerError`] when the request failed in its batch); dropping it cancels
 /// the request.
 #[must_use = "dropping a Pending cancels its request"]
-pub struct Pending(oneshot::Receiver<Result<InferResponse>>);
+pub struct Pending(oneshot::Receiver<Answer>);
 
 impl Future for Pending {
     type Output = Result<InferResponse>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.0).poll(cx).map(|answer| {
-            answer.unwrap_or_else(|_| {
-                Err(ServerError::Internal(
-                    "the worker dropped the request".into(),
-                ))
-            })
+        // The response is built here, on the awaiting thread (see `crate::reply`).
+        Pin::new(&mut self.0).poll(cx).map(|answer| match answer {
+            Ok(answer) => answer.map(Answered::into_response),
+            Err(_) => Err(ServerError::Internal(
+                "the worker dropped the request".into(),
+            )),
         })
     }
 }

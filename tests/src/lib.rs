@@ -189,6 +189,20 @@ impl Kiln {
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }
+
+    /// The log once it contains `needle` (stderr is read on its own thread, so a
+    /// line logged before the listening line may arrive after it), or as it is
+    /// after 30 s.
+    pub fn log_with(&self, needle: &str) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let log = self.log();
+            if log.contains(needle) || std::time::Instant::now() >= deadline {
+                return log;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
 }
 
 /// Runs `kiln serve` on free loopback ports with `args` added, expecting it to stop

@@ -113,7 +113,8 @@ async fn grpc_connection_cap_refuses_at_once_and_both_ports_stay_reachable() {
         wait_closed(s);
     }
     wait_grpc_live(&kiln).await;
-    assert!(kiln.log().contains("refusing new ones"), "{}", kiln.log());
+    let log = kiln.log_with("refusing new ones");
+    assert!(log.contains("refusing new ones"), "{log}");
 }
 
 /// `(soft, hard)` "Max open files" of a process.
@@ -149,11 +150,9 @@ fn descriptor_limit_is_raised_to_the_hard_limit_at_start() {
     // SAFETY: as above; back to the limit the test started with.
     unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &restored) };
     assert_eq!(open_file_limits(kiln.pid()), (hard, hard));
-    let log = kiln.log();
-    assert!(
-        log.contains(&format!("soft 1024 raised to {hard}")),
-        "{log}"
-    );
+    let expected = format!("soft 1024 raised to {hard}");
+    let log = kiln.log_with(&expected);
+    assert!(log.contains(&expected), "{log}");
 }
 
 fn open_descriptors(pid: u32) -> usize {

@@ -456,6 +456,9 @@ struct Stats {
     /// The server's CPU seconds over the measured window (`--server-pid`,
     /// `--server-cpu`).
     server_cpu: Option<f64>,
+    /// In-process: the model's mean batch size (rows per batch run) over the
+    /// measured window, from the embedded server's statistics.
+    mean_batch: Option<f64>,
 }
 
 impl Stats {
@@ -509,6 +512,7 @@ async fn run(
             Ok::<f64, String>(after - before)
         })
     });
+    let batch_sampler = mean_batch_sampler(&target, measure_from, end);
     let next = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::with_capacity(clients);
     for client in 0..clients {
@@ -558,7 +562,45 @@ async fn run(
     if let Some(sampler) = sampler {
         total.server_cpu = Some(sampler.await?.map_err(anyhow::Error::msg)?);
     }
+    if let Some(sampler) = batch_sampler {
+        total.mean_batch = sampler.await?;
+    }
     Ok(total)
+}
+
+/// In-process: reads the model's batch counts at the window's edges, on its own
+/// task; yields rows per batch over the window (`None` when no batch ran).
+#[cfg(feature = "embedded")]
+fn mean_batch_sampler(
+    target: &Target,
+    from: Instant,
+    end: Instant,
+) -> Option<tokio::task::JoinHandle<Option<f64>>> {
+    let Target::Native { client, request } = target else {
+        return None;
+    };
+    let group = client.server().lookup(&request.model, None).ok()?;
+    Some(tokio::spawn(async move {
+        let counts = || {
+            let s = group.stats().snapshot();
+            (s.inference_count, s.execution_count)
+        };
+        tokio::time::sleep_until(from.into()).await;
+        let (rows0, runs0) = counts();
+        tokio::time::sleep_until(end.into()).await;
+        let (rows1, runs1) = counts();
+        let runs = runs1.saturating_sub(runs0);
+        (runs > 0).then(|| rows1.saturating_sub(rows0) as f64 / runs as f64)
+    }))
+}
+
+#[cfg(not(feature = "embedded"))]
+fn mean_batch_sampler(
+    _: &Target,
+    _: Instant,
+    _: Instant,
+) -> Option<tokio::task::JoinHandle<Option<f64>>> {
+    None
 }
 
 /// `--load`/`--load-model`'s `NAME[:key=value,...]`: the parameters as `kiln serve
@@ -701,11 +743,12 @@ fn main() -> anyhow::Result<()> {
                         "p99_ms": q(0.99), "max_ms": q(1.0),
                         "server_cpu_seconds": stats.server_cpu,
                         "server_cpu_us_per_request": server_cpu_us,
+                        "mean_batch": stats.mean_batch,
                     })
                 );
             } else {
                 println!(
-                    "{mode} model={} concurrency={clients}{} requests={} throughput={throughput:.0}/s p50={:.3}ms p90={:.3}ms p99={:.3}ms max={:.3}ms{} errors={errors}{}",
+                    "{mode} model={} concurrency={clients}{} requests={} throughput={throughput:.0}/s p50={:.3}ms p90={:.3}ms p99={:.3}ms max={:.3}ms{}{} errors={errors}{}",
                     args.model,
                     args.rate.map(|r| format!(" rate={r}/s")).unwrap_or_default(),
                     stats.ok,
@@ -715,6 +758,10 @@ fn main() -> anyhow::Result<()> {
                     q(1.0),
                     server_cpu_us
                         .map(|us| format!(" server_cpu={us:.1}us/req"))
+                        .unwrap_or_default(),
+                    stats
+                        .mean_batch
+                        .map(|b| format!(" batch={b:.1}"))
                         .unwrap_or_default(),
                     if errors > 0 { format!(" {:?}", stats.errors) } else { String::new() },
                 );
