@@ -22,6 +22,10 @@ pub struct Pool<T> {
     lock: Mutex<()>,
     cond: Condvar,
     size: usize,
+    /// Items handed out now, and the most handed out at once (one atomic add per
+    /// take and return: per batch, not per request).
+    out: AtomicUsize,
+    most_out: AtomicUsize,
 }
 
 impl<T> Pool<T> {
@@ -39,6 +43,8 @@ impl<T> Pool<T> {
             lock: Mutex::new(()),
             cond: Condvar::new(),
             size,
+            out: AtomicUsize::new(0),
+            most_out: AtomicUsize::new(0),
         })
     }
 
@@ -90,6 +96,8 @@ impl<T> Pool<T> {
 
     /// Returns an item and wakes a parked taker, if any.
     fn put(&self, item: T) {
+        // Uncounted before it is free again: `out` never exceeds the items held.
+        self.out.fetch_sub(1, Ordering::Relaxed);
         // Cannot fail: the pool's items are never more than its capacity.
         let _ = self.free.push(item);
         fence(Ordering::SeqCst);
@@ -100,6 +108,10 @@ impl<T> Pool<T> {
     }
 
     fn wrap(self: &Arc<Self>, item: Option<T>) -> Pooled<T> {
+        if item.is_some() {
+            let out = self.out.fetch_add(1, Ordering::Relaxed) + 1;
+            self.most_out.fetch_max(out, Ordering::Relaxed);
+        }
         Pooled {
             item,
             pool: Arc::clone(self),
@@ -109,6 +121,12 @@ impl<T> Pool<T> {
     /// Number of items.
     pub fn size(&self) -> usize {
         self.size
+    }
+
+    /// The most items handed out at once since the pool was made (never more than
+    /// [`Pool::size`]).
+    pub fn high_water(&self) -> usize {
+        self.most_out.load(Ordering::Relaxed)
     }
 
     /// Number of items handed out now.
@@ -166,8 +184,10 @@ mod tests {
         let start = Instant::now();
         assert!(pool.acquire_timeout(Duration::from_millis(20)).is_none());
         assert!(start.elapsed() >= Duration::from_millis(20));
+        assert_eq!(pool.high_water(), 2);
         drop(a);
         assert_eq!(pool.in_use(), 1);
+        assert_eq!(pool.high_water(), 2);
         let c = pool.try_acquire();
         assert!(c.is_some());
         drop((b, c));

@@ -38,6 +38,8 @@ pub struct GroupSettings {
     pub timeout: Duration,
     pub batchers: usize,
     pub max_buffers: usize,
+    /// An asynchronous worker's `max_outstanding` (`None`: a synchronous worker).
+    pub max_outstanding: Option<usize>,
     pub queue_size: usize,
     /// The dynamic batcher's settings (used when `batcher` is dynamic).
     pub dynamic: DynamicConfig,
@@ -151,6 +153,9 @@ impl WorkerGroup {
             stats: ModelStats::default(),
             healthy: AtomicUsize::new(0),
             compute_estimate_ns: std::sync::atomic::AtomicU64::new(0),
+            outstanding: settings
+                .max_outstanding
+                .map(crate::async_instance::Outstanding::new),
             ordering: (settings.batcher == BatcherKind::Dynamic
                 && settings.dynamic.preserve_ordering)
                 .then(crate::ordering::OrderGate::default),
@@ -482,6 +487,7 @@ impl WorkerGroup {
     pub fn refresh_gauges(&self) {
         let m = &self.context.metrics;
         m.pool_in_use.set(self.pool.in_use() as i64);
+        m.pool_in_use_max.set(self.pool.high_water() as i64);
         m.instances
             .set(self.context.healthy.load(Ordering::SeqCst) as i64);
     }
@@ -591,8 +597,14 @@ fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<(
         .map_err(|e| ServerError::Internal(format!("cannot start a thread: {e}")))
 }
 
-/// Resolves the group's settings against what the worker accepts.
-pub fn resolve(info: &WorkerInfo, params: &GroupParams, instances: usize) -> Result<GroupSettings> {
+/// Resolves the group's settings against what the worker accepts (`asynchronous`:
+/// the worker takes batches through `submit`).
+pub fn resolve(
+    info: &WorkerInfo,
+    params: &GroupParams,
+    instances: usize,
+    asynchronous: bool,
+) -> Result<GroupSettings> {
     if info.outputs.len() > MAX_OUTPUTS {
         return Err(ServerError::invalid(format!(
             "worker declares {} outputs; at most {MAX_OUTPUTS} are supported",
@@ -615,14 +627,34 @@ pub fn resolve(info: &WorkerInfo, params: &GroupParams, instances: usize) -> Res
         (_, Some(n)) => n,
         (max, None) => max.min(64),
     };
+    let batcher = params.batcher.unwrap_or(info.batcher);
+    let max_outstanding = match (asynchronous, params.max_outstanding.map(NonZeroUsize::get)) {
+        (false, None | Some(1)) => None,
+        (false, Some(n)) => {
+            return Err(ServerError::invalid(format!(
+                "max_outstanding {n}: this worker is synchronous (one batch at a time per \
+                 instance); the parameter is for asynchronous workers"
+            )))
+        }
+        (true, _) if batcher == BatcherKind::Sequence => {
+            return Err(ServerError::invalid(
+                "the sequence batcher is not supported with an asynchronous worker",
+            ))
+        }
+        (true, n) => Some(n.unwrap_or(1)),
+    };
+    // Each instance holds a set per batch it has out (one for a synchronous
+    // worker) and one it is forming; one more lets a batcher start the next.
+    let per_instance = max_outstanding.unwrap_or(1) + 1;
     Ok(GroupSettings {
         batch_size,
-        batcher: params.batcher.unwrap_or(info.batcher),
+        batcher,
         timeout: params.timeout,
         batchers: params.batchers.get(),
         max_buffers: params
             .max_buffers
-            .map_or(2 * instances + 1, NonZeroUsize::get),
+            .map_or(per_instance * instances + 1, NonZeroUsize::get),
+        max_outstanding,
         queue_size: params.queue_size.get(),
         dynamic: DynamicConfig {
             max_batch_size: batch_size,

@@ -331,7 +331,8 @@ impl State {
         let params = with_instances(params, group_params.instances.get());
         let (instances, info) =
             init_instances(module, worker, &params, group_params.instances.get())?;
-        let settings = resolve(&info, group_params, instances.len()).and_then(|settings| {
+        let asynchronous = instances.iter().any(|i| i.is_async());
+        let settings = resolve(&info, group_params, instances.len(), asynchronous).and_then(|settings| {
             let wanted = demand(&info, &settings, instances.len());
             self.within_limits(&endpoint, wanted, wanted)?;
             Ok(settings)
