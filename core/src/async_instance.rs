@@ -196,6 +196,11 @@ impl InFlight {
         };
         let ran = Instant::now();
         let ctx = Arc::clone(&self.ctx);
+        // Completed: no longer outstanding, though its buffer set is held until
+        // its answers are out (so outstanding ≤ buffer sets in use, always).
+        if let Some(outstanding) = &ctx.outstanding {
+            outstanding.completed(&ctx);
+        }
         ctx.metrics
             .compute_seconds
             .observe(ran.saturating_duration_since(self.started).as_secs_f64());
@@ -232,9 +237,6 @@ impl InFlight {
         }
         // `answer` and `fail_all` consumed the batch: its buffer set is back in the
         // pool before the slot frees.
-        if let Some(outstanding) = &ctx.outstanding {
-            outstanding.completed(&ctx);
-        }
         self.slots.give_back();
     }
 }

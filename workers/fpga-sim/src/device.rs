@@ -115,6 +115,11 @@ impl Device {
         Ok(device)
     }
 
+    /// Batches submitted and not yet completed.
+    pub fn in_flight(&self) -> usize {
+        self.counters.in_flight.load(Ordering::SeqCst)
+    }
+
     /// Queues a batch for the next free unit.
     pub fn submit(&self, batch: AsyncBatch) {
         let in_flight = self.counters.in_flight.fetch_add(1, Ordering::SeqCst) + 1;

@@ -112,7 +112,9 @@ impl AsyncWorker for FpgaSim {
 
     /// Stops the units (every batch has completed: the host drains first).
     fn release(&mut self) -> Result<(), WorkerError> {
-        self.device = None;
+        if let Some(device) = self.device.take() {
+            log::info!("fpga-sim: release, {} batches in the device", device.in_flight());
+        }
         Ok(())
     }
 }
