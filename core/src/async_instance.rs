@@ -97,11 +97,7 @@ impl Slots {
 
 /// Submits batches until the source closes, then waits for the outstanding ones
 /// and ends the instance's lifecycle.
-pub fn run_async_instance(
-    mut worker: WorkerBox,
-    ctx: Arc<InstanceContext>,
-    batches: BatchSource,
-) {
+pub fn run_async_instance(mut worker: WorkerBox, ctx: Arc<InstanceContext>, batches: BatchSource) {
     let max = ctx.outstanding.as_ref().map_or(1, |o| o.max);
     let slots = Arc::new(Slots::default());
     loop {
@@ -207,9 +203,8 @@ impl InFlight {
         ctx.record_compute(ran.saturating_duration_since(self.started));
         let (failures, written) = views.finish();
         let out_shapes = std::mem::take(&mut self.out_shapes);
-        let outputs = result.and_then(|()| {
-            split_outputs(&ctx.info, &batch.buffers, out_shapes, written)
-        });
+        let outputs =
+            result.and_then(|()| split_outputs(&ctx.info, &batch.buffers, out_shapes, written));
         // Server code running on the worker's thread: a bug here must not unwind
         // into the plugin (or abort at the boundary), and the slot is freed anyway.
         let answered = catch_unwind(AssertUnwindSafe(|| match outputs {
@@ -253,7 +248,9 @@ impl BatchCompletion for InFlight {
                 let ffi = views.ffi();
                 // SAFETY: the slices point into the views' vectors, heap memory that
                 // stays in place until `complete` or the drop (see `InFlight::new`).
-                unsafe { std::mem::transmute::<BatchFfi<'_, 'static>, BatchFfi<'static, 'static>>(ffi) }
+                unsafe {
+                    std::mem::transmute::<BatchFfi<'_, 'static>, BatchFfi<'static, 'static>>(ffi)
+                }
             }
             // Completed already: an empty batch (nothing to read or write).
             None => BatchFfi {

@@ -331,7 +331,7 @@ impl<'a> Views<'a> {
 
     /// What the worker reported: the requests it failed alone, and whether (and
     /// how many bytes of) each output it wrote.
-    pub(crate) fn finish(self) -> (Vec<(usize, RequestError)>, Vec<(bool, usize)>) {
+    pub(crate) fn finish(self) -> (Failures, Written) {
         let failures = self
             .requests
             .into_iter()
@@ -343,12 +343,18 @@ impl<'a> Views<'a> {
     }
 }
 
+/// The requests a worker failed alone, by index, with their errors.
+pub(crate) type Failures = Vec<(usize, RequestError)>;
+
+/// Per output: whether the worker wrote it, and how many bytes.
+pub(crate) type Written = Vec<(bool, usize)>;
+
 /// Splits each output the worker wrote into its requests' parts (sharing one copy).
 pub(crate) fn split_outputs(
     info: &WorkerInfo,
     set: &BufferSet,
     out_shapes: Vec<Vec<Shape>>,
-    written: Vec<(bool, usize)>,
+    written: Written,
 ) -> Result<Vec<RunOutput>, String> {
     info.outputs
         .iter()

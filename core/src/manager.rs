@@ -332,11 +332,12 @@ impl State {
         let (instances, info) =
             init_instances(module, worker, &params, group_params.instances.get())?;
         let asynchronous = instances.iter().any(|i| i.is_async());
-        let settings = resolve(&info, group_params, instances.len(), asynchronous).and_then(|settings| {
-            let wanted = demand(&info, &settings, instances.len());
-            self.within_limits(&endpoint, wanted, wanted)?;
-            Ok(settings)
-        });
+        let settings =
+            resolve(&info, group_params, instances.len(), asynchronous).and_then(|settings| {
+                let wanted = demand(&info, &settings, instances.len());
+                self.within_limits(&endpoint, wanted, wanted)?;
+                Ok(settings)
+            });
         let settings = match settings {
             Ok(settings) => settings,
             Err(e) => {

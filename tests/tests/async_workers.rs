@@ -9,7 +9,9 @@
 // Test support: a failure should fail the test loudly.
 #![allow(clippy::unwrap_used)]
 
-use kiln_client::{DataType, HttpClient, InferRequest, InferResponse, InputTensor, Param, ParamValue};
+use kiln_client::{
+    DataType, HttpClient, InferRequest, InferResponse, InputTensor, Param, ParamValue,
+};
 use kiln_tests::{metric, requests_outcome, wait_metric, wait_metric_until, Kiln};
 use serde_json::{json, Value};
 
@@ -38,15 +40,15 @@ fn weight(i: usize, j: usize) -> i32 {
 /// `x · W` for `rows` rows of K int8 values.
 fn expected(x: &[i8]) -> Vec<i32> {
     x.chunks_exact(K)
-        .flat_map(|row| {
-            (0..M).map(move |j| (0..K).map(|i| i32::from(row[i]) * weight(i, j)).sum())
-        })
+        .flat_map(|row| (0..M).map(move |j| (0..K).map(|i| i32::from(row[i]) * weight(i, j)).sum()))
         .collect()
 }
 
 /// Deterministic int8 rows for request `n`.
 fn rows(n: u64, count: usize) -> Vec<i8> {
-    let mut state = n.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut state = n
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..count * K)
         .map(|_| {
             state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
@@ -94,7 +96,13 @@ fn check(r: &InferResponse, x: &[i8]) -> Vec<[i64; 3]> {
 
 /// `clients` concurrent clients each sending `each` requests of 1..=3 rows to
 /// `model`; every answer checked. Returns every `DEVICE` row seen.
-async fn hammer(c: &HttpClient, model: &str, clients: u64, each: u64, most_rows: u64) -> Vec<[i64; 3]> {
+async fn hammer(
+    c: &HttpClient,
+    model: &str,
+    clients: u64,
+    each: u64,
+    most_rows: u64,
+) -> Vec<[i64; 3]> {
     let tasks: Vec<_> = (0..clients)
         .map(|client| {
             let (c, model) = (c.clone(), model.to_owned());
@@ -129,22 +137,34 @@ async fn outputs_are_right_under_concurrency_and_the_bounds_hold() {
     // Four units, at most four batches out; the pool's default is then
     // 1 instance × (4 + 1) + 1 = 6 sets.
     let model = c
-        .load("fpga-sim", &params(json!({"compute_units": 4, "max_outstanding": 4, "batch_size": 4})))
+        .load(
+            "fpga-sim",
+            &params(json!({"compute_units": 4, "max_outstanding": 4, "batch_size": 4})),
+        )
         .await
         .unwrap();
     let seen = hammer(&c, &model, 48, 4, 3).await;
     let deepest = seen.iter().map(|d| d[0]).max().unwrap();
-    assert!(deepest <= 4, "the device saw {deepest} batches at once, cap 4");
+    assert!(
+        deepest <= 4,
+        "the device saw {deepest} batches at once, cap 4"
+    );
     assert!(deepest >= 2, "48 clients never had two batches out at once");
     let most = gauge(&c, "kiln_outstanding_batches_max", &model).await;
     assert!((2.0..=4.0).contains(&most), "outstanding high-water {most}");
     assert_eq!(gauge(&c, "kiln_buffer_pool_size", &model).await, 6.0);
     let pool_most = gauge(&c, "kiln_buffer_pool_in_use_max", &model).await;
-    assert!((most..=6.0).contains(&pool_most), "pool high-water {pool_most}");
+    assert!(
+        (most..=6.0).contains(&pool_most),
+        "pool high-water {pool_most}"
+    );
     assert_eq!(gauge(&c, "kiln_outstanding_batches", &model).await, 0.0);
     let text = c.metrics().await.unwrap();
     assert_eq!(requests_outcome(&text, &model, "success"), Some(192.0));
-    assert_eq!(metric(&text, "kiln_pending_requests", &[("model", &model)]), Some(0.0));
+    assert_eq!(
+        metric(&text, "kiln_pending_requests", &[("model", &model)]),
+        Some(0.0)
+    );
     let units: std::collections::BTreeSet<i64> = seen.iter().map(|d| d[2]).collect();
     assert!(units.len() >= 2, "one unit did all the work: {units:?}");
 
@@ -157,9 +177,15 @@ async fn outputs_are_right_under_concurrency_and_the_bounds_hold() {
     assert_ne!(tight, model);
     let seen = hammer(&c, &tight, 32, 3, 3).await;
     let deepest = seen.iter().map(|d| d[0]).max().unwrap();
-    assert!(deepest <= 2, "the device saw {deepest} batches with 2 buffer sets");
+    assert!(
+        deepest <= 2,
+        "the device saw {deepest} batches with 2 buffer sets"
+    );
     let most = gauge(&c, "kiln_outstanding_batches_max", &tight).await;
-    assert!(most <= 2.0, "outstanding high-water {most} with 2 buffer sets");
+    assert!(
+        most <= 2.0,
+        "outstanding high-water {most} with 2 buffer sets"
+    );
     assert_eq!(gauge(&c, "kiln_buffer_pool_in_use_max", &tight).await, 2.0);
 }
 
@@ -169,7 +195,10 @@ async fn a_batch_a_unit_fails_panics_on_or_drops_fails_alone() {
     let c = kiln.client.clone();
     // One request per batch, so a failed batch is one request.
     let model = c
-        .load("fpga-sim", &params(json!({"compute_units": 4, "max_outstanding": 4, "batch_size": 1})))
+        .load(
+            "fpga-sim",
+            &params(json!({"compute_units": 4, "max_outstanding": 4, "batch_size": 1})),
+        )
         .await
         .unwrap();
     let good = {
@@ -191,10 +220,18 @@ async fn a_batch_a_unit_fails_panics_on_or_drops_fails_alone() {
         assert_eq!(err.status(), Some(500), "{fault}: {err}");
         assert!(err.to_string().contains(message), "{fault}: {err}");
     }
-    assert_eq!(good.await.unwrap().len(), 8 * 4, "every good request answered");
+    assert_eq!(
+        good.await.unwrap().len(),
+        8 * 4,
+        "every good request answered"
+    );
     // A bad value of a declared request parameter is refused at admission.
     let err = c
-        .infer(&request(&model, &rows(1, 1), &[("sim_delay_us", ParamValue::Int(-5))]))
+        .infer(&request(
+            &model,
+            &rows(1, 1),
+            &[("sim_delay_us", ParamValue::Int(-5))],
+        ))
         .await
         .unwrap_err();
     assert_eq!(err.status(), Some(400), "{err}");
@@ -206,11 +243,17 @@ async fn a_batch_a_unit_fails_panics_on_or_drops_fails_alone() {
     assert_eq!(gauge(&c, "kiln_outstanding_batches", &model).await, 0.0);
 
     // max_outstanding is checked, and only for asynchronous workers.
-    for bad in [json!({"max_outstanding": 0}), json!({"max_outstanding": 2000})] {
+    for bad in [
+        json!({"max_outstanding": 0}),
+        json!({"max_outstanding": 2000}),
+    ] {
         let err = c.load("fpga-sim", &params(bad)).await.unwrap_err();
         assert_eq!(err.status(), Some(400), "{err}");
     }
-    let err = c.load("echo", &json!({"max_outstanding": 2})).await.unwrap_err();
+    let err = c
+        .load("echo", &json!({"max_outstanding": 2}))
+        .await
+        .unwrap_err();
     assert_eq!(err.status(), Some(400), "{err}");
     assert!(err.to_string().contains("synchronous"), "{err}");
     let err = c
@@ -237,15 +280,23 @@ fn send(
     tokio::spawn(async move {
         let x = rows(delay_us as u64, 1);
         let r = c
-            .infer(&request(&model, &x, &[("sim_delay_us", ParamValue::Int(delay_us))]))
+            .infer(&request(
+                &model,
+                &x,
+                &[("sim_delay_us", ParamValue::Int(delay_us))],
+            ))
             .await
             .unwrap();
         let device = check(&r, &x);
         // Counted as each batch completes, before its answers leave (gone once
         // the model is unloaded).
         let text = c.metrics().await.unwrap();
-        let completed = metric(&text, "kiln_compute_duration_seconds_count", &[("model", &model)])
-            .unwrap_or(f64::NAN);
+        let completed = metric(
+            &text,
+            "kiln_compute_duration_seconds_count",
+            &[("model", &model)],
+        )
+        .unwrap_or(f64::NAN);
         done.send((tag, device[0][1], completed)).unwrap();
     })
 }
@@ -281,8 +332,15 @@ async fn preserve_ordering_answers_in_order_when_the_device_completes_out_of_ord
         .await
         .unwrap();
     let (slow, quick, before) = slow_then_quick(&c, &ordered).await;
-    assert!(quick.1 < slow.1, "the device completed the quick batch first: {slow:?} {quick:?}");
-    assert_eq!(quick.2, before + 2.0, "the quick answer waited for the slow batch");
+    assert!(
+        quick.1 < slow.1,
+        "the device completed the quick batch first: {slow:?} {quick:?}"
+    );
+    assert_eq!(
+        quick.2,
+        before + 2.0,
+        "the quick answer waited for the slow batch"
+    );
     // Without preserve_ordering the quick answer leaves while the slow batch is out.
     let free = c.load("fpga-sim", &params(base)).await.unwrap();
     let (slow, quick, before) = slow_then_quick(&c, &free).await;
@@ -300,5 +358,8 @@ async fn preserve_ordering_answers_in_order_when_the_device_completes_out_of_ord
     pending.await.unwrap();
     assert_eq!(rx.recv().await.map(|(tag, ..)| tag), Some("last"));
     let log = kiln.log_with("fpga-sim: release");
-    assert!(log.contains("fpga-sim: release, 0 batches in the device"), "{log}");
+    assert!(
+        log.contains("fpga-sim: release, 0 batches in the device"),
+        "{log}"
+    );
 }

@@ -86,7 +86,10 @@ impl AsyncBatch {
     /// Runs `compute` on the batch and completes it with the outcome; a panic in
     /// `compute` fails the batch with the panic's message (and does not unwind
     /// further: the calling thread, e.g. a compute unit's, lives on).
-    pub fn complete_with(mut self, compute: impl FnOnce(&mut Batch<'_, '_>) -> Result<(), WorkerError>) {
+    pub fn complete_with(
+        mut self,
+        compute: impl FnOnce(&mut Batch<'_, '_>) -> Result<(), WorkerError>,
+    ) {
         let outcome = catch_unwind(AssertUnwindSafe(|| compute(&mut self.batch())));
         let result = match outcome {
             Ok(result) => result,
@@ -118,5 +121,96 @@ impl Drop for AsyncBatch {
             "the worker dropped the batch without completing it"
         };
         self.finish(Err(WorkerError::new(why)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use abi_stable::std_types::{RSlice, RSliceMut};
+
+    use super::*;
+    use crate::TD_Opaque;
+
+    /// Every completion a probe was told of.
+    type Log = Arc<Mutex<Vec<Result<(), String>>>>;
+
+    /// A host's batch in flight that records every completion it is told of.
+    struct Probe(Log);
+
+    impl BatchCompletion for Probe {
+        fn batch(&mut self) -> BatchFfi<'static, 'static> {
+            BatchFfi {
+                inputs: RSlice::from_slice(&[]),
+                outputs: RSliceMut::from_mut_slice(&mut []),
+                requests: RSliceMut::from_mut_slice(&mut []),
+            }
+        }
+
+        fn complete(&mut self, result: RResult<(), RString>) {
+            let result = result.into_result().map_err(RString::into_string);
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(result);
+        }
+    }
+
+    fn probe() -> (AsyncBatch, Log) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let done = BatchCompletion_TO::from_value(Probe(Arc::clone(&seen)), TD_Opaque);
+        (AsyncBatch::new(done), seen)
+    }
+
+    fn seen(s: &Mutex<Vec<Result<(), String>>>) -> Vec<Result<(), String>> {
+        s.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    #[test]
+    fn completed_once_from_another_thread() {
+        let (mut batch, log) = probe();
+        assert_eq!(batch.batch().request_count(), 0);
+        std::thread::spawn(move || batch.complete(Ok(())))
+            .join()
+            .unwrap_or_else(|_| panic!("completing thread panicked"));
+        assert_eq!(seen(&log), vec![Ok(())]);
+    }
+
+    #[test]
+    fn a_dropped_handle_fails_the_batch() {
+        let (batch, log) = probe();
+        drop(batch);
+        let got = seen(&log);
+        assert_eq!(got.len(), 1);
+        assert!(matches!(&got[0], Err(e) if e.contains("dropped the batch without completing")));
+    }
+
+    #[test]
+    fn a_panic_fails_the_batch_with_its_message() {
+        let (batch, log) = probe();
+        batch.complete_with(|_| panic!("unit 3 fell over"));
+        assert_eq!(
+            seen(&log),
+            vec![Err("worker panicked: unit 3 fell over".to_owned())]
+        );
+        // Dropped by a thread that unwinds: failed, and said so.
+        let (batch, log) = probe();
+        let unwound = std::thread::spawn(move || {
+            let _held = batch;
+            panic!("outside complete_with");
+        })
+        .join();
+        assert!(unwound.is_err());
+        let got = seen(&log);
+        assert_eq!(got.len(), 1);
+        assert!(matches!(&got[0], Err(e) if e.contains("panicked while holding")));
+    }
+
+    #[test]
+    fn an_error_fails_the_batch() {
+        let (batch, log) = probe();
+        batch.complete_with(|_| Err(WorkerError::new("unit fault")));
+        assert_eq!(seen(&log), vec![Err("unit fault".to_owned())]);
     }
 }

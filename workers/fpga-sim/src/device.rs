@@ -52,7 +52,10 @@ impl Config {
 
     /// The modeled time of a batch of `rows` rows.
     pub fn cost(&self, rows: usize) -> Duration {
-        self.setup + self.row.saturating_mul(u32::try_from(rows).unwrap_or(u32::MAX))
+        self.setup
+            + self
+                .row
+                .saturating_mul(u32::try_from(rows).unwrap_or(u32::MAX))
     }
 
     /// `y = x · W` for each row (int8 × int8 summed in int32).

@@ -52,7 +52,13 @@ impl AsyncWorker for FpgaSim {
         ParamSpec::request("sim_fail", ParamKind::Bool),
         ParamSpec::request("sim_panic", ParamKind::Bool),
         ParamSpec::request("sim_drop", ParamKind::Bool),
-        ParamSpec::request("sim_delay_us", ParamKind::Int { min: 0, max: 10_000_000 }),
+        ParamSpec::request(
+            "sim_delay_us",
+            ParamKind::Int {
+                min: 0,
+                max: 10_000_000,
+            },
+        ),
     ];
 
     fn init(params: Params<'_>) -> Result<Self, WorkerError> {
@@ -83,7 +89,12 @@ impl AsyncWorker for FpgaSim {
 
     fn info(&self) -> WorkerInfo {
         WorkerInfo {
-            inputs: vec![TensorSpec::new("X", DataType::Int8, &[self.config.k as i64])].into(),
+            inputs: vec![TensorSpec::new(
+                "X",
+                DataType::Int8,
+                &[self.config.k as i64],
+            )]
+            .into(),
             outputs: vec![
                 TensorSpec::new("Y", DataType::Int32, &[self.config.m as i64]),
                 TensorSpec::new("DEVICE", DataType::Int64, &[3]),
@@ -113,7 +124,10 @@ impl AsyncWorker for FpgaSim {
     /// Stops the units (every batch has completed: the host drains first).
     fn release(&mut self) -> Result<(), WorkerError> {
         if let Some(device) = self.device.take() {
-            log::info!("fpga-sim: release, {} batches in the device", device.in_flight());
+            log::info!(
+                "fpga-sim: release, {} batches in the device",
+                device.in_flight()
+            );
         }
         Ok(())
     }
@@ -144,7 +158,13 @@ mod tests {
 
     #[test]
     fn the_cost_model_is_setup_plus_rows() {
-        let c = Config::new(1, 1, 1, Duration::from_micros(100), Duration::from_nanos(10));
+        let c = Config::new(
+            1,
+            1,
+            1,
+            Duration::from_micros(100),
+            Duration::from_nanos(10),
+        );
         assert_eq!(c.cost(0), Duration::from_micros(100));
         assert_eq!(c.cost(5), Duration::from_nanos(100_050));
     }
