@@ -16,7 +16,7 @@
 //! submitted batch before `release`, `deallocate` and `destroy`.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -31,38 +31,6 @@ use crate::instance::{
 };
 use crate::reply::Reply;
 use crate::stats::nanos;
-
-/// What a group of asynchronous instances shares: the cap per instance and the
-/// group's count of outstanding batches (for `/metrics`).
-pub struct Outstanding {
-    /// `max_outstanding`: batches each instance may have submitted at once.
-    pub max: usize,
-    now: AtomicUsize,
-    most: AtomicUsize,
-}
-
-impl Outstanding {
-    /// A group whose instances each keep at most `max` batches submitted.
-    pub fn new(max: usize) -> Outstanding {
-        Outstanding {
-            max: max.max(1),
-            now: AtomicUsize::new(0),
-            most: AtomicUsize::new(0),
-        }
-    }
-
-    fn submitted(&self, ctx: &InstanceContext) {
-        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
-        let most = self.most.fetch_max(now, Ordering::SeqCst).max(now);
-        ctx.metrics.outstanding.set(now as i64);
-        ctx.metrics.outstanding_max.set(most as i64);
-    }
-
-    fn completed(&self, ctx: &InstanceContext) {
-        let now = self.now.fetch_sub(1, Ordering::SeqCst).saturating_sub(1);
-        ctx.metrics.outstanding.set(now as i64);
-    }
-}
 
 /// One instance's submitted batches: the counter the instance thread waits on.
 #[derive(Default)]
@@ -153,7 +121,7 @@ impl InFlight {
         }
         m.batch_size.observe(batch.len() as f64);
         if let Some(outstanding) = &ctx.outstanding {
-            outstanding.submitted(&ctx);
+            outstanding.submitted(&ctx.metrics);
         }
         let building = Instant::now();
         let mut out_shapes = output_shapes(&ctx.info, batch.members.len());
@@ -195,7 +163,7 @@ impl InFlight {
         // Completed: no longer outstanding, though its buffer set is held until
         // its answers are out (so outstanding ≤ buffer sets in use, always).
         if let Some(outstanding) = &ctx.outstanding {
-            outstanding.completed(&ctx);
+            outstanding.completed(&ctx.metrics);
         }
         ctx.metrics
             .compute_seconds

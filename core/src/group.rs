@@ -20,6 +20,7 @@ use kiln_worker_sdk::{BatcherKind, Shape, WorkerBox, WorkerInfo};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
+use crate::async_instance::run_async_instance;
 use crate::error::{Result, ServerError};
 use crate::infer::{validate, InferRequest, MAX_OUTPUTS};
 use crate::instance::{run_instance, BatchSource, InstanceContext};
@@ -155,7 +156,7 @@ impl WorkerGroup {
             compute_estimate_ns: std::sync::atomic::AtomicU64::new(0),
             outstanding: settings
                 .max_outstanding
-                .map(crate::async_instance::Outstanding::new),
+                .map(crate::outstanding::Outstanding::new),
             ordering: (settings.batcher == BatcherKind::Dynamic
                 && settings.dynamic.preserve_ordering)
                 .then(crate::ordering::OrderGate::default),
@@ -293,8 +294,10 @@ impl WorkerGroup {
         let n = self.threads.lock().len();
         let spawned = spawn(format!("worker-{}-{n}", self.endpoint), move || {
             let worker = theirs.lock().take();
-            if let Some(worker) = worker {
-                run_instance(worker, ctx, rx, index);
+            match worker {
+                Some(worker) if ctx.outstanding.is_some() => run_async_instance(worker, ctx, rx),
+                Some(worker) => run_instance(worker, ctx, rx, index),
+                None => {}
             }
         });
         let handle = match spawned {

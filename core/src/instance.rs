@@ -46,7 +46,7 @@ pub struct InstanceContext {
     /// `preserve_ordering`: answers leave in batch order.
     pub ordering: Option<OrderGate>,
     /// An asynchronous worker's batches in flight (`None`: a synchronous worker).
-    pub outstanding: Option<crate::async_instance::Outstanding>,
+    pub outstanding: Option<crate::outstanding::Outstanding>,
 }
 
 impl InstanceContext {
@@ -89,9 +89,6 @@ pub fn run_instance(
     batches: BatchSource,
     index: usize,
 ) {
-    if ctx.outstanding.is_some() {
-        return crate::async_instance::run_async_instance(worker, ctx, batches);
-    }
     let mut healthy = true;
     while let Some(mut batch) = batches.next() {
         // Should this thread unwind on the batch, later batches are not held.

@@ -17,6 +17,7 @@ pub mod logging;
 pub mod manager;
 pub mod metrics;
 pub mod ordering;
+pub mod outstanding;
 pub mod param_de;
 pub mod params;
 pub mod plugin;

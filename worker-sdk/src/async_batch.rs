@@ -19,8 +19,7 @@ use abi_stable::sabi_trait;
 use abi_stable::std_types::{RBox, RResult, RString};
 
 use crate::batch::{Batch, BatchFfi};
-use crate::error::WorkerError;
-use crate::ffi::panic_message;
+use crate::error::{panic_message, WorkerError};
 
 /// A batch in flight, implemented by the host. The memory its [`BatchFfi`] points to
 /// is owned by this object and stays in place, usable from any thread, until the

@@ -6,7 +6,6 @@
 // `#[sabi_trait]` expands to impls inside a const block.
 #![allow(non_local_definitions)]
 
-use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use abi_stable::library::RootModule;
@@ -18,6 +17,7 @@ use abi_stable::StableAbi;
 
 use crate::async_batch::{AsyncBatch, BatchCompletionBox};
 use crate::batch::{Batch, BatchFfi};
+pub use crate::error::panic_message;
 use crate::error::WorkerError;
 use crate::logging::{self, LogSink};
 use crate::spec::{ParamScope, ParamSpec};
@@ -204,17 +204,6 @@ fn guard<T>(f: impl FnOnce() -> Result<T, WorkerError>) -> RResult<T, RString> {
         Err(payload) => {
             RResult::RErr(format!("worker panicked: {}", panic_message(&*payload)).into())
         }
-    }
-}
-
-/// The text of a panic payload.
-pub fn panic_message(payload: &(dyn Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-text panic payload".to_owned()
     }
 }
 
