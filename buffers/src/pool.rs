@@ -22,13 +22,25 @@ pub struct Pool<T> {
     lock: Mutex<()>,
     cond: Condvar,
     size: usize,
+    /// Whether takes note the most items out ([`Pool::tracked`]).
+    track: bool,
     /// The most items seen handed out at once (see [`Pool::high_water`]).
     most_out: AtomicUsize,
 }
 
 impl<T> Pool<T> {
     /// A pool of `size` items (at least 1) made by `make`.
-    pub fn new(size: usize, mut make: impl FnMut() -> T) -> Arc<Pool<T>> {
+    pub fn new(size: usize, make: impl FnMut() -> T) -> Arc<Pool<T>> {
+        Self::make(size, make, false)
+    }
+
+    /// A pool that also notes the most items handed out at once
+    /// ([`Pool::high_water`]), at a read of the free list per take.
+    pub fn tracked(size: usize, make: impl FnMut() -> T) -> Arc<Pool<T>> {
+        Self::make(size, make, true)
+    }
+
+    fn make(size: usize, mut make: impl FnMut() -> T, track: bool) -> Arc<Pool<T>> {
         let size = size.max(1);
         let free = ArrayQueue::new(size);
         for _ in 0..size {
@@ -41,6 +53,7 @@ impl<T> Pool<T> {
             lock: Mutex::new(()),
             cond: Condvar::new(),
             size,
+            track,
             most_out: AtomicUsize::new(0),
         })
     }
@@ -103,7 +116,7 @@ impl<T> Pool<T> {
     }
 
     fn wrap(self: &Arc<Self>, item: Option<T>) -> Pooled<T> {
-        if item.is_some() {
+        if self.track && item.is_some() {
             // Read, not counted: no atomic write per take or return unless a new
             // most is seen. A counter of items out (an add per take and per
             // return, a max per take) cost 17-27 ns per take and return in
@@ -125,7 +138,8 @@ impl<T> Pool<T> {
         self.size
     }
 
-    /// The most items handed out at once since the pool was made, as each taker
+    /// The most items handed out at once since the pool was made (0 unless made
+    /// [`Pool::tracked`]), as each taker
     /// saw it just after its take (every item then held counts, so a peak of `n`
     /// items held together is seen by the last of them taken; never more than
     /// [`Pool::size`]).
@@ -180,7 +194,7 @@ mod tests {
 
     #[test]
     fn bounds_items_in_flight() {
-        let pool = Pool::new(2, Vec::<u8>::new);
+        let pool = Pool::tracked(2, Vec::<u8>::new);
         let a = pool.acquire();
         let b = pool.acquire();
         assert_eq!(pool.in_use(), 2);

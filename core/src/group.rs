@@ -137,9 +137,14 @@ impl WorkerGroup {
         let (queue_tx, queue_rx) = bounded::<Request<Reply>>(settings.queue_size);
         let (batch_tx, batch_rx) = unbounded::<Batch<Reply>>();
         let (input_caps, output_caps) = buffer_capacities(&info, settings.batch_size);
-        let pool = Pool::new(settings.max_buffers, || {
-            BufferSet::with_capacities(&input_caps, &output_caps)
-        });
+        // An asynchronous group's pool notes its high-water mark (the bound on
+        // batches out is the point of its tests); a synchronous one's hot path
+        // does not pay for it.
+        let make = || BufferSet::with_capacities(&input_caps, &output_caps);
+        let pool = match settings.max_outstanding {
+            Some(_) => Pool::tracked(settings.max_buffers, make),
+            None => Pool::new(settings.max_buffers, make),
+        };
         metrics.pool_size.set(settings.max_buffers as i64);
         let context = Arc::new(InstanceContext {
             answer_model: Arc::new(crate::reply::AnswerModel {

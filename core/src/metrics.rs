@@ -156,7 +156,7 @@ impl Metrics {
             );
             r.register(
                 "kiln_buffer_pool_in_use_max",
-                "The most buffer sets in flight at once since the model was loaded",
+                "The most buffer sets in flight at once since the model was loaded (asynchronous workers)",
                 metrics.pool_in_use_max.clone(),
             );
             r.register(
