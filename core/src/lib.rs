@@ -10,6 +10,7 @@ pub mod fdlimit;
 pub mod group;
 pub mod housekeeping;
 pub mod infer;
+pub mod isolation;
 pub mod instance;
 pub mod limits;
 pub mod logging;
