@@ -931,6 +931,7 @@ mod tests {
                 Some("batcher") => "soft",
                 Some("sequence_strategy") => "direct",
                 Some("timeout_action") => "reject",
+                Some("isolation") => "process",
                 _ => "1",
             };
             let (_, left) =

@@ -484,3 +484,34 @@ pub fn describe(status: ExitStatus) -> String {
         format!("exited with status {}", status.code().unwrap_or(-1))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ending_is_described_by_its_signal_or_status() {
+        let status = |script: &str| {
+            Command::new("sh")
+                .args(["-c", script])
+                .status()
+                .unwrap()
+        };
+        assert_eq!(
+            describe(status("kill -SEGV $$")),
+            "killed by signal 11 (SIGSEGV)"
+        );
+        assert!(describe(status("kill -ABRT $$")).starts_with("killed by signal 6 (SIGABRT"));
+        assert_eq!(describe(status("exit 3")), "exited with status 3");
+    }
+
+    #[test]
+    fn the_environment_is_an_allow_list() {
+        for passed in ["PATH", "KILN_CACHE", "KILN_ONNXRUNTIME", "LD_LIBRARY_PATH"] {
+            assert!(passes_environment(passed.as_ref()), "{passed}");
+        }
+        for kept in ["AWS_SECRET_ACCESS_KEY", "LD_PRELOAD", "SSH_AUTH_SOCK", "kiln_x"] {
+            assert!(!passes_environment(kept.as_ref()), "{kept}");
+        }
+    }
+}
