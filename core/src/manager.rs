@@ -16,9 +16,9 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use crate::error::{Result, ServerError};
+use crate::group::{demand, resolve, GroupName, WorkerGroup};
 use crate::isolation::process::{HostSpec, ProcessWorker};
 use crate::isolation::Isolation;
-use crate::group::{demand, resolve, GroupName, WorkerGroup};
 use crate::limits::{Demand, Limits};
 use crate::metrics::Metrics;
 use crate::params::{check_known, identity, GroupParams};

@@ -21,7 +21,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Start the server.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run one isolated worker instance for a server (`isolation = "process"`);
     /// started by `kiln serve` itself, with the descriptors it passes.
     #[command(hide = true)]
@@ -233,7 +233,7 @@ fn seconds(flag: &str, secs: f64) -> anyhow::Result<std::time::Duration> {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Serve(args) => serve_main(args),
+        Command::Serve(args) => serve_main(*args),
         // No runtime, no logger: the host's plugin logs through stderr, which
         // the server reads into its own log.
         Command::WorkerHost(args) => {

@@ -132,13 +132,20 @@ async fn a_crash_loses_only_its_batch_and_the_host_comes_back() {
     );
     assert_eq!(restarts, Some(3.0), "{text}");
     assert_eq!(
-        metric(&text, "kiln_worker_host_restarts_total", &[("model", "echo")]),
+        metric(
+            &text,
+            "kiln_worker_host_restarts_total",
+            &[("model", "echo")]
+        ),
         None
     );
     // The plugin's log and the crash are in the server's log.
     let log = kiln.log_with("restarted (pid");
     assert!(log.contains("[worker host `guarded` pid"), "{log}");
-    assert!(log.contains("faulty: -5, writing to an unmapped address"), "{log}");
+    assert!(
+        log.contains("faulty: -5, writing to an unmapped address"),
+        "{log}"
+    );
     assert!(log.contains("killed by signal 11 (SIGSEGV"), "{log}");
 }
 

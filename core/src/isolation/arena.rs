@@ -59,7 +59,9 @@ impl Arena {
         // SAFETY: fcntl on an open descriptor.
         let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
         if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
-            return Err(io::Error::other("the arena is not sealed against shrinking"));
+            return Err(io::Error::other(
+                "the arena is not sealed against shrinking",
+            ));
         }
         Arena::map(fd)
     }

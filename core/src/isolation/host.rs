@@ -12,8 +12,8 @@ use std::path::Path;
 
 use kiln_worker_sdk::reexports::{RMut, RResult, RSliceMut, RStr, RString};
 use kiln_worker_sdk::{
-    BatchFfi, InputFfi, LogSink, OutputBuffer, OutputBuffer_TO, OutputFfi, Param, RequestError, RequestFfi,
-    Shape, TD_Opaque, WorkerBox, WorkerInfo,
+    BatchFfi, InputFfi, LogSink, OutputBuffer, OutputBuffer_TO, OutputFfi, Param, RequestError,
+    RequestFfi, Shape, TD_Opaque, WorkerBox, WorkerInfo,
 };
 
 use super::arena::{align, Arena};
@@ -23,7 +23,12 @@ use super::wire::{read_frame, write_frame, Call, Reader, WireError, Writer, REPL
 /// returns when the server is gone or has destroyed the worker.
 pub fn run(control_fd: RawFd, arena_fd: RawFd) -> Result<(), String> {
     // SAFETY: the server passed these descriptors, open, for this process to own.
-    let (socket, arena) = unsafe { (OwnedFd::from_raw_fd(control_fd), OwnedFd::from_raw_fd(arena_fd)) };
+    let (socket, arena) = unsafe {
+        (
+            OwnedFd::from_raw_fd(control_fd),
+            OwnedFd::from_raw_fd(arena_fd),
+        )
+    };
     let mut socket = UnixStream::from(socket);
     let arena = Arena::open(arena).map_err(|e| format!("worker host: arena: {e}"))?;
     let mut host = Host {
@@ -177,7 +182,10 @@ fn run_batch(
     let bad = |e: WireError| e.to_string();
     let inputs = r.count(9).map_err(bad)?;
     if inputs != info.inputs.len() {
-        return Err(format!("{inputs} inputs sent, the worker has {}", info.inputs.len()));
+        return Err(format!(
+            "{inputs} inputs sent, the worker has {}",
+            info.inputs.len()
+        ));
     }
     s.shapes.resize_with(inputs, Vec::new);
     s.spans.clear();
@@ -237,8 +245,10 @@ fn run_batch(
             written: false,
         })
         .collect();
-    let mut ffi_requests: Vec<RequestFfi<'_>> =
-        s.params[..requests].iter().map(|p| RequestFfi::new(p)).collect();
+    let mut ffi_requests: Vec<RequestFfi<'_>> = s.params[..requests]
+        .iter()
+        .map(|p| RequestFfi::new(p))
+        .collect();
     let mut batch = BatchFfi {
         inputs: ffi_inputs.as_slice().into(),
         outputs: outputs.as_mut_slice().into(),

@@ -137,7 +137,12 @@ impl ProcessWorker {
 
     /// Takes down what is left of a host that died (or closed its socket) and
     /// describes how it ended.
-    fn lost(&mut self, during: &str, status: Option<ExitStatus>, error: Option<WireError>) -> String {
+    fn lost(
+        &mut self,
+        during: &str,
+        status: Option<ExitStatus>,
+        error: Option<WireError>,
+    ) -> String {
         self.crashes = self.crashes.saturating_add(1);
         let Some(mut host) = self.host.take() else {
             return "no worker host".to_owned();
@@ -369,7 +374,10 @@ impl Drop for ProcessWorker {
 /// also exits when its socket closes), its stderr read into the server's log.
 fn spawn(spec: &HostSpec) -> Result<Host, String> {
     let failed = |what: &str, e: std::io::Error| {
-        format!("cannot start a worker host for model `{}`: {what}: {e}", spec.model)
+        format!(
+            "cannot start a worker host for model `{}`: {what}: {e}",
+            spec.model
+        )
     };
     let program = host_program()?;
     let arena = Arena::create().map_err(|e| failed("shared memory", e))?;
@@ -478,7 +486,11 @@ pub fn describe(status: ExitStatus) -> String {
             libc::SIGTERM => "SIGTERM",
             _ => "signal",
         };
-        let core = if status.core_dumped() { ", core dumped" } else { "" };
+        let core = if status.core_dumped() {
+            ", core dumped"
+        } else {
+            ""
+        };
         format!("killed by signal {signal} ({name}{core})")
     } else {
         format!("exited with status {}", status.code().unwrap_or(-1))
@@ -491,12 +503,7 @@ mod tests {
 
     #[test]
     fn an_ending_is_described_by_its_signal_or_status() {
-        let status = |script: &str| {
-            Command::new("sh")
-                .args(["-c", script])
-                .status()
-                .unwrap()
-        };
+        let status = |script: &str| Command::new("sh").args(["-c", script]).status().unwrap();
         assert_eq!(
             describe(status("kill -SEGV $$")),
             "killed by signal 11 (SIGSEGV)"
@@ -510,7 +517,12 @@ mod tests {
         for passed in ["PATH", "KILN_CACHE", "KILN_ONNXRUNTIME", "LD_LIBRARY_PATH"] {
             assert!(passes_environment(passed.as_ref()), "{passed}");
         }
-        for kept in ["AWS_SECRET_ACCESS_KEY", "LD_PRELOAD", "SSH_AUTH_SOCK", "kiln_x"] {
+        for kept in [
+            "AWS_SECRET_ACCESS_KEY",
+            "LD_PRELOAD",
+            "SSH_AUTH_SOCK",
+            "kiln_x",
+        ] {
             assert!(!passes_environment(kept.as_ref()), "{kept}");
         }
     }
