@@ -10,10 +10,10 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
-use kiln_worker_sdk::reexports::{RMut, RResult, RSliceMut, RStr, RString};
+use kiln_worker_sdk::reexports::{RResult, RSliceMut, RStr, RString};
 use kiln_worker_sdk::{
-    BatchFfi, InputFfi, LogSink, OutputBuffer, OutputBuffer_TO, OutputFfi, Param, RequestError,
-    RequestFfi, Shape, TD_Opaque, WorkerBox, WorkerInfo,
+    BatchFfi, InputFfi, LogSink, OutputBuffer, OutputFfi, Param, RequestError, RequestFfi, Shape,
+    WorkerBox, WorkerInfo,
 };
 
 use super::arena::{align, Arena};
@@ -236,14 +236,7 @@ fn run_batch(
         .iter()
         .zip(buffers.iter_mut())
         .zip(s.out_shapes.iter_mut())
-        .map(|((spec, buffer), shapes)| OutputFfi {
-            name: RStr::from_str(spec.name.as_str()),
-            dtype: spec.dtype,
-            shapes: shapes.as_mut_slice().into(),
-            buffer: OutputBuffer_TO::from_ptr(RMut::new(buffer), TD_Opaque),
-            len: 0,
-            written: false,
-        })
+        .map(|((spec, buffer), shapes)| OutputFfi::new(spec, shapes, buffer))
         .collect();
     let mut ffi_requests: Vec<RequestFfi<'_>> = s.params[..requests]
         .iter()
