@@ -3,7 +3,8 @@
 //! running. Every request of that batch gets an error naming the crash and the
 //! signal, the server keeps serving every other model throughout, the host is
 //! restarted and later requests succeed, and `/metrics` counts the restarts.
-//! Without isolation, the same values take the whole server down.
+//! A host that dies between batches is replaced before the next one, which is not
+//! lost. Without isolation, the same values take the whole server down.
 
 use std::os::unix::process::ExitStatusExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -177,4 +178,72 @@ async fn without_isolation_a_crash_takes_the_server_down() {
             .expect("the server kept running");
         assert_eq!(status.signal(), Some(signal), "{status:?}");
     }
+}
+
+/// The `kiln worker-host` processes whose parent is `server`.
+fn hosts_of(server: u32) -> Vec<i32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // `pid (comm) state ppid ...`: the fields after the last `)`.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if ppid == Some(server) && String::from_utf8_lossy(&cmdline).contains("worker-host") {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// A host that dies between batches (here killed from outside) is noticed before
+/// the next batch is sent: that batch is not lost, it runs in a new host. Two
+/// instances are two hosts; unloading the model ends them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_died_idle_is_replaced_before_the_next_batch() {
+    let kiln = Kiln::start(&["--load", "faulty:isolation=process,instances=2"]);
+    let hosts = hosts_of(kiln.pid());
+    assert_eq!(hosts.len(), 2, "{hosts:?}");
+    for pid in &hosts {
+        // SAFETY: kill(2) on a process this test's server started.
+        assert_eq!(unsafe { libc::kill(*pid, libc::SIGKILL) }, 0);
+    }
+    // Each instance notices its own host gone at its next batch; the instances
+    // take turns on the batches, so a few requests reach both.
+    let restarts = || async {
+        let text = kiln.client.metrics().await.unwrap();
+        metric(
+            &text,
+            "kiln_worker_host_restarts_total",
+            &[("model", "faulty")],
+        )
+    };
+    for i in 0..50 {
+        let answer = kiln
+            .client
+            .infer(&request("faulty", DataType::Int32, &[i]))
+            .await
+            .unwrap();
+        assert_eq!(answer.outputs[0].values::<i32>(), vec![i]);
+        if restarts().await == Some(2.0) {
+            break;
+        }
+    }
+    assert_eq!(restarts().await, Some(2.0));
+    let log = kiln.log_with("crashed while idle");
+    assert!(log.contains("killed by signal 9 (SIGKILL)"), "{log}");
+    let now = hosts_of(kiln.pid());
+    assert_eq!(now.len(), 2, "{now:?}");
+    assert!(
+        now.iter().all(|pid| !hosts.contains(pid)),
+        "{now:?} {hosts:?}"
+    );
+
+    kiln.client.unload("faulty").await.unwrap();
+    assert!(hosts_of(kiln.pid()).is_empty());
 }
