@@ -247,3 +247,33 @@ async fn a_host_that_died_idle_is_replaced_before_the_next_batch() {
     kiln.client.unload("faulty").await.unwrap();
     assert!(hosts_of(kiln.pid()).is_empty());
 }
+
+/// Whether process `pid` has ended (gone, or a zombie nobody reaped yet).
+fn ended(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X"),
+    }
+}
+
+/// A host does not outlive its server, even one killed without a chance to
+/// clean up (`PR_SET_PDEATHSIG`; an idle host also sees its socket close).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_die_with_the_server() {
+    let mut kiln = Kiln::start(&["--load", "faulty:isolation=process"]);
+    let hosts = hosts_of(kiln.pid());
+    assert_eq!(hosts.len(), 1, "{hosts:?}");
+    // SAFETY: kill(2) on the server this test started.
+    assert_eq!(unsafe { libc::kill(kiln.pid() as i32, libc::SIGKILL) }, 0);
+    assert!(kiln.exit_within(Duration::from_secs(10)).is_some());
+    for _ in 0..500 {
+        if hosts.iter().all(|&pid| ended(pid)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("worker hosts {hosts:?} outlived the server");
+}
