@@ -6,6 +6,8 @@
 //! A host that dies between batches is replaced before the next one, which is not
 //! lost. Without isolation, the same values take the whole server down.
 
+#![allow(clippy::unwrap_used)] // helpers of tests: a failure is the test failing
+
 use std::os::unix::process::ExitStatusExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
