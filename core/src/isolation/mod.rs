@@ -4,6 +4,8 @@
 //!
 //! - [`process`]: the server's side, a worker instance object whose calls are
 //!   messages to the host (the instance thread cannot tell it from a plugin).
+//! - [`spawn`]: starting a host process (command, environment, descriptors, log)
+//!   and describing how one ended.
 //! - [`host`]: the host's side, the `worker-host` subcommand's loop.
 //! - [`wire`]: the control messages; [`arena`]: the shared memory batches travel in.
 //!
@@ -12,6 +14,7 @@
 pub mod arena;
 pub mod host;
 pub mod process;
+pub mod spawn;
 pub mod wire;
 
 use std::ffi::OsStr;

@@ -12,21 +12,17 @@
 //! again, which starts a new host after a backoff of [`BACKOFF_BASE`] doubled per
 //! crash in a row (no batch succeeded in between), at most [`BACKOFF_CAP`].
 
-use std::io::{BufRead, BufReader};
-use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixStream;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::ExitStatus;
+use std::time::Duration;
 
 use kiln_worker_sdk::reexports::{ROption, RResult, RSlice, RString};
 use kiln_worker_sdk::{BatchFfi, Param, WorkerFfi, WorkerInfo};
 use prometheus_client::metrics::counter::Counter;
 
-use super::arena::{align, Arena};
+use super::arena::align;
+use super::spawn::{describe, reap, spawn, Host};
 use super::wire::{read_frame, write_frame, Call, Reader, WireError, Writer, REPLY_OK};
-use super::{host_program, passes_environment};
 
 /// The delay before the first restart after a crash.
 pub const BACKOFF_BASE: Duration = Duration::from_millis(50);
@@ -40,13 +36,6 @@ pub struct HostSpec {
     pub model: String,
     pub plugin: PathBuf,
     pub restarts: Counter,
-}
-
-/// One running `kiln worker-host`.
-struct Host {
-    child: Child,
-    socket: UnixStream,
-    arena: Arena,
 }
 
 /// A worker instance in its own process (see the module documentation).
@@ -84,7 +73,7 @@ impl ProcessWorker {
 
     /// Starts a host and runs `init` in it.
     fn start(&mut self) -> Result<WorkerInfo, String> {
-        self.host = Some(spawn(&self.spec)?);
+        self.host = Some(spawn(&self.spec.model)?);
         let mut w = Writer::start(&mut self.out, Call::Init as u8);
         w.str(&self.spec.plugin.to_string_lossy());
         w.params(&self.params);
@@ -364,166 +353,6 @@ impl Drop for ProcessWorker {
         if let Some(mut host) = self.host.take() {
             let _ = host.child.kill();
             let _ = host.child.wait();
-        }
-    }
-}
-
-/// Starts `kiln worker-host` for `spec`: a clean environment (see
-/// [`passes_environment`]), the control socket and the arena as its only
-/// inherited descriptors, killed when the server dies (`PR_SET_PDEATHSIG`; it
-/// also exits when its socket closes), its stderr read into the server's log.
-fn spawn(spec: &HostSpec) -> Result<Host, String> {
-    let failed = |what: &str, e: std::io::Error| {
-        format!(
-            "cannot start a worker host for model `{}`: {what}: {e}",
-            spec.model
-        )
-    };
-    let program = host_program()?;
-    let arena = Arena::create().map_err(|e| failed("shared memory", e))?;
-    let (ours, theirs) = UnixStream::pair().map_err(|e| failed("socket", e))?;
-    let (control_fd, arena_fd) = (theirs.as_raw_fd(), arena.fd());
-    let server = std::process::id() as libc::pid_t;
-    let mut command = Command::new(&program);
-    command
-        .arg("worker-host")
-        .arg("--control-fd")
-        .arg(control_fd.to_string())
-        .arg("--arena-fd")
-        .arg(arena_fd.to_string())
-        .env_clear()
-        .envs(std::env::vars_os().filter(|(k, _)| passes_environment(k)))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        command.pre_exec(move || {
-            for fd in [control_fd, arena_fd] {
-                if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // The server died before the line above: nobody would kill us.
-            if libc::getppid() != server {
-                return Err(std::io::Error::other("the server is gone"));
-            }
-            Ok(())
-        });
-    }
-    let mut child = command
-        .spawn()
-        .map_err(|e| failed(&program.display().to_string(), e))?;
-    drop(theirs);
-    if let Some(stderr) = child.stderr.take() {
-        let label = format!("worker host `{}` pid {}", spec.model, child.id());
-        let _ = std::thread::Builder::new()
-            .name("kiln-host-log".into())
-            .spawn(move || forward_log(&label, stderr));
-    }
-    Ok(Host {
-        child,
-        socket: ours,
-        arena,
-    })
-}
-
-/// Copies a host's stderr into the server's log, line by line: a plugin's
-/// record (`kiln-log <level> ...`) at its level, anything else (a panic message,
-/// an abort's) as a warning.
-fn forward_log(label: &str, stderr: impl std::io::Read) {
-    let mut reader = BufReader::new(stderr);
-    let mut line = Vec::new();
-    while reader.read_until(b'\n', &mut line).unwrap_or(0) > 0 {
-        let text = String::from_utf8_lossy(&line);
-        let text = text.trim_end();
-        let level = text
-            .strip_prefix("kiln-log ")
-            .and_then(|rest| rest.split_once(' '))
-            .and_then(|(level, message)| Some((level.parse::<u8>().ok()?, message)));
-        match level {
-            Some((level, message)) => {
-                let level = match level {
-                    1 => spdlog::Level::Error,
-                    2 => spdlog::Level::Warn,
-                    3 => spdlog::Level::Info,
-                    4 => spdlog::Level::Debug,
-                    _ => spdlog::Level::Trace,
-                };
-                spdlog::log!(level, "[{label}] {message}");
-            }
-            None => spdlog::warn!("[{label}] {text}"),
-        }
-        line.clear();
-    }
-}
-
-/// The child's exit status once it has exited, waiting at most `within`.
-fn reap(child: &mut Child, within: Duration) -> Option<ExitStatus> {
-    let deadline = Instant::now() + within;
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => return Some(status),
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
-            _ => return None,
-        }
-    }
-}
-
-/// How a host ended, in words: `killed by signal 11 (SIGSEGV)`, `exited with status 3`.
-pub fn describe(status: ExitStatus) -> String {
-    if let Some(signal) = status.signal() {
-        let name = match signal {
-            libc::SIGSEGV => "SIGSEGV",
-            libc::SIGABRT => "SIGABRT",
-            libc::SIGBUS => "SIGBUS",
-            libc::SIGILL => "SIGILL",
-            libc::SIGFPE => "SIGFPE",
-            libc::SIGKILL => "SIGKILL",
-            libc::SIGTERM => "SIGTERM",
-            _ => "signal",
-        };
-        let core = if status.core_dumped() {
-            ", core dumped"
-        } else {
-            ""
-        };
-        format!("killed by signal {signal} ({name}{core})")
-    } else {
-        format!("exited with status {}", status.code().unwrap_or(-1))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_ending_is_described_by_its_signal_or_status() {
-        let status = |script: &str| Command::new("sh").args(["-c", script]).status().unwrap();
-        assert_eq!(
-            describe(status("kill -SEGV $$")),
-            "killed by signal 11 (SIGSEGV)"
-        );
-        assert!(describe(status("kill -ABRT $$")).starts_with("killed by signal 6 (SIGABRT"));
-        assert_eq!(describe(status("exit 3")), "exited with status 3");
-    }
-
-    #[test]
-    fn the_environment_is_an_allow_list() {
-        for passed in ["PATH", "KILN_CACHE", "KILN_ONNXRUNTIME", "LD_LIBRARY_PATH"] {
-            assert!(passes_environment(passed.as_ref()), "{passed}");
-        }
-        for kept in [
-            "AWS_SECRET_ACCESS_KEY",
-            "LD_PRELOAD",
-            "SSH_AUTH_SOCK",
-            "kiln_x",
-        ] {
-            assert!(!passes_environment(kept.as_ref()), "{kept}");
         }
     }
 }
