@@ -13,7 +13,7 @@ use super::convert::{
 use super::proto::grpc_inference_service_server::GrpcInferenceService;
 use super::proto::{
     model_metadata_response::TensorMetadata, repository_index_response::ModelIndex,
-    ModelConfigRequest, ModelConfigResponse, ModelInferRequest, ModelInferResponse,
+    LogSettingsRequest, LogSettingsResponse, ModelConfigRequest, ModelConfigResponse, ModelInferRequest, ModelInferResponse,
     ModelMetadataRequest, ModelMetadataResponse, ModelReadyRequest, ModelReadyResponse,
     ModelStatisticsRequest, ModelStatisticsResponse, ModelStreamInferResponse,
     RepositoryIndexRequest, RepositoryIndexResponse, RepositoryModelLoadRequest,
@@ -380,5 +380,12 @@ impl GrpcInferenceService for KilnGrpc {
             shm.unregister(&name);
         }
         Ok(Response::new(SystemSharedMemoryUnregisterResponse {}))
+    }
+
+    async fn log_settings(
+        &self,
+        request: Request<LogSettingsRequest>,
+    ) -> Result<Response<LogSettingsResponse>, Status> {
+        super::logging::log_settings(request.into_inner()).map(Response::new)
     }
 }

@@ -7,7 +7,7 @@ use serde_json::{json, Map, Value};
 use super::body::{json_object, read_body, read_raw_body};
 use super::encoded::EncodedResponse;
 use super::model_routes::{self, Action};
-use super::{offload, restricted, shm, triton, HttpError, State, INFERENCE_HEADER_CONTENT_LENGTH};
+use super::{logging, offload, restricted, shm, triton, HttpError, State, INFERENCE_HEADER_CONTENT_LENGTH};
 use crate::error::ServerError;
 use crate::group::WorkerGroup;
 use crate::restricted::{Category, Restrictions};
@@ -30,6 +30,13 @@ pub fn configure(cfg: &mut web::ServiceConfig, restrictions: &Restrictions) {
     // Triton serves metrics on a port of its own, unrestricted; kiln's are on the
     // HTTP port and tell what statistics tell, so `statistics` covers them.
     add(Statistics, get("/metrics", metrics));
+    add(
+        Logging,
+        web::resource("/v2/logging")
+            .route(web::get().to(logging::get))
+            .route(web::post().to(logging::post))
+            .default_service(web::to(method_not_allowed)),
+    );
     // Every other path under `/v2/models/` names a model: matched by hand, with
     // each route's category checked there ([`model_route`]). Registered before
     // the routes with a `{segment}` below, each of which actix-web tries as a regex.
