@@ -24,7 +24,7 @@ use tokio::sync::oneshot;
 use crate::error::{Result, ServerError};
 use crate::group::WorkerGroup;
 use crate::infer::{InferRequest, InferResponse};
-use crate::reply::{Answer, Answered};
+use crate::reply::{Answer, Answered, Delivery};
 
 /// An inference its model's group accepted: awaiting it yields the answer
 /// (a [`ServerError`] when the request failed in its batch); dropping it cancels
@@ -43,6 +43,21 @@ impl Future for Pending {
                 "the worker dropped the request".into(),
             )),
         })
+    }
+}
+
+impl Pending {
+    /// The answer and its [`Delivery`], for an ingress that still has to encode or
+    /// place the response: it reports a failure there through the delivery, so the
+    /// request is counted a failure rather than a success (awaiting the `Pending`
+    /// itself counts it a success).
+    pub async fn delivered(self) -> Result<(InferResponse, Delivery)> {
+        match self.0.await {
+            Ok(answer) => answer.map(Answered::into_delivery),
+            Err(_) => Err(ServerError::Internal(
+                "the worker dropped the request".into(),
+            )),
+        }
     }
 }
 

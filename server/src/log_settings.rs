@@ -13,54 +13,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
+pub use crate::log_format::LogFormat;
+
 use parking_lot::Mutex;
-use spdlog::formatter::{pattern, Formatter, JsonFormatter, PatternFormatter};
+use spdlog::formatter::Formatter;
 use spdlog::sink::{FileSink, Sink, SinkPropAccess, StdStream, StdStreamSink};
 use spdlog::{ErrorHandler, Level, LevelFilter, Logger, Record};
-
-/// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogFormat {
-    /// `[2026-11-25 06:18:35.123] [info] message`.
-    Default,
-    /// Triton's `ISO8601`: `2026-11-25T06:18:35Z I message`.
-    Iso8601,
-    /// One JSON object a line: `{"level":"info","timestamp":…,"payload":"…"}`.
-    Json,
-}
-
-impl LogFormat {
-    /// Its name, as Triton spells the first two.
-    pub fn name(self) -> &'static str {
-        match self {
-            LogFormat::Default => "default",
-            LogFormat::Iso8601 => "ISO8601",
-            LogFormat::Json => "json",
-        }
-    }
-
-    /// The format named `name` (`default`, `ISO8601`, `json`).
-    pub fn from_name(name: &str) -> Result<LogFormat, LogSettingError> {
-        [LogFormat::Default, LogFormat::Iso8601, LogFormat::Json]
-            .into_iter()
-            .find(|f| f.name() == name)
-            .ok_or_else(|| {
-                LogSettingError(format!(
-                    "log_format `{name}` is not one of: default, ISO8601, json"
-                ))
-            })
-    }
-
-    fn formatter(self) -> Box<dyn Formatter> {
-        match self {
-            LogFormat::Default => Box::new(spdlog::formatter::FullFormatter::new()),
-            LogFormat::Iso8601 => Box::new(PatternFormatter::new(pattern!(
-                "{date}T{time}Z {level_short} {payload}{eol}"
-            ))),
-            LogFormat::Json => Box::new(JsonFormatter::new()),
-        }
-    }
-}
 
 /// A setting refused (400 over REST, `INVALID_ARGUMENT` over gRPC).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -234,6 +192,7 @@ pub fn init(settings: LogSettings) -> Result<(), String> {
         sinks,
     });
     gate.set(&settings);
+    kiln_core::request_log::set_verbose(settings.enables(Level::Debug));
     gate.set_formatter(settings.format.formatter());
     let logger = Arc::new(
         Logger::builder()
@@ -278,6 +237,7 @@ pub fn update(changes: &[(String, LogSettingValue)]) -> Result<LogSettings, LogS
     }
     control.gate.set(&next);
     control.logger.set_level_filter(next.logger_filter());
+    kiln_core::request_log::set_verbose(next.enables(Level::Debug));
     *settings = next.clone();
     Ok(next)
 }
@@ -350,17 +310,32 @@ mod tests {
         assert!(s.errors && s.warnings && !s.info && s.verbose == 0);
         let s = LogSettings::from_level("trace", None, LogFormat::Json).unwrap();
         assert!(s.errors && s.warnings && s.info && s.verbose == 2);
-        assert_eq!(s.logger_filter(), LevelFilter::MoreSevereEqual(Level::Trace));
+        assert_eq!(
+            s.logger_filter(),
+            LevelFilter::MoreSevereEqual(Level::Trace)
+        );
         assert!(LogSettings::from_level("loud", None, LogFormat::Default).is_err());
     }
 
     #[test]
     fn changes_are_checked_by_name_and_type_and_the_file_stays() {
-        let mut s = LogSettings::from_level("info", Some(Path::new("/var/log/kiln.log")), LogFormat::Default)
-            .unwrap();
+        let mut s = LogSettings::from_level(
+            "info",
+            Some(Path::new("/var/log/kiln.log")),
+            LogFormat::Default,
+        )
+        .unwrap();
         apply(&mut s, "log_verbose_level", &LogSettingValue::Uint(1)).unwrap();
-        assert_eq!(s.logger_filter(), LevelFilter::MoreSevereEqual(Level::Debug));
-        apply(&mut s, "log_format", &LogSettingValue::String("ISO8601".into())).unwrap();
+        assert_eq!(
+            s.logger_filter(),
+            LevelFilter::MoreSevereEqual(Level::Debug)
+        );
+        apply(
+            &mut s,
+            "log_format",
+            &LogSettingValue::String("ISO8601".into()),
+        )
+        .unwrap();
         assert_eq!(s.format, LogFormat::Iso8601);
         let refused = [
             ("log_info", LogSettingValue::Uint(1)),

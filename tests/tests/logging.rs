@@ -12,7 +12,9 @@ use kiln_tests::Kiln;
 use serde_json::{json, Value};
 
 async fn get(kiln: &Kiln) -> Value {
-    let response = reqwest::get(format!("{}/v2/logging", kiln.url)).await.unwrap();
+    let response = reqwest::get(format!("{}/v2/logging", kiln.url))
+        .await
+        .unwrap();
     assert_eq!(response.status().as_u16(), 200);
     response.json().await.unwrap()
 }
@@ -47,7 +49,10 @@ async fn log_settings_change_what_kiln_writes() {
     let first = kiln.log_with("serving");
     for line in first.lines().filter(|l| !l.trim().is_empty()) {
         let record: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
-        assert!(record["level"].is_string() && record["payload"].is_string(), "{line}");
+        assert!(
+            record["level"].is_string() && record["payload"].is_string(),
+            "{line}"
+        );
     }
 
     // Info off: an unload (info) is not written, a failed load (warning) is.
@@ -56,7 +61,11 @@ async fn log_settings_change_what_kiln_writes() {
     assert_eq!(now["log_info"], false);
     assert_eq!(now["log_warnings"], true);
     let quiet = load_and_unload(&kiln).await;
-    assert!(kiln.client.load("no-such-worker", &json!({})).await.is_err());
+    assert!(kiln
+        .client
+        .load("no-such-worker", &json!({}))
+        .await
+        .is_err());
     let log = kiln.log_with("no-such-worker");
     assert!(log.contains("no-such-worker"), "{log}");
     assert!(!log.contains(&format!("unloaded `{quiet}`")), "{log}");
@@ -150,7 +159,10 @@ async fn log_settings_over_grpc() {
         r.settings[name].parameter_choice.clone().unwrap()
     };
     assert_eq!(value(&read, "log_verbose_level"), Out::Uint32Param(0));
-    assert_eq!(value(&read, "log_format"), Out::StringParam("default".into()));
+    assert_eq!(
+        value(&read, "log_format"),
+        Out::StringParam("default".into())
+    );
     assert_eq!(read.settings.len(), 6);
     let changed = client
         .log_settings(proto::LogSettingsRequest {

@@ -23,8 +23,8 @@ pub(super) async fn post(state: web::Data<State>, payload: web::Payload) -> Repl
         .into_iter()
         .map(|(name, value)| Ok((name.clone(), setting_value(&name, value)?)))
         .collect::<Result<Vec<_>, HttpError>>()?;
-    let settings = log_settings::update(&changes)
-        .map_err(|e| HttpError(ServerError::InvalidRequest(e.0)))?;
+    let settings =
+        log_settings::update(&changes).map_err(|e| HttpError(ServerError::InvalidRequest(e.0)))?;
     Ok(HttpResponse::Ok().json(as_json(&settings)))
 }
 
