@@ -215,11 +215,12 @@ impl ConnectionArgs {
     }
 }
 
-/// `secs` as a duration; an error for a negative, infinite or NaN value.
+/// The `--log-format` named `name`.
 fn parse_log_format(name: &str) -> Result<kiln_server::log_settings::LogFormat, String> {
     kiln_server::log_settings::LogFormat::from_name(name).map_err(|e| e.to_string())
 }
 
+/// `secs` as a duration; an error for a negative, infinite or NaN value.
 fn seconds(flag: &str, secs: f64) -> anyhow::Result<std::time::Duration> {
     std::time::Duration::try_from_secs_f64(secs)
         .map_err(|_| anyhow::anyhow!("--{flag} {secs}: not a number of seconds"))

@@ -55,6 +55,38 @@ async fn log_settings_change_what_kiln_writes() {
         );
     }
 
+    // Verbose: a request answered with an error is logged with its id, as a
+    // key-value of the JSON line.
+    let (status, now) = post(&kiln, r#"{"log_verbose_level": 1}"#).await;
+    assert_eq!(
+        (status, &now["log_verbose_level"]),
+        (200, &json!(1)),
+        "{now}"
+    );
+    let bad = json!({"id": "bad-json", "inputs": [{"name": "NOPE", "shape": [1],
+                     "datatype": "UINT32", "data": [1]}]});
+    let response = reqwest::Client::new()
+        .post(format!("{}/v2/models/echo/infer", kiln.url))
+        .body(bad.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 400);
+    let log = kiln.log_with("bad-json");
+    let line = log.lines().find(|l| l.contains("bad-json")).unwrap();
+    let record: Value = serde_json::from_str(line).unwrap();
+    assert_eq!(record["kv"]["request_id"], "bad-json", "{line}");
+    assert_eq!(record["level"], "debug", "{line}");
+    assert!(
+        record["payload"]
+            .as_str()
+            .unwrap()
+            .contains("unknown input `NOPE`"),
+        "{line}"
+    );
+    let (status, _) = post(&kiln, r#"{"log_verbose_level": 0}"#).await;
+    assert_eq!(status, 200);
+
     // Info off: an unload (info) is not written, a failed load (warning) is.
     let (status, now) = post(&kiln, r#"{"log_info": false}"#).await;
     assert_eq!(status, 200, "{now}");
