@@ -8,8 +8,6 @@ use std::time::UNIX_EPOCH;
 use spdlog::formatter::{Formatter, FormatterContext, FullFormatter, JsonFormatter};
 use spdlog::{Level, Record, StringBuf};
 
-use crate::log_settings::LogSettingError;
-
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
@@ -33,16 +31,13 @@ impl LogFormat {
         }
     }
 
-    /// The format named `name` (`default`, `ISO8601`, `json`).
-    pub fn from_name(name: &str) -> Result<LogFormat, LogSettingError> {
+    /// The format named `name` (`default`, `ISO8601`, `json`); the error names
+    /// the choices.
+    pub fn from_name(name: &str) -> Result<LogFormat, String> {
         [LogFormat::Default, LogFormat::Iso8601, LogFormat::Json]
             .into_iter()
             .find(|f| f.name() == name)
-            .ok_or_else(|| {
-                LogSettingError(format!(
-                    "log_format `{name}` is not one of: default, ISO8601, json"
-                ))
-            })
+            .ok_or_else(|| format!("log_format `{name}` is not one of: default, ISO8601, json"))
     }
 
     /// The formatter writing lines in this format.

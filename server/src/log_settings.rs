@@ -255,7 +255,9 @@ fn apply(
         ("log_info" | "log_warnings" | "log_errors", _) => return Err(wrong("a boolean")),
         ("log_verbose_level", LogSettingValue::Uint(n)) => settings.verbose = *n,
         ("log_verbose_level", _) => return Err(wrong("an unsigned integer")),
-        ("log_format", LogSettingValue::String(s)) => settings.format = LogFormat::from_name(s)?,
+        ("log_format", LogSettingValue::String(s)) => {
+            settings.format = LogFormat::from_name(s).map_err(LogSettingError)?
+        }
         ("log_format", _) => return Err(wrong("a string")),
         ("log_file", LogSettingValue::String(s)) => {
             let current = settings

@@ -217,7 +217,7 @@ impl ConnectionArgs {
 
 /// The `--log-format` named `name`.
 fn parse_log_format(name: &str) -> Result<kiln_server::log_settings::LogFormat, String> {
-    kiln_server::log_settings::LogFormat::from_name(name).map_err(|e| e.to_string())
+    kiln_server::log_settings::LogFormat::from_name(name)
 }
 
 /// `secs` as a duration; an error for a negative, infinite or NaN value.

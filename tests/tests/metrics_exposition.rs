@@ -275,3 +275,48 @@ async fn the_dashboard_queries_only_metrics_kiln_serves() {
         "the dashboard uses metrics kiln does not serve: {missing:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_gauges_follow_a_busy_model() {
+    use kiln_tests::wait::{wait_metric, wait_metric_until};
+    // One buffer set: a slow request (-3 takes 1 s) holds it, two more wait.
+    let kiln = Kiln::start(&["--load", "faulty:batch_size=1,max_buffers=1,queue_size=3"]);
+    let c = &kiln.client;
+    wait_metric(c, "kiln_buffer_pool_free", "faulty", 1.0).await;
+    wait_metric(c, "kiln_queue_depth", "faulty", 0.0).await;
+    let url = format!("{}/v2/models/faulty/infer", kiln.url);
+    let slow = json!({"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "INT32",
+                                  "data": [-3]}]})
+    .to_string();
+    let send = || {
+        let (url, body) = (url.clone(), slow.clone());
+        tokio::spawn(async move {
+            let r = reqwest::Client::new()
+                .post(url)
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            r.status().as_u16()
+        })
+    };
+    let first = send();
+    wait_metric(c, "kiln_buffer_pool_free", "faulty", 0.0).await;
+    let rest = [send(), send()];
+    wait_metric(c, "kiln_queue_depth", "faulty", 2.0).await;
+    wait_metric(c, "kiln_buffer_pool_in_use", "faulty", 1.0).await;
+    // Running one batch: busy since the previous scrape.
+    wait_metric_until(c, "kiln_instance_busy_fraction", "faulty", |f| f > 0.0).await;
+    assert_eq!(first.await.unwrap(), 200);
+    for task in rest {
+        assert_eq!(task.await.unwrap(), 200);
+    }
+    // Three batches of about a second each.
+    let busy = wait_metric_until(c, "kiln_instance_busy_seconds_total", "faulty", |s| {
+        s >= 2.9
+    })
+    .await;
+    assert!(busy < 60.0, "{busy}");
+    wait_metric(c, "kiln_queue_depth", "faulty", 0.0).await;
+    wait_metric(c, "kiln_buffer_pool_free", "faulty", 1.0).await;
+}
