@@ -511,8 +511,9 @@ impl WorkerGroup {
         m.queue_depth.set(self.admission.queued() as i64);
         let instances = self.context.healthy.load(Ordering::SeqCst);
         m.instances.set(instances as i64);
-        let busy_ns = self.context.busy_ns.load(Ordering::Relaxed);
+        // Read under the lock: concurrent scrapes each count a part once.
         let mut last = self.last_scrape.lock();
+        let busy_ns = self.context.busy_ns.load(Ordering::Relaxed);
         let (when, then_busy_ns) = *last;
         let now = Instant::now();
         let busy = busy_ns.saturating_sub(then_busy_ns);

@@ -67,6 +67,10 @@ impl Pending {
 /// invalid for the model and its error returned; a decoded one is validated and
 /// queued ([`WorkerGroup::submit`]).
 pub fn submit<T>(group: &WorkerGroup, decoded: Result<(InferRequest, T)>) -> Result<(Pending, T)> {
-    let (request, keep) = decoded.inspect_err(|_| group.record_invalid())?;
+    let (request, keep) = decoded.inspect_err(|e| {
+        group.record_invalid();
+        // Undecodable: its id, if it had one, is not known.
+        crate::request_log::failed(&Default::default(), &group.endpoint, e);
+    })?;
     Ok((Pending(group.submit(request)?), keep))
 }
