@@ -23,6 +23,7 @@ pub mod plugin;
 pub mod process_metrics;
 pub mod reply;
 pub mod repository;
+pub mod request_log;
 pub mod restricted;
 pub mod sched;
 pub mod sequence;

@@ -66,6 +66,10 @@ struct ServeArgs {
     /// Log file; with one, the console shows only warnings and errors.
     #[arg(long, env = "KILN_LOG_FILE")]
     log_file: Option<PathBuf>,
+    /// Log line format: `default`, `ISO8601` (Triton's) or `json` (one object a
+    /// line). Changeable at run time through `POST /v2/logging`.
+    #[arg(long, env = "KILN_LOG_FORMAT", default_value = "default", value_parser = parse_log_format)]
+    log_format: kiln_server::log_settings::LogFormat,
     /// Largest request body in bytes.
     #[arg(long, env = "KILN_MAX_BODY_BYTES", default_value_t = 64 << 20)]
     max_body_bytes: usize,
@@ -225,6 +229,11 @@ impl ConnectionArgs {
     }
 }
 
+/// The `--log-format` named `name`.
+fn parse_log_format(name: &str) -> Result<kiln_server::log_settings::LogFormat, String> {
+    kiln_server::log_settings::LogFormat::from_name(name)
+}
+
 /// `secs` as a duration; an error for a negative, infinite or NaN value.
 fn seconds(flag: &str, secs: f64) -> anyhow::Result<std::time::Duration> {
     std::time::Duration::try_from_secs_f64(secs)
@@ -245,9 +254,14 @@ fn main() -> anyhow::Result<()> {
 
 #[actix_web::main]
 async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
-    kiln_server::logging::init(&args.log_level, args.log_file.as_deref())
-        .map_err(anyhow::Error::msg)
-        .context("cannot set up logging")?;
+    kiln_server::log_settings::LogSettings::from_level(
+        &args.log_level,
+        args.log_file.as_deref(),
+        args.log_format,
+    )
+    .and_then(kiln_server::log_settings::init)
+    .map_err(anyhow::Error::msg)
+    .context("cannot set up logging")?;
     let descriptors = match kiln_server::fdlimit::raise_to_hard() {
         Ok(limit) if limit.before < limit.soft => {
             spdlog::info!(
