@@ -11,6 +11,7 @@ pub mod group;
 pub mod housekeeping;
 pub mod infer;
 pub mod instance;
+pub mod isolation;
 pub mod limits;
 pub mod logging;
 pub mod manager;

@@ -63,6 +63,7 @@ pub struct Metrics {
     instances: Family<ModelLabels, Gauge>,
     sequences: Family<ModelLabels, Gauge>,
     sequence_backlog: Family<ModelLabels, Gauge>,
+    host_restarts: Family<ModelLabels, Counter>,
     queue_depth: Family<ModelLabels, Gauge>,
     pool_free: Family<ModelLabels, Gauge>,
     busy_seconds: Family<ModelLabels, Seconds>,
@@ -120,6 +121,7 @@ impl Metrics {
             instances: Family::default(),
             sequences: Family::default(),
             sequence_backlog: Family::default(),
+            host_restarts: Family::default(),
             queue_depth: Family::default(),
             pool_free: Family::default(),
             busy_seconds: Family::default(),
@@ -176,6 +178,11 @@ impl Metrics {
                 "kiln_sequence_backlog",
                 "Sequences waiting for a live one to end (sequence batcher)",
                 metrics.sequence_backlog.clone(),
+            );
+            r.register(
+                "kiln_worker_host_restarts",
+                "Worker host processes started again after one died (isolation = \"process\")",
+                metrics.host_restarts.clone(),
             );
             r.register(
                 "kiln_queue_depth",
@@ -237,6 +244,14 @@ impl Metrics {
         }
     }
 
+    /// `kiln_worker_host_restarts_total{model}`, created on first use (a model
+    /// loaded with `isolation = "process"`).
+    pub fn host_restarts(&self, model: &str) -> Counter {
+        self.host_restarts.get_or_create_owned(&ModelLabels {
+            model: model.to_owned(),
+        })
+    }
+
     /// Drops every series of `model` (after it is unloaded).
     pub fn remove(&self, model: &str) {
         let m = ModelLabels {
@@ -248,6 +263,7 @@ impl Metrics {
                 outcome: o.to_owned(),
             });
         }
+        self.host_restarts.remove(&m);
         for family in [&self.queue, &self.compute, &self.batch_size] {
             family.remove(&m);
         }

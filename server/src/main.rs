@@ -21,7 +21,21 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Start the server.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
+    /// Run one isolated worker instance for a server (`isolation = "process"`);
+    /// started by `kiln serve` itself, with the descriptors it passes.
+    #[command(hide = true)]
+    WorkerHost(WorkerHostArgs),
+}
+
+#[derive(Args)]
+struct WorkerHostArgs {
+    /// The control socket's descriptor.
+    #[arg(long)]
+    control_fd: i32,
+    /// The shared arena's descriptor (a sealed memfd).
+    #[arg(long)]
+    arena_fd: i32,
 }
 
 #[derive(Args)]
@@ -226,9 +240,20 @@ fn seconds(flag: &str, secs: f64) -> anyhow::Result<std::time::Duration> {
         .map_err(|_| anyhow::anyhow!("--{flag} {secs}: not a number of seconds"))
 }
 
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Serve(args) => serve_main(*args),
+        // No runtime, no logger: the host's plugin logs through stderr, which
+        // the server reads into its own log.
+        Command::WorkerHost(args) => {
+            kiln_server::isolation::host::run(args.control_fd, args.arena_fd)
+                .map_err(anyhow::Error::msg)
+        }
+    }
+}
+
 #[actix_web::main]
-async fn main() -> anyhow::Result<()> {
-    let Command::Serve(args) = Cli::parse().command;
+async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
     kiln_server::log_settings::LogSettings::from_level(
         &args.log_level,
         args.log_file.as_deref(),
