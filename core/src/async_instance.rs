@@ -168,7 +168,11 @@ impl InFlight {
         ctx.metrics
             .compute_seconds
             .observe(ran.saturating_duration_since(self.started).as_secs_f64());
-        ctx.record_compute(ran.saturating_duration_since(self.started));
+        let took = ran.saturating_duration_since(self.started);
+        ctx.record_compute(took);
+        // Summed over the batches out: an asynchronous instance is "busy" for
+        // each of them (the busy fraction is clamped to 1).
+        ctx.busy_ns.fetch_add(nanos(took), Ordering::Relaxed);
         let (failures, written) = views.finish();
         let out_shapes = std::mem::take(&mut self.out_shapes);
         let outputs =

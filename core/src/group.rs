@@ -28,6 +28,7 @@ use crate::limits::Demand;
 use crate::metrics::ModelMetrics;
 use crate::params::GroupParams;
 pub use crate::reply::Reply;
+use crate::request_log::RequestLog;
 use crate::sequence::{SequenceGroupHost, SequenceLink, SequenceModel, SequenceParams};
 use crate::stats::ModelStats;
 
@@ -91,6 +92,9 @@ pub struct WorkerGroup {
     sequence: Option<SequenceRuntime>,
     /// The worker's declared request parameters, checked at admission.
     request_params: crate::worker_params::RequestParams,
+    /// When the gauges were last refreshed and the instances' busy time then
+    /// (`kiln_instance_busy_*`).
+    last_scrape: Mutex<(Instant, u64)>,
 }
 
 /// A stateful group's link to its sequence batcher.
@@ -155,9 +159,10 @@ impl WorkerGroup {
             endpoint: endpoint.clone(),
             version: version.clone(),
             info: Arc::clone(&info),
-            metrics,
-            stats: ModelStats::default(),
+            metrics: Arc::new(metrics),
+            stats: Arc::default(),
             healthy: AtomicUsize::new(0),
+            busy_ns: std::sync::atomic::AtomicU64::new(0),
             compute_estimate_ns: std::sync::atomic::AtomicU64::new(0),
             outstanding: settings
                 .max_outstanding
@@ -251,6 +256,7 @@ impl WorkerGroup {
                 instances: AtomicUsize::new(0),
             }),
             request_params,
+            last_scrape: Mutex::new((Instant::now(), 0)),
         });
         let mut pending = instances.into_iter();
         while let Some(instance) = pending.next() {
@@ -334,11 +340,27 @@ impl WorkerGroup {
 
     /// Validates `request` and queues it; the receiver yields its answer. A full
     /// queue refuses at once.
-    pub fn submit(&self, request: InferRequest) -> Result<oneshot::Receiver<crate::reply::Answer>> {
+    pub fn submit(
+        &self,
+        mut request: InferRequest,
+    ) -> Result<oneshot::Receiver<crate::reply::Answer>> {
+        let mut log = RequestLog {
+            id: request.id.take(),
+        };
+        self.admit(request, &mut log).inspect_err(|e| {
+            crate::request_log::failed(&log, &self.endpoint, e);
+        })
+    }
+
+    /// [`WorkerGroup::submit`]: `log` goes with the request when it is queued.
+    fn admit(
+        &self,
+        request: InferRequest,
+        log: &mut RequestLog,
+    ) -> Result<oneshot::Receiver<crate::reply::Answer>> {
         let metrics = &self.context.metrics;
         // Move the fields out: `validate` needs only the tensors, the rest travels on.
         let InferRequest {
-            id,
             inputs,
             outputs,
             parameters,
@@ -412,7 +434,7 @@ impl WorkerGroup {
             ticket: Some(ticket),
             reply: Reply {
                 tx: reply_tx,
-                id,
+                log: std::mem::take(log),
                 output_mask: valid.output_mask,
             },
         };
@@ -491,13 +513,31 @@ impl WorkerGroup {
         }
     }
 
-    /// Refreshes gauges that are read rather than counted.
+    /// Refreshes gauges that are read rather than counted (at each scrape: the hot
+    /// path keeps no counter of its own for them).
     pub fn refresh_gauges(&self) {
         let m = &self.context.metrics;
-        m.pool_in_use.set(self.pool.in_use() as i64);
+        let in_use = self.pool.in_use();
+        m.pool_in_use.set(in_use as i64);
         m.pool_in_use_max.set(self.pool.high_water() as i64);
-        m.instances
-            .set(self.context.healthy.load(Ordering::SeqCst) as i64);
+        m.pool_free
+            .set(self.pool.size().saturating_sub(in_use) as i64);
+        m.queue_depth.set(self.admission.queued() as i64);
+        let instances = self.context.healthy.load(Ordering::SeqCst);
+        m.instances.set(instances as i64);
+        // Read under the lock: concurrent scrapes each count a part once.
+        let mut last = self.last_scrape.lock();
+        let busy_ns = self.context.busy_ns.load(Ordering::Relaxed);
+        let (when, then_busy_ns) = *last;
+        let now = Instant::now();
+        let busy = busy_ns.saturating_sub(then_busy_ns);
+        m.busy_seconds.inc_by(busy as f64 / 1e9);
+        let capacity = now.duration_since(when).as_secs_f64() * instances.max(1) as f64;
+        if capacity > 0.0 {
+            m.busy_fraction
+                .set((busy as f64 / 1e9 / capacity).clamp(0.0, 1.0));
+        }
+        *last = (now, busy_ns);
     }
 
     /// Refuses new requests, answers every accepted one, then stops the threads and
@@ -560,6 +600,7 @@ impl DynamicHost<Reply> for DynamicGroupHost {
                 ServerError::Unavailable("cancelled: the client went away".into())
             }
         };
+        crate::request_log::failed(&request.reply.log, model, &error);
         let _ = request.reply.tx.send(Err(error));
     }
 

@@ -23,7 +23,8 @@ use kiln_worker_sdk::{
 use crate::error::ServerError;
 use crate::metrics::ModelMetrics;
 use crate::ordering::{send, Answers, OrderGate};
-use crate::reply::{AnswerModel, Answered, BatchOutputs, Reply, RunOutput, SequenceLink};
+use crate::reply::{AnswerModel, Answered, BatchOutputs, Reply, RunOutput, SequenceLink, Tally};
+use crate::request_log::request_ids;
 use crate::stats::{nanos, BatchTiming, ModelStats};
 
 /// What every instance of a group shares.
@@ -33,11 +34,14 @@ pub struct InstanceContext {
     pub endpoint: String,
     pub version: String,
     pub info: Arc<WorkerInfo>,
-    pub metrics: ModelMetrics,
+    pub metrics: Arc<ModelMetrics>,
     /// Triton-style statistics (`/stats`).
-    pub stats: ModelStats,
+    pub stats: Arc<ModelStats>,
     /// Instances able to run batches now.
     pub healthy: AtomicUsize,
+    /// Time the instances spent running batches, in nanoseconds (one add per
+    /// batch; read at scrape time for `kiln_instance_busy_*`).
+    pub busy_ns: AtomicU64,
     /// Moving average of a batch's run time in nanoseconds (the dynamic batcher's
     /// deadline-aware sending reads it).
     pub compute_estimate_ns: AtomicU64,
@@ -120,8 +124,10 @@ pub fn run_instance(
         }
         m.batch_size.observe(batch.len() as f64);
         let result = run_batch(&mut worker, &ctx.info, &mut batch);
-        m.compute_seconds.observe(started.elapsed().as_secs_f64());
-        ctx.record_compute(started.elapsed());
+        let took = started.elapsed();
+        m.compute_seconds.observe(took.as_secs_f64());
+        ctx.record_compute(took);
+        ctx.busy_ns.fetch_add(nanos(took), Ordering::Relaxed);
         // A stateful model's batcher hears of the new states before the clients
         // do, so a sequence's next request can be batched as soon as it arrives.
         let result = result.and_then(|ran| {
@@ -135,7 +141,8 @@ pub fn run_instance(
                 spdlog::error!(
                     "model `{}`: batch of {} failed: {message}",
                     ctx.endpoint,
-                    batch.len()
+                    batch.len(),
+                    kv: { request_ids = request_ids(batch.members.iter().map(|m| &m.reply.log)) }
                 );
                 fail_all(&ctx, batch, &ServerError::WorkerFailed(message));
                 let restarted = worker.release().into_result().is_ok()
@@ -392,11 +399,12 @@ pub(crate) fn split_outputs(
 }
 
 /// Answers every request of a batch that ran: those the worker failed alone with
-/// their own error, the others with their outputs. The statistics are recorded
-/// before the responses are sent, so a client that has its answer also sees it
-/// counted.
-pub(crate) fn answer(ctx: &InstanceContext, batch: Batch<Reply>, ran: Ran, mut queue_ns: u64) {
-    let (requests, mut rows, order) = (batch.len(), batch.rows, batch.order);
+/// their own error, the others with their outputs. The failed ones are counted
+/// here, the answered ones by the batch's [`Tally`] once every answer is let go
+/// (see [`crate::reply`]); this thread lets go of its share before sending, so a
+/// client that has its answer, and whose batch-mates have theirs, sees it counted.
+pub(crate) fn answer(ctx: &InstanceContext, batch: Batch<Reply>, ran: Ran, queue_ns: u64) {
+    let (requests, order) = (batch.len(), batch.order);
     let Ran {
         outputs,
         failures,
@@ -404,22 +412,39 @@ pub(crate) fn answer(ctx: &InstanceContext, batch: Batch<Reply>, ran: Ran, mut q
         built,
         ran,
     } = ran;
-    let failure = |j: usize| failures.iter().find(|(i, _)| *i == j).map(|(_, e)| e);
+    let waited = |member: &Member<Reply>| nanos(building.saturating_duration_since(member.arrived));
+    // What the requests answered with outputs add up to (usually all of them).
+    let (mut rows, mut answered_queue_ns) = (batch.rows, queue_ns);
+    for member in failures.iter().filter_map(|(j, _)| batch.members.get(*j)) {
+        rows = rows.saturating_sub(member.rows);
+        answered_queue_ns = answered_queue_ns.saturating_sub(waited(member));
+    }
+    let timing = BatchTiming {
+        input: built.saturating_duration_since(building),
+        infer: ran.saturating_duration_since(built),
+        output: ran.elapsed(),
+    };
     // The answers share the outputs; each caller builds its own response.
     let shared = Arc::new(BatchOutputs {
         model: Arc::clone(&ctx.answer_model),
         outputs,
+        tally: Tally::new(
+            Arc::clone(&ctx.metrics),
+            Arc::clone(&ctx.stats),
+            (requests - failures.len(), rows, answered_queue_ns),
+            timing,
+        ),
     });
+    let failure = |j: usize| failures.iter().find(|(i, _)| *i == j).map(|(_, e)| e);
     let mut replies = Vec::with_capacity(requests);
     let (mut invalid, mut failed, mut failed_ns) = (0u64, 0u64, 0u64);
     for (j, member) in batch.members.into_iter().enumerate() {
+        let queue_ns = waited(&member);
         let reply = member.reply;
         if let Some(error) = failure(j) {
-            rows = rows.saturating_sub(member.rows);
-            let waited = building.saturating_duration_since(member.arrived);
-            queue_ns = queue_ns.saturating_sub(nanos(waited));
             failed_ns = failed_ns.saturating_add(nanos(member.arrived.elapsed()));
             let error = ServerError::from_request(error);
+            crate::request_log::failed(&reply.log, &ctx.endpoint, &error);
             match error {
                 ServerError::InvalidRequest(_) => invalid += 1,
                 _ => failed += 1,
@@ -431,26 +456,21 @@ pub(crate) fn answer(ctx: &InstanceContext, batch: Batch<Reply>, ran: Ran, mut q
             batch: Arc::clone(&shared),
             index: j,
             output_mask: reply.output_mask,
-            id: reply.id,
+            id: reply.log.id,
+            rows: member.rows,
+            arrived: member.arrived,
+            queue_ns,
         };
         replies.push((reply.tx, Ok(answered)));
     }
-    let timing = BatchTiming {
-        input: built.saturating_duration_since(building),
-        infer: ran.saturating_duration_since(built),
-        output: ran.elapsed(),
-    };
-    let succeeded = requests - (invalid + failed) as usize;
-    if succeeded > 0 {
-        ctx.stats.record_success(succeeded, rows, queue_ns, timing);
-    }
+    // Only the answers hold the outputs now: the last one let go counts them.
+    drop(shared);
     if invalid + failed > 0 {
         ctx.stats
             .record_failure((invalid + failed) as usize, failed_ns);
     }
     let m = &ctx.metrics;
     m.pending.dec_by(requests as i64);
-    m.success.inc_by(succeeded as u64);
     m.invalid.inc_by(invalid);
     m.failure.inc_by(failed);
     deliver(ctx, order, replies);
@@ -482,7 +502,10 @@ pub(crate) fn fail_all(ctx: &InstanceContext, batch: Batch<Reply>, error: &Serve
     let answers = batch
         .members
         .into_iter()
-        .map(|member| (member.reply.tx, Err(error.clone())))
+        .map(|member| {
+            crate::request_log::failed(&member.reply.log, &ctx.endpoint, error);
+            (member.reply.tx, Err(error.clone()))
+        })
         .collect();
     deliver(ctx, batch.order, answers);
 }

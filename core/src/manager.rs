@@ -8,12 +8,17 @@ use std::thread::JoinHandle;
 
 use arc_swap::ArcSwap;
 use crossbeam_channel::{unbounded, Receiver, Sender};
-use kiln_worker_sdk::{Param, ParamValue, WorkerBox, WorkerInfo, WorkerModRef, INSTANCES_PARAM};
+use kiln_worker_sdk::{
+    Param, ParamValue, TD_Opaque, WorkerBox, WorkerFfi_TO, WorkerInfo, WorkerModRef,
+    INSTANCES_PARAM,
+};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use crate::error::{Result, ServerError};
 use crate::group::{demand, resolve, GroupName, WorkerGroup};
+use crate::isolation::process::{HostSpec, ProcessWorker};
+use crate::isolation::Isolation;
 use crate::limits::{Demand, Limits};
 use crate::metrics::Metrics;
 use crate::params::{check_known, identity, GroupParams};
@@ -242,7 +247,8 @@ impl State {
                 let grown = group.demand() + only_instances(1);
                 self.within_limits(&group.endpoint, grown, only_instances(1))?;
                 let told = with_instances(&params, group.instance_count() + 1);
-                let (instances, info) = init_instances(module, worker, &told, 1)?;
+                let host = self.host_spec(worker, &group.endpoint, &group_params)?;
+                let (instances, info) = init_instances(module, worker, host, &told, 1)?;
                 if info != *group.worker_info {
                     teardown(instances, Stage::Initialized);
                     return Err(load_failed(
@@ -329,8 +335,9 @@ impl State {
         let count = only_instances(group_params.instances.get());
         self.within_limits(&endpoint, count, count)?;
         let params = with_instances(params, group_params.instances.get());
+        let host = self.host_spec(worker, &endpoint, group_params)?;
         let (instances, info) =
-            init_instances(module, worker, &params, group_params.instances.get())?;
+            init_instances(module, worker, host, &params, group_params.instances.get())?;
         let asynchronous = instances.iter().any(|i| i.is_async());
         let settings =
             resolve(&info, group_params, instances.len(), asynchronous).and_then(|settings| {
@@ -369,6 +376,29 @@ impl State {
             group.settings.max_buffers
         );
         Ok(group)
+    }
+
+    /// What a group's instances need to run in worker hosts, when its
+    /// parameters ask for process isolation: the plugin's file (the one the
+    /// server found, never a request's) and the model's restart counter.
+    fn host_spec(
+        &self,
+        worker: &str,
+        endpoint: &str,
+        params: &GroupParams,
+    ) -> Result<Option<HostSpec>> {
+        if params.isolation != Isolation::Process {
+            return Ok(None);
+        }
+        let plugin = self
+            .plugins
+            .path(worker)
+            .ok_or_else(|| load_failed(worker, "the plugin's file is not known"))?;
+        Ok(Some(HostSpec {
+            model: endpoint.to_owned(),
+            plugin: plugin.to_owned(),
+            restarts: self.metrics.host_restarts(endpoint),
+        }))
     }
 
     /// Checks the server-wide limits for a group that would take `group` in all,
@@ -457,18 +487,23 @@ fn with_instances(params: &[Param], instances: usize) -> Vec<Param> {
     params
 }
 
-/// Creates `count` instances and runs `init` on each; all must describe themselves
-/// alike. On failure every instance made so far is destroyed.
+/// Creates `count` instances (in the server, or each in its own worker host when
+/// `host` is given) and runs `init` on each; all must describe themselves alike.
+/// On failure every instance made so far is destroyed.
 fn init_instances(
     module: WorkerModRef,
     worker: &str,
+    host: Option<HostSpec>,
     params: &[Param],
     count: usize,
 ) -> Result<(Vec<WorkerBox>, WorkerInfo)> {
     let mut made: Vec<WorkerBox> = Vec::with_capacity(count);
     let mut info: Option<WorkerInfo> = None;
     for _ in 0..count {
-        let mut instance = (module.new_worker())();
+        let mut instance = match &host {
+            None => (module.new_worker())(),
+            Some(spec) => WorkerFfi_TO::from_value(ProcessWorker::new(spec.clone()), TD_Opaque),
+        };
         let described = match instance.init(params.into()).into_result() {
             Ok(described) => described,
             Err(e) => {

@@ -9,6 +9,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModelLabels {
@@ -35,6 +36,10 @@ pub const OUTCOMES: [&str; 7] = [
 ];
 
 type HistogramFamily = Family<ModelLabels, Histogram, fn() -> Histogram>;
+/// A counter of seconds.
+type Seconds = Counter<f64, AtomicU64>;
+/// A gauge of a fraction.
+type Fraction = Gauge<f64, AtomicU64>;
 
 fn duration_histogram() -> Histogram {
     // 10 µs .. ~84 s
@@ -61,6 +66,11 @@ pub struct Metrics {
     instances: Family<ModelLabels, Gauge>,
     sequences: Family<ModelLabels, Gauge>,
     sequence_backlog: Family<ModelLabels, Gauge>,
+    host_restarts: Family<ModelLabels, Counter>,
+    queue_depth: Family<ModelLabels, Gauge>,
+    pool_free: Family<ModelLabels, Gauge>,
+    busy_seconds: Family<ModelLabels, Seconds>,
+    busy_fraction: Family<ModelLabels, Fraction>,
 }
 
 /// One model's metric handles.
@@ -90,6 +100,13 @@ pub struct ModelMetrics {
     pub sequences: Gauge,
     /// Sequences waiting for a live one to end (sequence batcher).
     pub sequence_backlog: Gauge,
+    /// Set at scrape time ([`crate::group::WorkerGroup::refresh_gauges`]): requests
+    /// admitted and not yet in a batch, buffer sets free, the instances' time
+    /// running batches, and its share of the time since the previous scrape.
+    pub queue_depth: Gauge,
+    pub pool_free: Gauge,
+    pub busy_seconds: Seconds,
+    pub busy_fraction: Fraction,
 }
 
 impl Default for Metrics {
@@ -116,6 +133,11 @@ impl Metrics {
             instances: Family::default(),
             sequences: Family::default(),
             sequence_backlog: Family::default(),
+            host_restarts: Family::default(),
+            queue_depth: Family::default(),
+            pool_free: Family::default(),
+            busy_seconds: Family::default(),
+            busy_fraction: Family::default(),
         };
         {
             let mut r = metrics.registry.lock();
@@ -184,6 +206,31 @@ impl Metrics {
                 "Sequences waiting for a live one to end (sequence batcher)",
                 metrics.sequence_backlog.clone(),
             );
+            r.register(
+                "kiln_worker_host_restarts",
+                "Worker host processes started again after one died (isolation = \"process\")",
+                metrics.host_restarts.clone(),
+            );
+            r.register(
+                "kiln_queue_depth",
+                "Requests admitted and not yet in a batch (the bound is queue_size)",
+                metrics.queue_depth.clone(),
+            );
+            r.register(
+                "kiln_buffer_pool_free",
+                "Buffer sets free: batches that can start forming now",
+                metrics.pool_free.clone(),
+            );
+            r.register(
+                "kiln_instance_busy_seconds",
+                "Time the worker instances spent running batches, summed over instances",
+                metrics.busy_seconds.clone(),
+            );
+            r.register(
+                "kiln_instance_busy_fraction",
+                "Share of the instances' time spent running batches since the previous scrape (0..1)",
+                metrics.busy_fraction.clone(),
+            );
             r.register_collector(Box::new(crate::process_metrics::ProcessCollector));
         }
         metrics
@@ -220,7 +267,19 @@ impl Metrics {
             instances: self.instances.get_or_create_owned(&m),
             sequences: self.sequences.get_or_create_owned(&m),
             sequence_backlog: self.sequence_backlog.get_or_create_owned(&m),
+            queue_depth: self.queue_depth.get_or_create_owned(&m),
+            pool_free: self.pool_free.get_or_create_owned(&m),
+            busy_seconds: self.busy_seconds.get_or_create_owned(&m),
+            busy_fraction: self.busy_fraction.get_or_create_owned(&m),
         }
+    }
+
+    /// `kiln_worker_host_restarts_total{model}`, created on first use (a model
+    /// loaded with `isolation = "process"`).
+    pub fn host_restarts(&self, model: &str) -> Counter {
+        self.host_restarts.get_or_create_owned(&ModelLabels {
+            model: model.to_owned(),
+        })
     }
 
     /// Drops every series of `model` (after it is unloaded).
@@ -234,6 +293,7 @@ impl Metrics {
                 outcome: o.to_owned(),
             });
         }
+        self.host_restarts.remove(&m);
         for family in [&self.queue, &self.compute, &self.batch_size] {
             family.remove(&m);
         }
@@ -247,16 +307,96 @@ impl Metrics {
             &self.instances,
             &self.sequences,
             &self.sequence_backlog,
+            &self.queue_depth,
+            &self.pool_free,
         ] {
             family.remove(&m);
         }
+        self.busy_seconds.remove(&m);
+        self.busy_fraction.remove(&m);
     }
 
-    /// The Prometheus text exposition of everything.
+    /// The Prometheus text exposition (format 0.0.4) of everything.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry.lock());
-        out
+        open_metrics_to_text(&out)
+    }
+}
+
+/// prometheus-client writes OpenMetrics: a counter's `# HELP` and `# TYPE` name its
+/// family (`kiln_requests`) while its samples are `kiln_requests_total`, and the
+/// text ends with `# EOF`. The text format 0.0.4 that `/metrics` announces (and
+/// that `promtool check metrics` reads) names the samples themselves: a counter's
+/// metadata lines get `_total` and `# EOF` goes. Without this, Prometheus and
+/// promtool see `kiln_requests_total` without help or type (promtool fails).
+fn open_metrics_to_text(open_metrics: &str) -> String {
+    let counters: Vec<&str> = open_metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(open_metrics.len() + 16 * counters.len());
+    for line in open_metrics.lines() {
+        if line == "# EOF" {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|p| Some((p, line.strip_prefix(p)?)));
+        match meta {
+            Some((prefix, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                out.push_str(prefix);
+                out.push_str(name);
+                if counters.contains(&name) {
+                    out.push_str("_total");
+                }
+                out.push(' ');
+                out.push_str(tail);
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_named_by_their_samples_and_no_eof_is_left() {
+        let open = "# HELP kiln_requests Inference requests.\n# TYPE kiln_requests counter\n\
+                    kiln_requests_total{model=\"m\"} 3\n# HELP kiln_pending Pending.\n\
+                    # TYPE kiln_pending gauge\nkiln_pending{model=\"m\"} 1\n# EOF\n";
+        assert_eq!(
+            open_metrics_to_text(open),
+            "# HELP kiln_requests_total Inference requests.\n# TYPE kiln_requests_total counter\n\
+             kiln_requests_total{model=\"m\"} 3\n# HELP kiln_pending Pending.\n\
+             # TYPE kiln_pending gauge\nkiln_pending{model=\"m\"} 1\n"
+        );
+    }
+
+    #[test]
+    fn every_family_of_a_loaded_model_is_exposed() {
+        let metrics = Metrics::new();
+        let _m = metrics.model("m");
+        let text = metrics.encode();
+        for name in [
+            "kiln_requests_total",
+            "kiln_queue_depth",
+            "kiln_buffer_pool_free",
+            "kiln_instance_busy_seconds_total",
+            "kiln_instance_busy_fraction",
+        ] {
+            assert!(text.contains(&format!("# TYPE {name} ")), "{name}: {text}");
+            assert!(
+                text.contains(&format!("{name}{{model=\"m\"")),
+                "{name}: {text}"
+            );
+        }
+        assert!(!text.contains("# EOF"));
     }
 }

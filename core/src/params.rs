@@ -11,6 +11,7 @@ use kiln_worker_sdk::{BatcherKind, Param, ParamScope, ParamSpec, ParamValue};
 use serde::Deserialize;
 
 use crate::error::{Result, ServerError};
+use crate::isolation::Isolation;
 use crate::param_de::{from_params, Names, Spelled, ValueError};
 use crate::sequence::{SequenceParams, StateParam};
 
@@ -39,6 +40,9 @@ pub struct GroupParams {
     pub dynamic: DynamicConfig,
     /// The sequence batcher's settings (`batcher=sequence`).
     pub sequence: SequenceParams,
+    /// Where the plugin runs: in the server, or each instance in its own
+    /// `kiln worker-host` process (`isolation = "process"`).
+    pub isolation: Isolation,
 }
 
 /// The load-time parameters the server reads, as they arrive: one field per
@@ -56,6 +60,7 @@ pub struct LoadParams {
     max_outstanding: Option<i64>,
     queue_size: Option<i64>,
     share: Option<bool>,
+    isolation: Option<IsolationName>,
     /// Milliseconds.
     timeout: Option<i64>,
     // The dynamic batcher's (Triton's `dynamic_batching`).
@@ -119,6 +124,13 @@ impl From<BatcherName> for BatcherKind {
             BatcherName::Sequence => BatcherKind::Sequence,
         }
     }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum IsolationName {
+    None,
+    Process,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -309,6 +321,10 @@ impl LoadParams {
             queue_size: counted("queue_size", self.queue_size, 1 << 20)?.unwrap_or(nonzero(4096)),
             dynamic: self.dynamic()?,
             sequence: self.sequence()?,
+            isolation: match self.isolation {
+                None | Some(IsolationName::None) => Isolation::None,
+                Some(IsolationName::Process) => Isolation::Process,
+            },
         })
     }
 
@@ -507,6 +523,7 @@ const SERVER_PARAMETERS: &[&str] = &[
     "queue_size",
     "share",
     "timeout",
+    "isolation",
     "model_dir",
     "preferred_batch_size",
     "max_queue_delay_microseconds",
@@ -919,6 +936,7 @@ mod tests {
                 Some("batcher") => "soft",
                 Some("sequence_strategy") => "direct",
                 Some("timeout_action") => "reject",
+                Some("isolation") => "process",
                 _ => "1",
             };
             let (_, left) =

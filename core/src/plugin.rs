@@ -175,6 +175,11 @@ impl Plugins {
         Ok(module)
     }
 
+    /// The file the plugin of worker `name` was loaded from (after [`Plugins::load`]).
+    pub fn path(&self, name: &str) -> Option<&Path> {
+        self.loaded.get(name).map(|l| l.path.as_path())
+    }
+
     /// Where to open `path` at `version` so that this version's code is what gets
     /// mapped: the path itself the first time, and again while the file is the one
     /// mapped then; once the file changed, a copy under a new name (`dlopen` of the
@@ -300,7 +305,7 @@ fn private_dir() -> std::io::Result<PathBuf> {
 /// Opens the library at `path` for good (`RTLD_NODELETE`, and the handle is never
 /// dropped) and takes its root module through abi_stable's version and layout
 /// checks.
-fn open_plugin(path: &Path) -> Result<WorkerModRef, PluginError> {
+pub(crate) fn open_plugin(path: &Path) -> Result<WorkerModRef, PluginError> {
     use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
     let not_a_plugin = |reason: String| PluginError::NotAPlugin {
         path: path.to_owned(),

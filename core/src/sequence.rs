@@ -351,6 +351,7 @@ impl SequenceHost<Reply> for SequenceGroupHost {
                 m.invalid.inc();
             }
         }
+        crate::request_log::failed(&request.reply.log, model, &error);
         let _ = request.reply.tx.send(Err(error));
     }
 

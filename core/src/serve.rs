@@ -24,7 +24,7 @@ use tokio::sync::oneshot;
 use crate::error::{Result, ServerError};
 use crate::group::WorkerGroup;
 use crate::infer::{InferRequest, InferResponse};
-use crate::reply::{Answer, Answered};
+use crate::reply::{Answer, Answered, Delivery};
 
 /// An inference its model's group accepted: awaiting it yields the answer
 /// (a [`ServerError`] when the request failed in its batch); dropping it cancels
@@ -46,12 +46,31 @@ impl Future for Pending {
     }
 }
 
+impl Pending {
+    /// The answer and its [`Delivery`], for an ingress that still has to encode or
+    /// place the response: it reports a failure there through the delivery, so the
+    /// request is counted a failure rather than a success (awaiting the `Pending`
+    /// itself counts it a success).
+    pub async fn delivered(self) -> Result<(InferResponse, Delivery)> {
+        match self.0.await {
+            Ok(answer) => answer.map(Answered::into_delivery),
+            Err(_) => Err(ServerError::Internal(
+                "the worker dropped the request".into(),
+            )),
+        }
+    }
+}
+
 /// Admission of a request an ingress decoded for `group` (found with
 /// [`crate::Server::lookup`]), with what the ingress keeps beside it to encode the
 /// answer (`T`: where the outputs go). A request that failed to decode is counted
 /// invalid for the model and its error returned; a decoded one is validated and
 /// queued ([`WorkerGroup::submit`]).
 pub fn submit<T>(group: &WorkerGroup, decoded: Result<(InferRequest, T)>) -> Result<(Pending, T)> {
-    let (request, keep) = decoded.inspect_err(|_| group.record_invalid())?;
+    let (request, keep) = decoded.inspect_err(|e| {
+        group.record_invalid();
+        // Undecodable: its id, if it had one, is not known.
+        crate::request_log::failed(&Default::default(), &group.endpoint, e);
+    })?;
     Ok((Pending(group.submit(request)?), keep))
 }

@@ -22,6 +22,7 @@ pub const EXTENSIONS: &[&str] = &[
     "statistics",
     "model_repository",
     "system_shared_memory",
+    "logging",
     "kiln_workers",
     "kiln_metrics",
 ];

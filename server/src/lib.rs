@@ -9,4 +9,6 @@ pub use kiln_core::*;
 
 pub mod grpc;
 pub mod http;
+pub mod log_format;
+pub mod log_settings;
 pub mod tls;

@@ -21,7 +21,21 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Start the server.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
+    /// Run one isolated worker instance for a server (`isolation = "process"`);
+    /// started by `kiln serve` itself, with the descriptors it passes.
+    #[command(hide = true)]
+    WorkerHost(WorkerHostArgs),
+}
+
+#[derive(Args)]
+struct WorkerHostArgs {
+    /// The control socket's descriptor.
+    #[arg(long)]
+    control_fd: i32,
+    /// The shared arena's descriptor (a sealed memfd).
+    #[arg(long)]
+    arena_fd: i32,
 }
 
 #[derive(Args)]
@@ -52,6 +66,10 @@ struct ServeArgs {
     /// Log file; with one, the console shows only warnings and errors.
     #[arg(long, env = "KILN_LOG_FILE")]
     log_file: Option<PathBuf>,
+    /// Log line format: `default`, `ISO8601` (Triton's) or `json` (one object a
+    /// line). Changeable at run time through `POST /v2/logging`.
+    #[arg(long, env = "KILN_LOG_FORMAT", default_value = "default", value_parser = parse_log_format)]
+    log_format: kiln_server::log_settings::LogFormat,
     /// Largest request body in bytes.
     #[arg(long, env = "KILN_MAX_BODY_BYTES", default_value_t = 64 << 20)]
     max_body_bytes: usize,
@@ -211,18 +229,39 @@ impl ConnectionArgs {
     }
 }
 
+/// The `--log-format` named `name`.
+fn parse_log_format(name: &str) -> Result<kiln_server::log_settings::LogFormat, String> {
+    kiln_server::log_settings::LogFormat::from_name(name)
+}
+
 /// `secs` as a duration; an error for a negative, infinite or NaN value.
 fn seconds(flag: &str, secs: f64) -> anyhow::Result<std::time::Duration> {
     std::time::Duration::try_from_secs_f64(secs)
         .map_err(|_| anyhow::anyhow!("--{flag} {secs}: not a number of seconds"))
 }
 
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Serve(args) => serve_main(*args),
+        // No runtime, no logger: the host's plugin logs through stderr, which
+        // the server reads into its own log.
+        Command::WorkerHost(args) => {
+            kiln_server::isolation::host::run(args.control_fd, args.arena_fd)
+                .map_err(anyhow::Error::msg)
+        }
+    }
+}
+
 #[actix_web::main]
-async fn main() -> anyhow::Result<()> {
-    let Command::Serve(args) = Cli::parse().command;
-    kiln_server::logging::init(&args.log_level, args.log_file.as_deref())
-        .map_err(anyhow::Error::msg)
-        .context("cannot set up logging")?;
+async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
+    kiln_server::log_settings::LogSettings::from_level(
+        &args.log_level,
+        args.log_file.as_deref(),
+        args.log_format,
+    )
+    .and_then(kiln_server::log_settings::init)
+    .map_err(anyhow::Error::msg)
+    .context("cannot set up logging")?;
     let descriptors = match kiln_server::fdlimit::raise_to_hard() {
         Ok(limit) if limit.before < limit.soft => {
             spdlog::info!(

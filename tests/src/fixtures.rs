@@ -162,3 +162,25 @@ pub fn inflate(encoding: &str, data: &[u8]) -> Vec<u8> {
     .expect("a valid compressed body");
     out
 }
+
+/// The gRPC parameters placing a tensor in the system shared-memory region
+/// `region`, its first `byte_size` bytes.
+pub fn shm_params(
+    region: &str,
+    byte_size: i64,
+) -> std::collections::HashMap<String, kiln_server::grpc::proto::InferParameter> {
+    use kiln_server::grpc::proto::{infer_parameter::ParameterChoice, InferParameter};
+    let param = |choice| InferParameter {
+        parameter_choice: Some(choice),
+    };
+    std::collections::HashMap::from([
+        (
+            "shared_memory_region".to_owned(),
+            param(ParameterChoice::StringParam(region.into())),
+        ),
+        (
+            "shared_memory_byte_size".to_owned(),
+            param(ParameterChoice::Int64Param(byte_size)),
+        ),
+    ])
+}

@@ -185,6 +185,21 @@ impl Kiln {
         self.child.id()
     }
 
+    /// How the server ended, once it has exited by itself within `within`
+    /// (`None`: it still runs).
+    pub fn exit_within(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("kiln's status") {
+                return Some(status);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Everything kiln logged so far.
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()

@@ -55,7 +55,7 @@ async fn http_restricted_categories_need_their_header() {
         "--load",
         "echo",
         "--http-restricted-api",
-        "model-repository,shared-memory:admin-key=admin-value",
+        "model-repository,shared-memory,logging:admin-key=admin-value",
         "--http-restricted-api",
         "inference:infer-key=infer-value",
         "--http-restricted-api",
@@ -93,6 +93,16 @@ async fn http_restricted_categories_need_their_header() {
         (
             ("admin-key", "admin-value"),
             ("POST", "/v2/systemsharedmemory/unregister", ""),
+            200,
+        ),
+        (
+            ("admin-key", "admin-value"),
+            ("GET", "/v2/logging", ""),
+            200,
+        ),
+        (
+            ("admin-key", "admin-value"),
+            ("POST", "/v2/logging", r#"{"log_verbose_level": 1}"#),
             200,
         ),
         (
@@ -245,7 +255,7 @@ async fn grpc_restricted_protocols_need_their_header() {
         "--load",
         "echo",
         "--grpc-restricted-protocol",
-        "model-repository,shared-memory:admin-key=admin-value",
+        "model-repository,shared-memory,logging:admin-key=admin-value",
         // Also accepted under the name the HTTP flag has.
         "--grpc-restricted-api",
         "inference:infer-key=infer-value",
@@ -293,6 +303,9 @@ async fn grpc_restricted_protocols_need_their_header() {
                     ))
                     .await
                     .map(drop),
+                    raw.log_settings(with_header(proto::LogSettingsRequest::default(), header))
+                        .await
+                        .map(drop),
                 ]
             } else {
                 let stream = tokio_stream::iter([infer_request.clone()]);
@@ -323,6 +336,12 @@ async fn grpc_restricted_protocols_need_their_header() {
     .unwrap();
     raw.system_shared_memory_status(with_header(
         proto::SystemSharedMemoryStatusRequest::default(),
+        admin_header,
+    ))
+    .await
+    .unwrap();
+    raw.log_settings(with_header(
+        proto::LogSettingsRequest::default(),
         admin_header,
     ))
     .await

@@ -6,17 +6,14 @@
 // The helpers are test support: a failed step should fail the test loudly.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::HashMap;
 use std::fs::OpenOptions;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kiln_server::grpc::proto::{
-    self, infer_parameter::ParameterChoice, model_infer_request::InferRequestedOutputTensor,
-};
-use kiln_tests::fixtures::ShmObject;
+use kiln_server::grpc::proto::{self, model_infer_request::InferRequestedOutputTensor};
+use kiln_tests::fixtures::{shm_params, ShmObject};
 use kiln_tests::{metric, HttpClient, Kiln};
 use serde_json::{json, Value};
 
@@ -284,22 +281,6 @@ async fn inferring_while_the_object_is_truncated_and_extended() {
         (status, &v["outputs"][0]["data"]),
         (200, &json!([101, 102]))
     );
-}
-
-fn shm_params(region: &str, byte_size: i64) -> HashMap<String, proto::InferParameter> {
-    let param = |choice| proto::InferParameter {
-        parameter_choice: Some(choice),
-    };
-    HashMap::from([
-        (
-            "shared_memory_region".to_owned(),
-            param(ParameterChoice::StringParam(region.into())),
-        ),
-        (
-            "shared_memory_byte_size".to_owned(),
-            param(ParameterChoice::Int64Param(byte_size)),
-        ),
-    ])
 }
 
 /// A faulty `ModelInferRequest` of INT32 `values`, raw.

@@ -13,7 +13,7 @@ use abi_stable::StableAbi;
 use bytemuck::Pod;
 
 use crate::error::{RequestError, WorkerError};
-use crate::types::{DataType, Param, Params, Shape};
+use crate::types::{DataType, Param, Params, Shape, TensorSpec};
 
 /// A host-owned output buffer the worker may resize. Implemented by the host (the
 /// server's pooled aligned buffers, or the SDK's test harness).
@@ -54,6 +54,25 @@ pub struct OutputFfi<'a> {
     pub len: usize,
     /// Whether the worker produced this output.
     pub written: bool,
+}
+
+impl<'a> OutputFfi<'a> {
+    /// Output `spec`, not yet written, whose per-request shapes the worker fills
+    /// into `shapes` and whose bytes it writes into `buffer`.
+    pub fn new<B: OutputBuffer + 'a>(
+        spec: &'a TensorSpec,
+        shapes: &'a mut [Shape],
+        buffer: &'a mut B,
+    ) -> Self {
+        OutputFfi {
+            name: RStr::from_str(spec.name.as_str()),
+            dtype: spec.dtype,
+            shapes: shapes.into(),
+            buffer: OutputBuffer_TO::from_ptr(RMut::new(buffer), abi_stable::sabi_trait::TD_Opaque),
+            len: 0,
+            written: false,
+        }
+    }
 }
 
 /// Per-request metadata: the request's own parameters, and the slot where the

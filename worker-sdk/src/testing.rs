@@ -2,7 +2,6 @@
 //! [`Worker`] through the same boundary object the server uses (so panics are caught
 //! exactly as they are when served) on batches built from plain vectors.
 
-use abi_stable::sabi_types::RMut;
 use abi_stable::std_types::{RResult, RSliceMut, RStr, RString};
 
 use crate::batch::{BatchFfi, InputFfi, OutputBuffer, OutputFfi, RequestFfi};
@@ -10,7 +9,6 @@ use crate::error::{RequestError, WorkerError};
 use crate::ffi::{new_worker, WorkerBox};
 use crate::types::{params_from_pairs, tensor_byte_len, DataType, Param, Shape, WorkerInfo};
 use crate::worker::Worker;
-use crate::{OutputBuffer_TO, TD_Opaque};
 
 /// One tensor of a test request or response.
 #[derive(Debug, Clone, PartialEq)]
@@ -168,14 +166,7 @@ impl Harness {
             .outputs
             .iter()
             .zip(out_buffers.iter_mut().zip(out_shapes.iter_mut()))
-            .map(|(spec, (buffer, shapes))| OutputFfi {
-                name: RStr::from_str(spec.name.as_str()),
-                dtype: spec.dtype,
-                shapes: shapes.as_mut_slice().into(),
-                buffer: OutputBuffer_TO::from_ptr(RMut::new(buffer), TD_Opaque),
-                len: 0,
-                written: false,
-            })
+            .map(|(spec, (buffer, shapes))| OutputFfi::new(spec, shapes, buffer))
             .collect();
         let mut metas: Vec<RequestFfi<'_>> = requests
             .iter()

@@ -659,7 +659,10 @@ async fn target(args: &Args, inputs: Vec<InputTensor>) -> anyhow::Result<Target>
 #[cfg(feature = "embedded")]
 async fn in_process(args: &Args, request: InferRequest) -> anyhow::Result<Target> {
     // Keep stdout for results: the embedded server logs warnings to stderr.
-    kiln_server::logging::init("warn", None).map_err(anyhow::Error::msg)?;
+    use kiln_server::log_settings::{init, LogFormat, LogSettings};
+    LogSettings::from_level("warn", None, LogFormat::Default)
+        .and_then(init)
+        .map_err(anyhow::Error::msg)?;
     let client = NativeClient::start(ServerConfig {
         plugin_dirs: args.plugin_dir.clone(),
         model_repository: args.model_repository.clone(),

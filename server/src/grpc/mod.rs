@@ -14,6 +14,7 @@ mod budget;
 mod connection;
 pub mod convert;
 mod gather;
+mod logging;
 mod routes;
 mod service;
 mod status;

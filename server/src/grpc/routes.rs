@@ -246,8 +246,10 @@ async fn answer(
     pending: Result<Pending, Status>,
     max_message_bytes: usize,
 ) -> http::Response<TonicBody> {
+    let mut delivery = None;
     let answered = async {
-        let response = pending?.finish().await.map_err(status)?;
+        let (response, delivered) = pending?.finish().await.map_err(status)?;
+        delivery = Some(delivered);
         let length = response.encoded_len();
         if length > max_message_bytes {
             return Err(too_large("encoded", length, max_message_bytes));
@@ -271,7 +273,12 @@ async fn answer(
             encode()
         }
     };
-    match answered.await {
+    let answered = answered.await;
+    if let (Err(refused), Some(delivery)) = (&answered, delivery) {
+        // Answered by the worker, then not deliverable (too large, not encodable).
+        delivery.failed(&ServerError::Internal(refused.message().to_owned()));
+    }
+    match answered {
         Ok(message) => {
             let mut response = http::Response::new(TonicBody::new(OneMessage {
                 message: Some(message),

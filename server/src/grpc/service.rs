@@ -13,20 +13,22 @@ use super::convert::{
 use super::proto::grpc_inference_service_server::GrpcInferenceService;
 use super::proto::{
     model_metadata_response::TensorMetadata, repository_index_response::ModelIndex,
-    ModelConfigRequest, ModelConfigResponse, ModelInferRequest, ModelInferResponse,
-    ModelMetadataRequest, ModelMetadataResponse, ModelReadyRequest, ModelReadyResponse,
-    ModelStatisticsRequest, ModelStatisticsResponse, ModelStreamInferResponse,
-    RepositoryIndexRequest, RepositoryIndexResponse, RepositoryModelLoadRequest,
-    RepositoryModelLoadResponse, RepositoryModelUnloadRequest, RepositoryModelUnloadResponse,
-    ServerLiveRequest, ServerLiveResponse, ServerMetadataRequest, ServerMetadataResponse,
-    ServerReadyRequest, ServerReadyResponse, SystemSharedMemoryRegisterRequest,
-    SystemSharedMemoryRegisterResponse, SystemSharedMemoryStatusRequest,
-    SystemSharedMemoryStatusResponse, SystemSharedMemoryUnregisterRequest,
-    SystemSharedMemoryUnregisterResponse,
+    LogSettingsRequest, LogSettingsResponse, ModelConfigRequest, ModelConfigResponse,
+    ModelInferRequest, ModelInferResponse, ModelMetadataRequest, ModelMetadataResponse,
+    ModelReadyRequest, ModelReadyResponse, ModelStatisticsRequest, ModelStatisticsResponse,
+    ModelStreamInferResponse, RepositoryIndexRequest, RepositoryIndexResponse,
+    RepositoryModelLoadRequest, RepositoryModelLoadResponse, RepositoryModelUnloadRequest,
+    RepositoryModelUnloadResponse, ServerLiveRequest, ServerLiveResponse, ServerMetadataRequest,
+    ServerMetadataResponse, ServerReadyRequest, ServerReadyResponse,
+    SystemSharedMemoryRegisterRequest, SystemSharedMemoryRegisterResponse,
+    SystemSharedMemoryStatusRequest, SystemSharedMemoryStatusResponse,
+    SystemSharedMemoryUnregisterRequest, SystemSharedMemoryUnregisterResponse,
 };
 use super::status::{status, triton_status};
 use crate::error::{Result, ServerError};
 use crate::group::WorkerGroup;
+use crate::reply::Delivery;
+use crate::request_log;
 use crate::serve;
 use crate::server::Server;
 use crate::triton::{self, MetadataTensor, ModelConfig, ModelMetadata};
@@ -76,7 +78,7 @@ fn lookup(server: &Server, name: &str, v: &str) -> Result<Arc<WorkerGroup>, Stat
 /// windows its outputs go to), or refused.
 pub(crate) struct Pending {
     id: String,
-    answer: Result<(serve::Pending, ShmOutputs)>,
+    answer: Result<(serve::Pending, ShmOutputs, Arc<WorkerGroup>)>,
 }
 
 impl Pending {
@@ -87,22 +89,35 @@ impl Pending {
         let answer = server
             .lookup(&request.model_name, non_empty(&request.model_version))
             .and_then(|group| {
-                serve::submit(&group, decode_request_shm(request, server.shared_memory()))
+                let decoded = decode_request_shm(request, server.shared_memory());
+                let (pending, in_shm) = serve::submit(&group, decoded)?;
+                Ok((pending, in_shm, group))
             });
         Pending { id, answer }
     }
 
-    /// Waits for the answer and encodes it.
-    pub(crate) async fn finish(self) -> Result<ModelInferResponse> {
-        let (pending, in_shm) = self.answer?;
-        encode_response_shm(pending.await?, &in_shm)
+    /// Waits for the answer and encodes it; the [`Delivery`] says whether the
+    /// client got it (see [`serve::Pending::delivered`]).
+    pub(crate) async fn finish(self) -> Result<(ModelInferResponse, Delivery)> {
+        let (pending, in_shm, group) = self.answer?;
+        let (response, delivery) = pending.delivered().await?;
+        // Only for a line about a failure: no copy of the id unless one is written.
+        let log = request_log::when_logged(&response.id);
+        match encode_response_shm(response, &in_shm) {
+            Ok(encoded) => Ok((encoded, delivery)),
+            Err(e) => {
+                request_log::failed(&log, &group.endpoint, &e);
+                delivery.failed(&e);
+                Err(e)
+            }
+        }
     }
 
     /// The answer as a stream message: an error carries the request's id too.
     async fn finish_streamed(self) -> ModelStreamInferResponse {
         let id = self.id.clone();
         match self.finish().await {
-            Ok(response) => ModelStreamInferResponse {
+            Ok((response, _delivered)) => ModelStreamInferResponse {
                 error_message: String::new(),
                 infer_response: Some(response),
             },
@@ -193,7 +208,7 @@ impl GrpcInferenceService for KilnGrpc {
         Pending::start(&self.server, request.into_inner())
             .finish()
             .await
-            .map(Response::new)
+            .map(|(response, _delivered)| Response::new(response))
             .map_err(status)
     }
 
@@ -380,5 +395,12 @@ impl GrpcInferenceService for KilnGrpc {
             shm.unregister(&name);
         }
         Ok(Response::new(SystemSharedMemoryUnregisterResponse {}))
+    }
+
+    async fn log_settings(
+        &self,
+        request: Request<LogSettingsRequest>,
+    ) -> Result<Response<LogSettingsResponse>, Status> {
+        super::logging::log_settings(request.into_inner()).map(Response::new)
     }
 }

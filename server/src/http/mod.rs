@@ -8,6 +8,7 @@ mod body;
 mod compress;
 mod encoded;
 mod error;
+mod logging;
 mod model_routes;
 mod offload;
 mod peer;

@@ -7,7 +7,9 @@ use serde_json::{json, Map, Value};
 use super::body::{json_object, read_body, read_raw_body};
 use super::encoded::EncodedResponse;
 use super::model_routes::{self, Action};
-use super::{offload, restricted, shm, triton, HttpError, State, INFERENCE_HEADER_CONTENT_LENGTH};
+use super::{
+    logging, offload, restricted, shm, triton, HttpError, State, INFERENCE_HEADER_CONTENT_LENGTH,
+};
 use crate::error::ServerError;
 use crate::group::WorkerGroup;
 use crate::restricted::{Category, Restrictions};
@@ -30,6 +32,13 @@ pub fn configure(cfg: &mut web::ServiceConfig, restrictions: &Restrictions) {
     // Triton serves metrics on a port of its own, unrestricted; kiln's are on the
     // HTTP port and tell what statistics tell, so `statistics` covers them.
     add(Statistics, get("/metrics", metrics));
+    add(
+        Logging,
+        web::resource("/v2/logging")
+            .route(web::get().to(logging::get))
+            .route(web::post().to(logging::post))
+            .default_service(web::to(method_not_allowed)),
+    );
     // Every other path under `/v2/models/` names a model: matched by hand, with
     // each route's category checked there ([`model_route`]). Registered before
     // the routes with a `{segment}` below, each of which actix-web tries as a regex.
@@ -228,20 +237,32 @@ async fn infer(
     )
     .await;
     let (pending, placement) = serve::submit(group, decoded)?;
-    let response = match req.conn_data::<super::peer::Peer>() {
+    let (response, delivery) = match req.conn_data::<super::peer::Peer>() {
         // Returning drops the pending answer: a queued request is then cancelled.
         Some(peer) => tokio::select! {
-            answer = pending => answer,
+            answer = pending.delivered() => answer,
             () = peer.closed(req.version()) => {
                 return Err(HttpError(ServerError::Unavailable("the client went away".into())))
             }
         },
-        None => pending.await,
+        None => pending.delivered().await,
     }?;
-    let encoded = offload::encode_response(response, placement).await?;
-    match super::compress::negotiate(req) {
-        None => Ok(encoded.into_response()),
-        Some(encoding) => Ok(super::compress::respond(encoded, encoding).await?),
+    // Only for a line about a failure: no copy of the id unless one can be written.
+    let log = crate::request_log::when_logged(&response.id);
+    let answered = match offload::encode_response(response, placement).await {
+        Ok(encoded) => match super::compress::negotiate(req) {
+            None => Ok(encoded.into_response()),
+            Some(encoding) => super::compress::respond(encoded, encoding).await,
+        },
+        Err(e) => Err(e),
+    };
+    match answered {
+        Ok(answer) => Ok(answer),
+        Err(e) => {
+            crate::request_log::failed(&log, &group.endpoint, &e);
+            delivery.failed(&e);
+            Err(HttpError(e))
+        }
     }
 }
 

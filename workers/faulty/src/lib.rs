@@ -4,6 +4,10 @@
 //! A request holding -7 is failed alone as invalid (400), one holding -8 alone as a
 //! worker fault (500): the rest of the batch is answered. A batch holding -6 asks the
 //! host for an output of an impossible size (the host must refuse, not abort).
+//! Two values end the process, as a plugin's memory bug or failed assertion in C
+//! would: a batch holding -4 aborts it (`std::process::abort`, SIGABRT), one
+//! holding -5 writes through a pointer to an unmapped address (SIGSEGV). The SDK
+//! cannot catch either: only `isolation = "process"` keeps the server up.
 //! `fail_init=true` makes `init` fail and `fail_acquire=true` makes `acquire` fail (to
 //! test load rollback). Every lifecycle step is logged, so tests can read the order
 //! in the server's log.
@@ -73,6 +77,14 @@ impl Worker for Faulty {
         if values.contains(&-1) {
             panic!("faulty worker saw -1");
         }
+        if values.contains(&-4) {
+            log::error!("faulty: -4, aborting the process");
+            std::process::abort();
+        }
+        if values.contains(&-5) {
+            log::error!("faulty: -5, writing to an unmapped address");
+            segfault();
+        }
         if values.contains(&-2) {
             return Err("faulty worker saw -2".into());
         }
@@ -102,6 +114,15 @@ impl Worker for Faulty {
             .copy_from_slice(values);
         Ok(())
     }
+}
+
+/// Writes through a pointer to the first page, which is never mapped: a real
+/// invalid memory access, answered by the kernel with SIGSEGV.
+fn segfault() {
+    let unmapped = std::ptr::without_provenance_mut::<u8>(8);
+    // SAFETY: none; this is the defect the worker exists to have. The address is
+    // non-null and aligned, so the write is emitted and faults.
+    unsafe { std::ptr::write_volatile(unmapped, 1) };
 }
 
 impl Drop for Faulty {
