@@ -84,15 +84,25 @@ pub const ROOT_MODULE_SYMBOL: &str = "_1as_0lib_1header_0root_bmodule_bloader";
 /// What the [`Adapter`] drives: a [`Worker`] ([`Synchronous`]) or an
 /// [`AsyncWorker`] ([`Asynchronous`]), seen alike.
 pub trait Plugin: Send + Sized + 'static {
+    /// The worker's parameter declarations.
     const PARAMETERS: &'static [ParamSpec];
+    /// Whether batches go through `submit` (asynchronous) or `run`.
     const ASYNC: bool;
+    /// See [`Worker::init`].
     fn init(params: Params<'_>) -> Result<Self, WorkerError>;
+    /// See [`Worker::info`].
     fn info(&self) -> WorkerInfo;
+    /// See [`Worker::allocate`].
     fn allocate(&mut self, batch_size: usize) -> Result<(), WorkerError>;
+    /// See [`Worker::acquire`].
     fn acquire(&mut self) -> Result<(), WorkerError>;
+    /// See [`Worker::run`] (an error for an asynchronous worker).
     fn run(&mut self, batch: &mut Batch<'_, '_>) -> Result<(), WorkerError>;
+    /// See [`AsyncWorker::submit`] (a synchronous worker fails the batch).
     fn submit(&mut self, batch: AsyncBatch) -> Result<(), WorkerError>;
+    /// See [`Worker::release`].
     fn release(&mut self) -> Result<(), WorkerError>;
+    /// See [`Worker::deallocate`].
     fn deallocate(&mut self) -> Result<(), WorkerError>;
 }
 
