@@ -20,6 +20,7 @@ use kiln_worker_sdk::{BatcherKind, Shape, WorkerBox, WorkerInfo};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
+use crate::async_instance::run_async_instance;
 use crate::error::{Result, ServerError};
 use crate::infer::{validate, InferRequest, MAX_OUTPUTS};
 use crate::instance::{run_instance, BatchSource, InstanceContext};
@@ -39,6 +40,8 @@ pub struct GroupSettings {
     pub timeout: Duration,
     pub batchers: usize,
     pub max_buffers: usize,
+    /// An asynchronous worker's `max_outstanding` (`None`: a synchronous worker).
+    pub max_outstanding: Option<usize>,
     pub queue_size: usize,
     /// The dynamic batcher's settings (used when `batcher` is dynamic).
     pub dynamic: DynamicConfig,
@@ -138,9 +141,14 @@ impl WorkerGroup {
         let (queue_tx, queue_rx) = bounded::<Request<Reply>>(settings.queue_size);
         let (batch_tx, batch_rx) = unbounded::<Batch<Reply>>();
         let (input_caps, output_caps) = buffer_capacities(&info, settings.batch_size);
-        let pool = Pool::new(settings.max_buffers, || {
-            BufferSet::with_capacities(&input_caps, &output_caps)
-        });
+        // An asynchronous group's pool notes its high-water mark (the bound on
+        // batches out is the point of its tests); a synchronous one's hot path
+        // does not pay for it.
+        let make = || BufferSet::with_capacities(&input_caps, &output_caps);
+        let pool = match settings.max_outstanding {
+            Some(_) => Pool::tracked(settings.max_buffers, make),
+            None => Pool::new(settings.max_buffers, make),
+        };
         metrics.pool_size.set(settings.max_buffers as i64);
         let context = Arc::new(InstanceContext {
             answer_model: Arc::new(crate::reply::AnswerModel {
@@ -156,6 +164,9 @@ impl WorkerGroup {
             healthy: AtomicUsize::new(0),
             busy_ns: std::sync::atomic::AtomicU64::new(0),
             compute_estimate_ns: std::sync::atomic::AtomicU64::new(0),
+            outstanding: settings
+                .max_outstanding
+                .map(crate::outstanding::Outstanding::new),
             ordering: (settings.batcher == BatcherKind::Dynamic
                 && settings.dynamic.preserve_ordering)
                 .then(crate::ordering::OrderGate::default),
@@ -294,8 +305,10 @@ impl WorkerGroup {
         let n = self.threads.lock().len();
         let spawned = spawn(format!("worker-{}-{n}", self.endpoint), move || {
             let worker = theirs.lock().take();
-            if let Some(worker) = worker {
-                run_instance(worker, ctx, rx, index);
+            match worker {
+                Some(worker) if ctx.outstanding.is_some() => run_async_instance(worker, ctx, rx),
+                Some(worker) => run_instance(worker, ctx, rx, index),
+                None => {}
             }
         });
         let handle = match spawned {
@@ -506,6 +519,7 @@ impl WorkerGroup {
         let m = &self.context.metrics;
         let in_use = self.pool.in_use();
         m.pool_in_use.set(in_use as i64);
+        m.pool_in_use_max.set(self.pool.high_water() as i64);
         m.pool_free
             .set(self.pool.size().saturating_sub(in_use) as i64);
         m.queue_depth.set(self.admission.queued() as i64);
@@ -632,8 +646,14 @@ fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<(
         .map_err(|e| ServerError::Internal(format!("cannot start a thread: {e}")))
 }
 
-/// Resolves the group's settings against what the worker accepts.
-pub fn resolve(info: &WorkerInfo, params: &GroupParams, instances: usize) -> Result<GroupSettings> {
+/// Resolves the group's settings against what the worker accepts (`asynchronous`:
+/// the worker takes batches through `submit`).
+pub fn resolve(
+    info: &WorkerInfo,
+    params: &GroupParams,
+    instances: usize,
+    asynchronous: bool,
+) -> Result<GroupSettings> {
     if info.outputs.len() > MAX_OUTPUTS {
         return Err(ServerError::invalid(format!(
             "worker declares {} outputs; at most {MAX_OUTPUTS} are supported",
@@ -656,14 +676,34 @@ pub fn resolve(info: &WorkerInfo, params: &GroupParams, instances: usize) -> Res
         (_, Some(n)) => n,
         (max, None) => max.min(64),
     };
+    let batcher = params.batcher.unwrap_or(info.batcher);
+    let max_outstanding = match (asynchronous, params.max_outstanding.map(NonZeroUsize::get)) {
+        (false, None | Some(1)) => None,
+        (false, Some(n)) => {
+            return Err(ServerError::invalid(format!(
+                "max_outstanding {n}: this worker is synchronous (one batch at a time per \
+                 instance); the parameter is for asynchronous workers"
+            )))
+        }
+        (true, _) if batcher == BatcherKind::Sequence => {
+            return Err(ServerError::invalid(
+                "the sequence batcher is not supported with an asynchronous worker",
+            ))
+        }
+        (true, n) => Some(n.unwrap_or(1)),
+    };
+    // Each instance holds a set per batch it has out (one for a synchronous
+    // worker) and one it is forming; one more lets a batcher start the next.
+    let per_instance = max_outstanding.unwrap_or(1) + 1;
     Ok(GroupSettings {
         batch_size,
-        batcher: params.batcher.unwrap_or(info.batcher),
+        batcher,
         timeout: params.timeout,
         batchers: params.batchers.get(),
         max_buffers: params
             .max_buffers
-            .map_or(2 * instances + 1, NonZeroUsize::get),
+            .map_or(per_instance * instances + 1, NonZeroUsize::get),
+        max_outstanding,
         queue_size: params.queue_size.get(),
         dynamic: DynamicConfig {
             max_batch_size: batch_size,

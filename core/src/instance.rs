@@ -13,6 +13,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use crossbeam_channel::Receiver;
 use kiln_batchers::{Batch, BatchFormer, Member};
+use kiln_buffers::BufferSet;
 use kiln_worker_sdk::reexports::RStr;
 use kiln_worker_sdk::{
     tensor_byte_len, BatchFfi, InputFfi, OutputBuffer_TO, OutputFfi, RequestError, RequestFfi,
@@ -48,11 +49,13 @@ pub struct InstanceContext {
     pub sequence: Option<SequenceLink>,
     /// `preserve_ordering`: answers leave in batch order.
     pub ordering: Option<OrderGate>,
+    /// An asynchronous worker's batches in flight (`None`: a synchronous worker).
+    pub outstanding: Option<crate::outstanding::Outstanding>,
 }
 
 impl InstanceContext {
     /// Folds one batch's run time into the estimate (weight 1/8).
-    fn record_compute(&self, took: std::time::Duration) {
+    pub(crate) fn record_compute(&self, took: std::time::Duration) {
         let sample = took.as_nanos().min(u128::from(u64::MAX)) as u64;
         let old = self.compute_estimate_ns.load(Ordering::Relaxed);
         let new = if old == 0 {
@@ -73,7 +76,7 @@ pub enum BatchSource {
 }
 
 impl BatchSource {
-    fn next(&self) -> Option<Batch<Reply>> {
+    pub(crate) fn next(&self) -> Option<Batch<Reply>> {
         match self {
             BatchSource::Queue(batches) => batches.recv().ok(),
             BatchSource::Former(former) => former.next_batch(),
@@ -163,7 +166,7 @@ pub fn run_instance(
 /// Tells a stateful model's sequence batcher that `batch` is done, with each
 /// sequence's new state taken from the state outputs of `ran` (`None`: the batch
 /// failed, the states stay). A state output of the wrong size fails the batch.
-fn report_states(
+pub(crate) fn report_states(
     ctx: &InstanceContext,
     index: usize,
     batch: &Batch<Reply>,
@@ -201,7 +204,7 @@ fn report_states(
 }
 
 /// Tells a stateful model's sequence batcher that `batch` failed (states stay).
-fn report_failed(ctx: &InstanceContext, index: usize, batch: &Batch<Reply>) {
+pub(crate) fn report_failed(ctx: &InstanceContext, index: usize, batch: &Batch<Reply>) {
     // Without outputs there is no state to check: this cannot fail.
     let _ = report_states(ctx, index, batch, None);
 }
@@ -209,12 +212,12 @@ fn report_failed(ctx: &InstanceContext, index: usize, batch: &Batch<Reply>) {
 /// A batch that ran: its outputs, the requests the worker failed alone (by index;
 /// usually none, and then nothing is allocated), when building its `BatchFfi`
 /// began, and when `run` was called and returned.
-struct Ran {
-    outputs: Vec<RunOutput>,
-    failures: Vec<(usize, RequestError)>,
-    building: Instant,
-    built: Instant,
-    ran: Instant,
+pub(crate) struct Ran {
+    pub(crate) outputs: Vec<RunOutput>,
+    pub(crate) failures: Vec<(usize, RequestError)>,
+    pub(crate) building: Instant,
+    pub(crate) built: Instant,
+    pub(crate) ran: Instant,
 }
 
 impl Ran {
@@ -230,70 +233,134 @@ fn run_batch(
     batch: &mut Batch<Reply>,
 ) -> Result<Ran, String> {
     let building = Instant::now();
-    let members = batch.members.len();
+    let mut out_shapes = output_shapes(info, batch.members.len());
     let set = &mut *batch.buffers;
-    let inputs: Vec<InputFfi<'_>> = info
-        .inputs
-        .iter()
-        .zip(&set.inputs)
-        .zip(&batch.shapes)
-        .map(|((spec, buf), shapes)| InputFfi {
-            name: RStr::from_str(spec.name.as_str()),
-            dtype: spec.dtype,
-            data: buf.as_slice().into(),
-            shapes: shapes.as_slice().into(),
-        })
-        .collect();
-    let mut out_shapes: Vec<Vec<Shape>> = info
-        .outputs
-        .iter()
-        .map(|_| vec![Shape::scalar(); members])
-        .collect();
-    let mut outputs: Vec<OutputFfi<'_>> = info
-        .outputs
-        .iter()
-        .zip(set.outputs.iter_mut())
-        .zip(out_shapes.iter_mut())
-        .map(|((spec, buf), shapes)| {
-            buf.clear();
-            OutputFfi {
-                name: RStr::from_str(spec.name.as_str()),
-                dtype: spec.dtype,
-                shapes: shapes.as_mut_slice().into(),
-                buffer: OutputBuffer_TO::from_ptr(
-                    kiln_worker_sdk::reexports::RMut::new(buf),
-                    TD_Opaque,
-                ),
-                len: 0,
-                written: false,
-            }
-        })
-        .collect();
-    let mut requests: Vec<RequestFfi<'_>> = batch
-        .members
-        .iter()
-        .map(|m: &Member<Reply>| RequestFfi::new(&m.params))
-        .collect();
-    let mut ffi = BatchFfi {
-        inputs: inputs.as_slice().into(),
-        outputs: outputs.as_mut_slice().into(),
-        requests: requests.as_mut_slice().into(),
-    };
+    let mut views = Views::new(info, set, &batch.shapes, &batch.members, &mut out_shapes);
     let built = Instant::now();
     worker
-        .run(&mut ffi)
+        .run(&mut views.ffi())
         .into_result()
         .map_err(|e| e.into_string())?;
     let ran = Instant::now();
-    let failures: Vec<(usize, RequestError)> = requests
-        .into_iter()
-        .enumerate()
-        .filter_map(|(j, r)| r.failure.into_option().map(|e| (j, e)))
-        .collect();
-    let written: Vec<(bool, usize)> = outputs.iter().map(|o| (o.written, o.len)).collect();
-    drop(outputs);
-    let outputs = info
-        .outputs
+    let (failures, written) = views.finish();
+    let outputs = split_outputs(info, set, out_shapes, written)?;
+    Ok(Ran {
+        outputs,
+        failures,
+        building,
+        built,
+        ran,
+    })
+}
+
+/// Each output's per-request shapes, for the worker to fill in.
+pub(crate) fn output_shapes(info: &WorkerInfo, members: usize) -> Vec<Vec<Shape>> {
+    info.outputs
+        .iter()
+        .map(|_| vec![Shape::scalar(); members])
+        .collect()
+}
+
+/// A batch's boundary form: what a [`BatchFfi`] points to. Every pointer in it
+/// leads to heap memory (the buffers' bytes, the vectors' elements, the worker
+/// info's names), never into a struct that moves: an asynchronous batch keeps
+/// these views beside what they point to while it is in flight.
+pub(crate) struct Views<'a> {
+    inputs: Vec<InputFfi<'a>>,
+    outputs: Vec<OutputFfi<'a>>,
+    requests: Vec<RequestFfi<'a>>,
+}
+
+impl<'a> Views<'a> {
+    /// The views of a batch's buffer set, shapes and requests, with `out_shapes`
+    /// (from [`output_shapes`]) for the worker's output shapes.
+    pub(crate) fn new(
+        info: &'a WorkerInfo,
+        set: &'a mut BufferSet,
+        shapes: &'a [Vec<Shape>],
+        members: &'a [Member<Reply>],
+        out_shapes: &'a mut [Vec<Shape>],
+    ) -> Views<'a> {
+        let inputs: Vec<InputFfi<'a>> = info
+            .inputs
+            .iter()
+            .zip(&set.inputs)
+            .zip(shapes)
+            .map(|((spec, buf), shapes)| InputFfi {
+                name: RStr::from_str(spec.name.as_str()),
+                dtype: spec.dtype,
+                data: buf.as_slice().into(),
+                shapes: shapes.as_slice().into(),
+            })
+            .collect();
+        let outputs: Vec<OutputFfi<'a>> = info
+            .outputs
+            .iter()
+            .zip(set.outputs.iter_mut())
+            .zip(out_shapes.iter_mut())
+            .map(|((spec, buf), shapes)| {
+                buf.clear();
+                OutputFfi {
+                    name: RStr::from_str(spec.name.as_str()),
+                    dtype: spec.dtype,
+                    shapes: shapes.as_mut_slice().into(),
+                    buffer: OutputBuffer_TO::from_ptr(
+                        kiln_worker_sdk::reexports::RMut::new(buf),
+                        TD_Opaque,
+                    ),
+                    len: 0,
+                    written: false,
+                }
+            })
+            .collect();
+        let requests: Vec<RequestFfi<'a>> = members
+            .iter()
+            .map(|m: &Member<Reply>| RequestFfi::new(&m.params))
+            .collect();
+        Views {
+            inputs,
+            outputs,
+            requests,
+        }
+    }
+
+    /// The batch as the worker sees it.
+    pub(crate) fn ffi(&mut self) -> BatchFfi<'_, 'a> {
+        BatchFfi {
+            inputs: self.inputs.as_slice().into(),
+            outputs: self.outputs.as_mut_slice().into(),
+            requests: self.requests.as_mut_slice().into(),
+        }
+    }
+
+    /// What the worker reported: the requests it failed alone, and whether (and
+    /// how many bytes of) each output it wrote.
+    pub(crate) fn finish(self) -> (Failures, Written) {
+        let failures = self
+            .requests
+            .into_iter()
+            .enumerate()
+            .filter_map(|(j, r)| r.failure.into_option().map(|e| (j, e)))
+            .collect();
+        let written = self.outputs.iter().map(|o| (o.written, o.len)).collect();
+        (failures, written)
+    }
+}
+
+/// The requests a worker failed alone, by index, with their errors.
+pub(crate) type Failures = Vec<(usize, RequestError)>;
+
+/// Per output: whether the worker wrote it, and how many bytes.
+pub(crate) type Written = Vec<(bool, usize)>;
+
+/// Splits each output the worker wrote into its requests' parts (sharing one copy).
+pub(crate) fn split_outputs(
+    info: &WorkerInfo,
+    set: &BufferSet,
+    out_shapes: Vec<Vec<Shape>>,
+    written: Written,
+) -> Result<Vec<RunOutput>, String> {
+    info.outputs
         .iter()
         .zip(&set.outputs)
         .zip(out_shapes)
@@ -328,14 +395,7 @@ fn run_batch(
             }
             Ok(RunOutput { parts, shapes })
         })
-        .collect::<Result<_, String>>()?;
-    Ok(Ran {
-        outputs,
-        failures,
-        building,
-        built,
-        ran,
-    })
+        .collect()
 }
 
 /// Answers every request of a batch that ran: those the worker failed alone with
@@ -343,7 +403,7 @@ fn run_batch(
 /// here, the answered ones by the batch's [`Tally`] once every answer is let go
 /// (see [`crate::reply`]); this thread lets go of its share before sending, so a
 /// client that has its answer, and whose batch-mates have theirs, sees it counted.
-fn answer(ctx: &InstanceContext, batch: Batch<Reply>, ran: Ran, queue_ns: u64) {
+pub(crate) fn answer(ctx: &InstanceContext, batch: Batch<Reply>, ran: Ran, queue_ns: u64) {
     let (requests, order) = (batch.len(), batch.order);
     let Ran {
         outputs,
@@ -424,7 +484,7 @@ fn deliver(ctx: &InstanceContext, order: u64, answers: Answers) {
     }
 }
 
-fn fail_all(ctx: &InstanceContext, batch: Batch<Reply>, error: &ServerError) {
+pub(crate) fn fail_all(ctx: &InstanceContext, batch: Batch<Reply>, error: &ServerError) {
     let now = Instant::now();
     let waited = batch
         .members

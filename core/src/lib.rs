@@ -5,6 +5,7 @@
 //! takes the one inference path of [`serve`]. Nothing here knows HTTP or gRPC;
 //! kiln-server serves this over both.
 
+pub mod async_instance;
 pub mod error;
 pub mod fdlimit;
 pub mod group;
@@ -17,6 +18,7 @@ pub mod logging;
 pub mod manager;
 pub mod metrics;
 pub mod ordering;
+pub mod outstanding;
 pub mod param_de;
 pub mod params;
 pub mod plugin;

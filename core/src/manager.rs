@@ -338,11 +338,13 @@ impl State {
         let host = self.host_spec(worker, &endpoint, group_params)?;
         let (instances, info) =
             init_instances(module, worker, host, &params, group_params.instances.get())?;
-        let settings = resolve(&info, group_params, instances.len()).and_then(|settings| {
-            let wanted = demand(&info, &settings, instances.len());
-            self.within_limits(&endpoint, wanted, wanted)?;
-            Ok(settings)
-        });
+        let asynchronous = instances.iter().any(|i| i.is_async());
+        let settings =
+            resolve(&info, group_params, instances.len(), asynchronous).and_then(|settings| {
+                let wanted = demand(&info, &settings, instances.len());
+                self.within_limits(&endpoint, wanted, wanted)?;
+                Ok(settings)
+            });
         let settings = match settings {
             Ok(settings) => settings,
             Err(e) => {

@@ -60,6 +60,9 @@ pub struct Metrics {
     pending: Family<ModelLabels, Gauge>,
     pool_in_use: Family<ModelLabels, Gauge>,
     pool_size: Family<ModelLabels, Gauge>,
+    pool_in_use_max: Family<ModelLabels, Gauge>,
+    outstanding: Family<ModelLabels, Gauge>,
+    outstanding_max: Family<ModelLabels, Gauge>,
     instances: Family<ModelLabels, Gauge>,
     sequences: Family<ModelLabels, Gauge>,
     sequence_backlog: Family<ModelLabels, Gauge>,
@@ -86,6 +89,12 @@ pub struct ModelMetrics {
     pub pending: Gauge,
     pub pool_in_use: Gauge,
     pub pool_size: Gauge,
+    /// The most buffer sets in flight at once since the load.
+    pub pool_in_use_max: Gauge,
+    /// Batches submitted to the asynchronous instances and not yet completed.
+    pub outstanding: Gauge,
+    /// The most batches outstanding at once since the load.
+    pub outstanding_max: Gauge,
     pub instances: Gauge,
     /// Live sequences (sequence batcher).
     pub sequences: Gauge,
@@ -118,6 +127,9 @@ impl Metrics {
             pending: Family::default(),
             pool_in_use: Family::default(),
             pool_size: Family::default(),
+            pool_in_use_max: Family::default(),
+            outstanding: Family::default(),
+            outstanding_max: Family::default(),
             instances: Family::default(),
             sequences: Family::default(),
             sequence_backlog: Family::default(),
@@ -163,6 +175,21 @@ impl Metrics {
                 "kiln_buffer_pool_size",
                 "Buffer sets in the pool: the bound on batches in flight",
                 metrics.pool_size.clone(),
+            );
+            r.register(
+                "kiln_buffer_pool_in_use_max",
+                "The most buffer sets in flight at once since the model was loaded (asynchronous workers)",
+                metrics.pool_in_use_max.clone(),
+            );
+            r.register(
+                "kiln_outstanding_batches",
+                "Batches submitted to an asynchronous worker and not yet completed",
+                metrics.outstanding.clone(),
+            );
+            r.register(
+                "kiln_outstanding_batches_max",
+                "The most batches outstanding at once since the model was loaded",
+                metrics.outstanding_max.clone(),
             );
             r.register(
                 "kiln_worker_instances",
@@ -234,6 +261,9 @@ impl Metrics {
             pending: self.pending.get_or_create_owned(&m),
             pool_in_use: self.pool_in_use.get_or_create_owned(&m),
             pool_size: self.pool_size.get_or_create_owned(&m),
+            pool_in_use_max: self.pool_in_use_max.get_or_create_owned(&m),
+            outstanding: self.outstanding.get_or_create_owned(&m),
+            outstanding_max: self.outstanding_max.get_or_create_owned(&m),
             instances: self.instances.get_or_create_owned(&m),
             sequences: self.sequences.get_or_create_owned(&m),
             sequence_backlog: self.sequence_backlog.get_or_create_owned(&m),
@@ -271,6 +301,9 @@ impl Metrics {
             &self.pending,
             &self.pool_in_use,
             &self.pool_size,
+            &self.pool_in_use_max,
+            &self.outstanding,
+            &self.outstanding_max,
             &self.instances,
             &self.sequences,
             &self.sequence_backlog,

@@ -28,6 +28,8 @@ pub struct GroupParams {
     pub instances: NonZeroUsize,
     /// Buffer sets in the pool: the bound on batches in flight.
     pub max_buffers: Option<NonZeroUsize>,
+    /// Batches an asynchronous worker instance may have submitted at once.
+    pub max_outstanding: Option<NonZeroUsize>,
     /// `false`: load another instance into an existing group with these parameters.
     pub share: bool,
     /// Overrides the worker's preferred batcher.
@@ -55,6 +57,7 @@ pub struct LoadParams {
     batchers: Option<i64>,
     instances: Option<i64>,
     max_buffers: Option<i64>,
+    max_outstanding: Option<i64>,
     queue_size: Option<i64>,
     share: Option<bool>,
     isolation: Option<IsolationName>,
@@ -312,6 +315,7 @@ impl LoadParams {
             batchers: counted("batchers", self.batchers, 64)?.unwrap_or(NonZeroUsize::MIN),
             instances: counted("instances", self.instances, 256)?.unwrap_or(NonZeroUsize::MIN),
             max_buffers: counted("max_buffers", self.max_buffers, 4096)?,
+            max_outstanding: counted("max_outstanding", self.max_outstanding, 1024)?,
             share: self.share.unwrap_or(true),
             batcher: self.batcher.map(BatcherKind::from),
             queue_size: counted("queue_size", self.queue_size, 1 << 20)?.unwrap_or(nonzero(4096)),
@@ -515,6 +519,7 @@ const SERVER_PARAMETERS: &[&str] = &[
     "batchers",
     "instances",
     "max_buffers",
+    "max_outstanding",
     "queue_size",
     "share",
     "timeout",

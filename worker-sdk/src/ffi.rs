@@ -6,7 +6,6 @@
 // `#[sabi_trait]` expands to impls inside a const block.
 #![allow(non_local_definitions)]
 
-use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use abi_stable::library::RootModule;
@@ -16,12 +15,14 @@ use abi_stable::sabi_types::VersionStrings;
 use abi_stable::std_types::{RBox, RResult, RSlice, RString};
 use abi_stable::StableAbi;
 
+use crate::async_batch::{AsyncBatch, BatchCompletionBox};
 use crate::batch::{Batch, BatchFfi};
+pub use crate::error::panic_message;
 use crate::error::WorkerError;
 use crate::logging::{self, LogSink};
 use crate::spec::{ParamScope, ParamSpec};
 use crate::types::{Param, Params, WorkerInfo};
-use crate::worker::Worker;
+use crate::worker::{AsyncWorker, Worker};
 
 /// One worker instance as the host sees it. Every method returns an error value and
 /// never unwinds.
@@ -40,8 +41,14 @@ pub trait WorkerFfi: Send {
     /// See [`Worker::deallocate`].
     fn deallocate(&mut self) -> RResult<(), RString>;
     /// Drops the worker; the object may be dropped afterwards.
-    #[sabi(last_prefix_field)]
     fn destroy(&mut self);
+    /// Whether the worker is asynchronous: it takes batches through `submit`
+    /// (see [`AsyncWorker`]), not `run`.
+    fn is_async(&self) -> bool;
+    /// See [`AsyncWorker::submit`]. The batch is completed exactly once whatever
+    /// happens: an error returned here (a panic in `submit`) has already failed it.
+    #[sabi(last_prefix_field)]
+    fn submit(&mut self, batch: BatchCompletionBox) -> RResult<(), RString>;
 }
 
 /// An owned worker instance behind the boundary.
@@ -74,12 +81,108 @@ impl RootModule for WorkerModRef {
 /// own constant in a test).
 pub const ROOT_MODULE_SYMBOL: &str = "_1as_0lib_1header_0root_bmodule_bloader";
 
-/// Turns a [`Worker`] type into a [`WorkerFfi`] object.
-pub struct Adapter<W: Worker> {
+/// What the [`Adapter`] drives: a [`Worker`] ([`Synchronous`]) or an
+/// [`AsyncWorker`] ([`Asynchronous`]), seen alike.
+pub trait Plugin: Send + Sized + 'static {
+    /// The worker's parameter declarations.
+    const PARAMETERS: &'static [ParamSpec];
+    /// Whether batches go through `submit` (asynchronous) or `run`.
+    const ASYNC: bool;
+    /// See [`Worker::init`].
+    fn init(params: Params<'_>) -> Result<Self, WorkerError>;
+    /// See [`Worker::info`].
+    fn info(&self) -> WorkerInfo;
+    /// See [`Worker::allocate`].
+    fn allocate(&mut self, batch_size: usize) -> Result<(), WorkerError>;
+    /// See [`Worker::acquire`].
+    fn acquire(&mut self) -> Result<(), WorkerError>;
+    /// See [`Worker::run`] (an error for an asynchronous worker).
+    fn run(&mut self, batch: &mut Batch<'_, '_>) -> Result<(), WorkerError>;
+    /// See [`AsyncWorker::submit`] (a synchronous worker fails the batch).
+    fn submit(&mut self, batch: AsyncBatch) -> Result<(), WorkerError>;
+    /// See [`Worker::release`].
+    fn release(&mut self) -> Result<(), WorkerError>;
+    /// See [`Worker::deallocate`].
+    fn deallocate(&mut self) -> Result<(), WorkerError>;
+}
+
+/// A [`Worker`] as a [`Plugin`].
+pub struct Synchronous<W>(W);
+
+/// An [`AsyncWorker`] as a [`Plugin`].
+pub struct Asynchronous<W>(W);
+
+impl<W: Worker> Plugin for Synchronous<W> {
+    const PARAMETERS: &'static [ParamSpec] = W::PARAMETERS;
+    const ASYNC: bool = false;
+    fn init(params: Params<'_>) -> Result<Self, WorkerError> {
+        W::init(params).map(Synchronous)
+    }
+    fn info(&self) -> WorkerInfo {
+        self.0.info()
+    }
+    fn allocate(&mut self, batch_size: usize) -> Result<(), WorkerError> {
+        self.0.allocate(batch_size)
+    }
+    fn acquire(&mut self) -> Result<(), WorkerError> {
+        self.0.acquire()
+    }
+    #[inline]
+    fn run(&mut self, batch: &mut Batch<'_, '_>) -> Result<(), WorkerError> {
+        self.0.run(batch)
+    }
+    fn submit(&mut self, batch: AsyncBatch) -> Result<(), WorkerError> {
+        batch.complete(Err(WorkerError::new(
+            "a synchronous worker takes batches through run, not submit",
+        )));
+        Ok(())
+    }
+    fn release(&mut self) -> Result<(), WorkerError> {
+        self.0.release()
+    }
+    fn deallocate(&mut self) -> Result<(), WorkerError> {
+        self.0.deallocate()
+    }
+}
+
+impl<W: AsyncWorker> Plugin for Asynchronous<W> {
+    const PARAMETERS: &'static [ParamSpec] = W::PARAMETERS;
+    const ASYNC: bool = true;
+    fn init(params: Params<'_>) -> Result<Self, WorkerError> {
+        W::init(params).map(Asynchronous)
+    }
+    fn info(&self) -> WorkerInfo {
+        self.0.info()
+    }
+    fn allocate(&mut self, batch_size: usize) -> Result<(), WorkerError> {
+        self.0.allocate(batch_size)
+    }
+    fn acquire(&mut self) -> Result<(), WorkerError> {
+        self.0.acquire()
+    }
+    fn run(&mut self, _batch: &mut Batch<'_, '_>) -> Result<(), WorkerError> {
+        Err(WorkerError::new(
+            "an asynchronous worker takes batches through submit, not run",
+        ))
+    }
+    fn submit(&mut self, batch: AsyncBatch) -> Result<(), WorkerError> {
+        self.0.submit(batch);
+        Ok(())
+    }
+    fn release(&mut self) -> Result<(), WorkerError> {
+        self.0.release()
+    }
+    fn deallocate(&mut self) -> Result<(), WorkerError> {
+        self.0.deallocate()
+    }
+}
+
+/// Turns a [`Plugin`] type into a [`WorkerFfi`] object.
+pub struct Adapter<W: Plugin> {
     worker: Option<W>,
 }
 
-impl<W: Worker> Adapter<W> {
+impl<W: Plugin> Adapter<W> {
     /// An adapter with no worker yet (`init` creates it).
     pub fn new() -> Self {
         Adapter { worker: None }
@@ -97,7 +200,7 @@ impl<W: Worker> Adapter<W> {
     }
 }
 
-impl<W: Worker> Default for Adapter<W> {
+impl<W: Plugin> Default for Adapter<W> {
     fn default() -> Self {
         Self::new()
     }
@@ -114,18 +217,7 @@ fn guard<T>(f: impl FnOnce() -> Result<T, WorkerError>) -> RResult<T, RString> {
     }
 }
 
-/// The text of a panic payload.
-pub fn panic_message(payload: &(dyn Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-text panic payload".to_owned()
-    }
-}
-
-impl<W: Worker> WorkerFfi for Adapter<W> {
+impl<W: Plugin> WorkerFfi for Adapter<W> {
     fn init(&mut self, params: RSlice<'_, Param>) -> RResult<WorkerInfo, RString> {
         guard(|| {
             let params = Params(params.as_slice());
@@ -167,15 +259,40 @@ impl<W: Worker> WorkerFfi for Adapter<W> {
         // A panicking Drop must not unwind into the host either.
         let _ = catch_unwind(AssertUnwindSafe(move || drop(worker)));
     }
+
+    fn is_async(&self) -> bool {
+        W::ASYNC
+    }
+
+    fn submit(&mut self, batch: BatchCompletionBox) -> RResult<(), RString> {
+        // Wrapped first: should anything below panic, the handle's drop fails the
+        // batch as the stack unwinds to the guard.
+        let batch = AsyncBatch::new(batch);
+        self.with_worker("submit", |w| w.submit(batch))
+    }
 }
 
 /// Creates an uninitialized instance of `W` behind the boundary.
 pub extern "C" fn new_worker<W: Worker>() -> WorkerBox {
-    WorkerFfi_TO::from_value(Adapter::<W>::new(), TD_Opaque)
+    new_plugin::<Synchronous<W>>()
+}
+
+/// Creates an uninitialized instance of the asynchronous worker `W`.
+pub extern "C" fn new_async_worker<W: AsyncWorker>() -> WorkerBox {
+    new_plugin::<Asynchronous<W>>()
+}
+
+fn new_plugin<P: Plugin>() -> WorkerBox {
+    WorkerFfi_TO::from_value(Adapter::<P>::new(), TD_Opaque)
 }
 
 /// The parameter declarations of `W` (exported through the root module).
 pub extern "C" fn parameters<W: Worker>() -> RSlice<'static, ParamSpec> {
+    RSlice::from_slice(W::PARAMETERS)
+}
+
+/// The parameter declarations of the asynchronous worker `W`.
+pub extern "C" fn async_parameters<W: AsyncWorker>() -> RSlice<'static, ParamSpec> {
     RSlice::from_slice(W::PARAMETERS)
 }
 
@@ -185,17 +302,28 @@ pub extern "C" fn set_logger(sink: LogSink) {
 }
 
 /// Exports a [`Worker`] type as a kiln plugin: `kiln_worker_sdk::export_worker!(MyWorker);`
-/// at the root of a `cdylib` crate.
+/// at the root of a `cdylib` crate; an [`AsyncWorker`] with
+/// `kiln_worker_sdk::export_worker!(async MyDevice);`.
 #[macro_export]
 macro_rules! export_worker {
+    (async $worker:ty) => {
+        $crate::export_worker!(@root
+            $crate::ffi::new_async_worker::<$worker>,
+            $crate::ffi::async_parameters::<$worker>);
+    };
     ($worker:ty) => {
+        $crate::export_worker!(@root
+            $crate::ffi::new_worker::<$worker>,
+            $crate::ffi::parameters::<$worker>);
+    };
+    (@root $new_worker:expr, $parameters:expr) => {
         /// The root module of this plugin.
         pub fn kiln_worker_root_module() -> $crate::WorkerModRef {
             use $crate::reexports::PrefixTypeTrait;
             $crate::WorkerMod {
                 set_logger: $crate::ffi::set_logger,
-                new_worker: $crate::ffi::new_worker::<$worker>,
-                parameters: $crate::ffi::parameters::<$worker>,
+                new_worker: $new_worker,
+                parameters: $parameters,
             }
             .leak_into_prefix()
         }

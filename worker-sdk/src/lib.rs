@@ -14,8 +14,13 @@
 //! export_worker!(Echo);
 //! ```
 //!
+//! A device that completes batches later (an FPGA's compute units, a callback API)
+//! implements [`AsyncWorker`] instead and is exported with
+//! `export_worker!(async MyDevice)`: see [`async_batch`].
+//!
 //! [`testing::Harness`] runs a worker in-process for unit tests.
 
+pub mod async_batch;
 pub mod batch;
 pub mod error;
 pub mod ffi;
@@ -25,6 +30,7 @@ pub mod testing;
 pub mod types;
 pub mod worker;
 
+pub use async_batch::{AsyncBatch, BatchCompletion, BatchCompletionBox, BatchCompletion_TO};
 pub use batch::{
     Batch, BatchFfi, Input, InputFfi, Output, OutputBuffer, OutputBufferRef, OutputBuffer_TO,
     OutputFfi, RequestFfi,
@@ -37,7 +43,7 @@ pub use types::{
     encode_bytes, params_from_pairs, tensor_byte_len, BatcherKind, DataType, Param, ParamValue,
     Params, Shape, TensorSpec, WorkerInfo, MAX_RANK,
 };
-pub use worker::Worker;
+pub use worker::{AsyncWorker, Worker};
 
 pub use abi_stable::sabi_trait::TD_Opaque;
 

@@ -1,5 +1,6 @@
 //! The trait a plugin author implements: plain Rust, free to panic (the SDK catches it).
 
+use crate::async_batch::AsyncBatch;
 use crate::batch::Batch;
 use crate::error::WorkerError;
 use crate::spec::ParamSpec;
@@ -43,6 +44,49 @@ pub trait Worker: Send + Sized + 'static {
     }
 
     /// Frees what `allocate` took.
+    fn deallocate(&mut self) -> Result<(), WorkerError> {
+        Ok(())
+    }
+}
+
+/// An asynchronous worker (a device driven through a thread-safe runner, such as an
+/// FPGA's compute units): `submit` takes a batch and returns at once; the worker
+/// completes the batch later, from any thread, through the [`AsyncBatch`] it was
+/// given. The server keeps at most `max_outstanding` batches (a load parameter)
+/// submitted to each instance, and the lifecycle steps are as [`Worker`]'s, on the
+/// instance's thread; `release` comes only after every submitted batch completed.
+pub trait AsyncWorker: Send + Sized + 'static {
+    /// See [`Worker::PARAMETERS`].
+    const PARAMETERS: &'static [ParamSpec] = &[];
+
+    /// See [`Worker::init`].
+    fn init(params: Params<'_>) -> Result<Self, WorkerError>;
+
+    /// See [`Worker::info`].
+    fn info(&self) -> WorkerInfo;
+
+    /// See [`Worker::allocate`].
+    fn allocate(&mut self, _batch_size: usize) -> Result<(), WorkerError> {
+        Ok(())
+    }
+
+    /// See [`Worker::acquire`].
+    fn acquire(&mut self) -> Result<(), WorkerError> {
+        Ok(())
+    }
+
+    /// Takes one batch and returns without waiting for it: the batch is the
+    /// worker's until it completes it ([`AsyncBatch::complete`] or
+    /// [`AsyncBatch::complete_with`]); dropping it fails the batch. A failed batch
+    /// fails only its own requests (no restart: other batches may be in flight).
+    fn submit(&mut self, batch: AsyncBatch);
+
+    /// See [`Worker::release`]. Called once no batch is in flight.
+    fn release(&mut self) -> Result<(), WorkerError> {
+        Ok(())
+    }
+
+    /// See [`Worker::deallocate`].
     fn deallocate(&mut self) -> Result<(), WorkerError> {
         Ok(())
     }

@@ -17,7 +17,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use kiln_worker_sdk::reexports::{ROption, RResult, RSlice, RString};
-use kiln_worker_sdk::{BatchFfi, Param, WorkerFfi, WorkerInfo};
+use kiln_worker_sdk::{BatchCompletionBox, BatchFfi, Param, WorkerFfi, WorkerInfo};
 use prometheus_client::metrics::counter::Counter;
 
 use super::arena::align;
@@ -345,6 +345,18 @@ impl WorkerFfi for ProcessWorker {
 
     fn destroy(&mut self) {
         self.stop();
+    }
+
+    /// The host process drives its plugin through `run` (an asynchronous
+    /// plugin's `run` answers each batch with an error saying so).
+    fn is_async(&self) -> bool {
+        false
+    }
+
+    fn submit(&mut self, mut batch: BatchCompletionBox) -> RResult<(), RString> {
+        let why = "asynchronous workers do not run in a worker host process";
+        batch.complete(RResult::RErr(why.into()));
+        RResult::RErr(why.into())
     }
 }
 

@@ -249,6 +249,7 @@ mod tests {
             timeout: Duration::from_millis(timeout_ms),
             batchers: 1,
             max_buffers: 5,
+            max_outstanding: None,
             queue_size: 4096,
             dynamic: kiln_batchers::dynamic::DynamicConfig::new(batch_size, Duration::ZERO),
             sequence: Default::default(),
