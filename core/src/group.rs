@@ -321,7 +321,12 @@ impl WorkerGroup {
 
     /// Validates `request` and queues it; the receiver yields its answer. A full
     /// queue refuses at once.
-    pub fn submit(&self, request: InferRequest) -> Result<oneshot::Receiver<crate::reply::Answer>> {
+    /// `trace`: the request span its batch's work is recorded under, if sampled.
+    pub fn submit(
+        &self,
+        request: InferRequest,
+        trace: Option<crate::trace::SpanIds>,
+    ) -> Result<oneshot::Receiver<crate::reply::Answer>> {
         let metrics = &self.context.metrics;
         // Move the fields out: `validate` needs only the tensors, the rest travels on.
         let InferRequest {
@@ -401,6 +406,7 @@ impl WorkerGroup {
                 tx: reply_tx,
                 id,
                 output_mask: valid.output_mask,
+                trace,
             },
         };
         metrics.pending.inc();

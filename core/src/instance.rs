@@ -116,6 +116,8 @@ pub fn run_instance(
             queue_ns = queue_ns.saturating_add(nanos(waited));
         }
         m.batch_size.observe(batch.len() as f64);
+        // Empty (no allocation) unless a member's trace is sampled.
+        let traced = Traced::of(&batch, started);
         let result = run_batch(&mut worker, &ctx.info, &mut batch);
         m.compute_seconds.observe(started.elapsed().as_secs_f64());
         ctx.record_compute(started.elapsed());
@@ -126,8 +128,13 @@ pub fn run_instance(
             Ok(ran)
         });
         match result {
-            Ok(ran) => answer(&ctx, batch, ran, queue_ns),
+            Ok(ran) => {
+                let stages = (ran.building, ran.built, ran.ran);
+                answer(&ctx, batch, ran, queue_ns);
+                traced.record(&ctx, Some(stages), None);
+            }
             Err(message) => {
+                traced.record(&ctx, None, Some(&message));
                 report_failed(&ctx, index, &batch);
                 spdlog::error!(
                     "model `{}`: batch of {} failed: {message}",
@@ -151,6 +158,54 @@ pub fn run_instance(
     }
     let _ = worker.deallocate();
     worker.destroy();
+}
+
+/// A batch's sampled requests (see [`crate::trace`]): usually none, and then
+/// nothing is allocated or recorded.
+struct Traced {
+    members: Vec<(crate::trace::SpanIds, Instant)>,
+    started: Instant,
+    requests: usize,
+    rows: usize,
+}
+
+impl Traced {
+    fn of(batch: &Batch<Reply>, started: Instant) -> Traced {
+        let members = batch
+            .members
+            .iter()
+            .filter_map(|m| m.reply.trace.map(|ids| (ids, m.arrived)))
+            .collect();
+        Traced {
+            members,
+            started,
+            requests: batch.len(),
+            rows: batch.rows,
+        }
+    }
+
+    /// The batch's span and its sampled requests' `queue`, `batch formation` and
+    /// `worker run` spans, once the batch is answered.
+    fn record(
+        self,
+        ctx: &InstanceContext,
+        stages: Option<(Instant, Instant, Instant)>,
+        error: Option<&str>,
+    ) {
+        if self.members.is_empty() {
+            return;
+        }
+        crate::trace::record_batch(crate::trace::BatchRecord {
+            model: &ctx.endpoint,
+            version: &ctx.version,
+            started: self.started,
+            stages,
+            requests: self.requests,
+            rows: self.rows,
+            error,
+            members: self.members,
+        });
+    }
 }
 
 /// Tells a stateful model's sequence batcher that `batch` is done, with each

@@ -24,6 +24,7 @@ pub const EXTENSIONS: &[&str] = &[
     "system_shared_memory",
     "kiln_workers",
     "kiln_metrics",
+    "trace",
 ];
 
 /// A model's platform: `kiln_<worker>`.

@@ -17,6 +17,7 @@ mod gather;
 mod routes;
 mod service;
 mod status;
+mod trace;
 
 use std::future::Future;
 use std::net::SocketAddr;

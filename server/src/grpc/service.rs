@@ -22,13 +22,14 @@ use super::proto::{
     ServerReadyRequest, ServerReadyResponse, SystemSharedMemoryRegisterRequest,
     SystemSharedMemoryRegisterResponse, SystemSharedMemoryStatusRequest,
     SystemSharedMemoryStatusResponse, SystemSharedMemoryUnregisterRequest,
-    SystemSharedMemoryUnregisterResponse,
+    SystemSharedMemoryUnregisterResponse, TraceSettingRequest, TraceSettingResponse,
 };
 use super::status::{status, triton_status};
 use crate::error::{Result, ServerError};
 use crate::group::WorkerGroup;
 use crate::serve;
 use crate::server::Server;
+use crate::trace::{Propagated, Trace};
 use crate::triton::{self, MetadataTensor, ModelConfig, ModelMetadata};
 
 /// Requests of one stream accepted and not yet answered; beyond this the stream is
@@ -63,6 +64,20 @@ async fn off_thread<T: Send + 'static>(
         .map_err(status)
 }
 
+/// The caller's W3C `traceparent` and `tracestate` (gRPC metadata).
+pub(crate) fn propagated(headers: &tonic::codegen::http::HeaderMap) -> Propagated {
+    let header = |name| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    Propagated {
+        traceparent: header("traceparent"),
+        tracestate: header("tracestate"),
+    }
+}
+
 /// `None` for the protocol's empty string ("any version", "every region").
 fn non_empty(v: &str) -> Option<&str> {
     (!v.is_empty()).then_some(v)
@@ -77,25 +92,39 @@ fn lookup(server: &Server, name: &str, v: &str) -> Result<Arc<WorkerGroup>, Stat
 pub(crate) struct Pending {
     id: String,
     answer: Result<(serve::Pending, ShmOutputs)>,
+    trace: Trace,
 }
 
 impl Pending {
     /// Decodes `request`, checks it against its model and queues it
     /// ([`crate::serve`]).
-    pub(crate) fn start(server: &Server, request: ModelInferRequest) -> Pending {
+    /// `trace` began when the call arrived ([`Trace::receive`]).
+    pub(crate) fn start(server: &Server, request: ModelInferRequest, mut trace: Trace) -> Pending {
         let id = request.id.clone();
         let answer = server
             .lookup(&request.model_name, non_empty(&request.model_version))
             .and_then(|group| {
-                serve::submit(&group, decode_request_shm(request, server.shared_memory()))
+                let decoded = decode_request_shm(request, server.shared_memory());
+                serve::submit(&group, decoded, &mut trace)
             });
-        Pending { id, answer }
+        Pending { id, answer, trace }
     }
 
-    /// Waits for the answer and encodes it.
+    /// Waits for the answer and encodes it; the request's trace ends here.
     pub(crate) async fn finish(self) -> Result<ModelInferResponse> {
-        let (pending, in_shm) = self.answer?;
-        encode_response_shm(pending.await?, &in_shm)
+        let Pending {
+            answer, mut trace, ..
+        } = self;
+        let encoded = match answer {
+            Ok((pending, in_shm)) => {
+                let response = pending.await;
+                trace.answered(response.as_ref().ok());
+                response.and_then(|r| encode_response_shm(r, &in_shm))
+            }
+            Err(e) => Err(e),
+        };
+        trace.finish(encoded.as_ref().err().map(|e| e as _));
+        encoded
     }
 
     /// The answer as a stream message: an error carries the request's id too.
@@ -190,7 +219,8 @@ impl GrpcInferenceService for KilnGrpc {
         &self,
         request: Request<ModelInferRequest>,
     ) -> Result<Response<ModelInferResponse>, Status> {
-        Pending::start(&self.server, request.into_inner())
+        let trace = Trace::receive(|| propagated(request.metadata().as_ref()));
+        Pending::start(&self.server, request.into_inner(), trace)
             .finish()
             .await
             .map(Response::new)
@@ -207,6 +237,7 @@ impl GrpcInferenceService for KilnGrpc {
         &self,
         request: Request<Streaming<ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        let propagated = propagated(request.metadata().as_ref());
         let mut inbound = request.into_inner();
         let (pending_tx, mut pending_rx) =
             mpsc::channel::<Result<Pending, Status>>(STREAM_IN_FLIGHT);
@@ -216,7 +247,11 @@ impl GrpcInferenceService for KilnGrpc {
             // Ends when the client closes its side or goes away.
             loop {
                 let next = match inbound.message().await {
-                    Ok(Some(request)) => Ok(Pending::start(&server, request)),
+                    Ok(Some(request)) => {
+                        // Every request of the stream joins the call's trace context.
+                        let trace = Trace::receive(|| propagated.clone());
+                        Ok(Pending::start(&server, request, trace))
+                    }
                     Ok(None) => break,
                     Err(e) => Err(triton_status(e)),
                 };
@@ -380,5 +415,12 @@ impl GrpcInferenceService for KilnGrpc {
             shm.unregister(&name);
         }
         Ok(Response::new(SystemSharedMemoryUnregisterResponse {}))
+    }
+
+    async fn trace_setting(
+        &self,
+        request: Request<TraceSettingRequest>,
+    ) -> Result<Response<TraceSettingResponse>, Status> {
+        super::trace::trace_setting(&self.server, request.into_inner()).map(Response::new)
     }
 }

@@ -14,6 +14,7 @@ mod peer;
 mod restricted;
 mod routes;
 mod shm;
+mod trace;
 mod triton;
 
 use std::net::SocketAddr;
