@@ -134,10 +134,11 @@ pub fn run_instance(
                 traced.record(&ctx, Some(stages), None);
             }
             Err(message) => {
+                let traces = traced.log_suffix();
                 traced.record(&ctx, None, Some(&message));
                 report_failed(&ctx, index, &batch);
                 spdlog::error!(
-                    "model `{}`: batch of {} failed: {message}",
+                    "model `{}`: batch of {} failed: {message}{traces}",
                     ctx.endpoint,
                     batch.len()
                 );
@@ -182,6 +183,20 @@ impl Traced {
             requests: batch.len(),
             rows: batch.rows,
         }
+    }
+
+    /// ` (trace_id ...)`: the traces of the batch's sampled requests, for a log
+    /// line about the batch (empty when none is sampled).
+    fn log_suffix(&self) -> String {
+        if self.members.is_empty() {
+            return String::new();
+        }
+        let ids: Vec<String> = self
+            .members
+            .iter()
+            .map(|(ids, _)| ids.trace_id.to_string())
+            .collect();
+        format!(" (trace_id {})", ids.join(", "))
     }
 
     /// The batch's span and its sampled requests' `queue`, `batch formation` and

@@ -21,6 +21,7 @@ const HTTP_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const HTTP_PARENT: &str = "00f067aa0ba902b7";
 const GRPC_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
 const GRPC_PARENT: &str = "b7ad6b7169203331";
+const FAILED_TRACE: &str = "5ab1a3b2c3d4e5f60718293a4b5c6d7e";
 
 /// Exports every 50 ms, so the test need not wait for the default 5 s.
 const ENV: &[(&str, &str)] = &[
@@ -160,6 +161,8 @@ async fn spans_of_http_and_grpc_requests_reach_the_otlp_receiver() {
         &[
             "--load",
             "echo:batch_size=8",
+            "--load",
+            "faulty",
             "--trace-otlp-endpoint",
             &receiver.url,
             "--trace-rate",
@@ -172,10 +175,21 @@ async fn spans_of_http_and_grpc_requests_reach_the_otlp_receiver() {
     infer_grpc(&kiln, Some(traceparent(GRPC_TRACE, GRPC_PARENT))).await;
     // A request that fails: its span says why.
     assert_eq!(infer_http(&kiln, "echo", "NOPE", &[]).await, 400);
+    // A batch that fails (faulty's -2): its span, and the log line, say so.
+    let failing = reqwest::Client::new()
+        .post(format!("{}/v2/models/faulty/infer", kiln.url))
+        .header("traceparent", traceparent(FAILED_TRACE, HTTP_PARENT))
+        .json(&json!({"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 1], "data": [-2]}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(failing.status(), 500);
+    let log = kiln.log_with(&format!("trace_id {FAILED_TRACE}"));
+    assert!(log.contains(&format!("(trace_id {FAILED_TRACE})")), "{log}");
     let spans = receiver
         .wait_for(Duration::from_secs(20), |spans| {
-            spans.iter().filter(|s| s.span.name == "batch").count() >= 2
-                && spans.iter().filter(|s| s.span.name == "infer").count() >= 3
+            spans.iter().filter(|s| s.span.name == "batch").count() >= 3
+                && spans.iter().filter(|s| s.span.name == "infer").count() >= 4
         })
         .await;
     for (trace, parent) in [(HTTP_TRACE, HTTP_PARENT), (GRPC_TRACE, GRPC_PARENT)] {
@@ -192,9 +206,20 @@ async fn spans_of_http_and_grpc_requests_reach_the_otlp_receiver() {
             .iter()
             .any(|l| l.span_id == batch.span.span_id));
     }
+    let infer = &named(&spans, FAILED_TRACE, "infer")[0];
+    assert_eq!(infer.attr("kiln.outcome").as_deref(), Some("error"));
+    let batch = batch_of(&spans, FAILED_TRACE, &infer.span.span_id);
+    assert_eq!(batch.attr("kiln.outcome").as_deref(), Some("error"));
+    assert!(batch.attr("error.message").is_some(), "{batch:#?}");
+    assert_eq!(named(&spans, FAILED_TRACE, "queue").len(), 1);
+    assert!(
+        named(&spans, FAILED_TRACE, "worker run").is_empty(),
+        "no run to time"
+    );
     let failed: Vec<_> = spans
         .iter()
         .filter(|s| s.span.name == "infer" && s.attr("kiln.outcome").as_deref() == Some("error"))
+        .filter(|s| hex(&s.span.trace_id) != FAILED_TRACE)
         .collect();
     assert_eq!(failed.len(), 1, "{spans:#?}");
     let error = failed[0].attr("error.message").unwrap();
