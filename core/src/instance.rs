@@ -117,8 +117,10 @@ pub fn run_instance(
         }
         m.batch_size.observe(batch.len() as f64);
         // Empty (no allocation) unless a member's trace is sampled.
-        let traced = Traced::of(&batch, started);
+        let mut traced = Traced::of(&batch, started);
+        traced.begin_worker();
         let result = run_batch(&mut worker, &ctx.info, &mut batch);
+        traced.end_worker();
         m.compute_seconds.observe(started.elapsed().as_secs_f64());
         ctx.record_compute(started.elapsed());
         // A stateful model's batcher hears of the new states before the clients
@@ -165,6 +167,7 @@ pub fn run_instance(
 /// nothing is allocated or recorded.
 struct Traced {
     members: Vec<(crate::trace::SpanIds, Instant)>,
+    worker: Vec<crate::trace::worker::WorkerRecord>,
     started: Instant,
     requests: usize,
     rows: usize,
@@ -179,9 +182,23 @@ impl Traced {
             .collect();
         Traced {
             members,
+            worker: Vec::new(),
             started,
             requests: batch.len(),
             rows: batch.rows,
+        }
+    }
+
+    /// While the worker runs a traced batch, its spans and events are collected.
+    fn begin_worker(&self) {
+        if !self.members.is_empty() {
+            crate::trace::worker::begin();
+        }
+    }
+
+    fn end_worker(&mut self) {
+        if !self.members.is_empty() {
+            self.worker = crate::trace::worker::end();
         }
     }
 
@@ -219,6 +236,7 @@ impl Traced {
             rows: self.rows,
             error,
             members: self.members,
+            worker: self.worker,
         });
     }
 }

@@ -216,10 +216,22 @@ async fn spans_of_http_and_grpc_requests_reach_the_otlp_receiver() {
         named(&spans, FAILED_TRACE, "worker run").is_empty(),
         "no run to time"
     );
+    // The worker's event (kiln_worker_sdk::trace::event) on the failed batch's span.
+    let event = batch
+        .span
+        .events
+        .iter()
+        .find(|e| e.name == "failing on purpose")
+        .unwrap_or_else(|| panic!("no worker event: {batch:#?}"));
+    assert_eq!(
+        kiln_tests::otlp::attributes(&event.attributes)["worker.value"],
+        "-2"
+    );
     let failed: Vec<_> = spans
         .iter()
         .filter(|s| s.span.name == "infer" && s.attr("kiln.outcome").as_deref() == Some("error"))
         .filter(|s| hex(&s.span.trace_id) != FAILED_TRACE)
+        .filter(|s| s.attr("error.message").is_some_and(|e| e.contains("NOPE")))
         .collect();
     assert_eq!(failed.len(), 1, "{spans:#?}");
     let error = failed[0].attr("error.message").unwrap();

@@ -20,6 +20,7 @@ use crate::batch::{Batch, BatchFfi};
 use crate::error::WorkerError;
 use crate::logging::{self, LogSink};
 use crate::spec::{ParamScope, ParamSpec};
+use crate::trace::{self, TraceSink};
 use crate::types::{Param, Params, WorkerInfo};
 use crate::worker::Worker;
 
@@ -61,6 +62,8 @@ pub struct WorkerMod {
     /// host reads before any `init`.
     #[sabi(last_prefix_field)]
     pub parameters: extern "C" fn() -> RSlice<'static, ParamSpec>,
+    /// Installs the host's tracing callbacks ([`crate::trace`]).
+    pub set_tracer: extern "C" fn(TraceSink),
 }
 
 impl RootModule for WorkerModRef {
@@ -184,6 +187,11 @@ pub extern "C" fn set_logger(sink: LogSink) {
     let _ = catch_unwind(|| logging::install(sink));
 }
 
+/// Installs the host's tracing callbacks (exported through the root module).
+pub extern "C" fn set_tracer(sink: TraceSink) {
+    let _ = catch_unwind(|| trace::install(sink));
+}
+
 /// Exports a [`Worker`] type as a kiln plugin: `kiln_worker_sdk::export_worker!(MyWorker);`
 /// at the root of a `cdylib` crate.
 #[macro_export]
@@ -196,6 +204,7 @@ macro_rules! export_worker {
                 set_logger: $crate::ffi::set_logger,
                 new_worker: $crate::ffi::new_worker::<$worker>,
                 parameters: $crate::ffi::parameters::<$worker>,
+                set_tracer: $crate::ffi::set_tracer,
             }
             .leak_into_prefix()
         }

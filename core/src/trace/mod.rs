@@ -22,6 +22,7 @@ pub mod context;
 pub mod export;
 pub mod settings;
 pub(crate) mod spans;
+pub mod worker;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
@@ -34,6 +35,7 @@ use parking_lot::RwLock;
 pub use context::Propagated;
 pub use export::{OtlpConfig, Protocol};
 pub use settings::{SettingMap, SettingValue, TraceConfig, Update};
+pub use worker::plugin_trace_sink;
 
 use crate::error::Result;
 use crate::infer::{InferRequest, InferResponse};

@@ -149,6 +149,8 @@ pub(crate) struct BatchRecord<'a> {
     pub(crate) error: Option<&'a str>,
     /// The sampled requests: their span, and when each was queued.
     pub(crate) members: Vec<(SpanIds, Instant)>,
+    /// What the worker recorded while it ran the batch.
+    pub(crate) worker: Vec<super::worker::WorkerRecord>,
 }
 
 /// The batch's span (its own trace, linked to each sampled request's span) and,
@@ -186,8 +188,15 @@ pub(crate) fn record_batch(b: BatchRecord<'_>) {
         .iter()
         .map(|(ids, _)| Link::with_context(local(*ids)))
         .collect();
+    let (worker_spans, events): (Vec<_>, Vec<_>) =
+        b.worker.into_iter().partition(|r| r.end.is_some());
+    let events = events
+        .into_iter()
+        .map(|e| opentelemetry::trace::Event::new(e.name, e.start, e.attributes, 0))
+        .collect();
     let batch = tracer
         .span_builder("batch")
+        .with_events(events)
         .with_kind(SpanKind::Internal)
         .with_trace_id(batch_ids.trace_id)
         .with_span_id(batch_ids.span_id)
@@ -197,6 +206,17 @@ pub(crate) fn record_batch(b: BatchRecord<'_>) {
             opentelemetry::trace::Status::error(e.to_owned())
         }));
     emit(tracer, batch, &Context::new(), &clock, (b.started, clock.1));
+    let in_batch = parent_context(local(batch_ids));
+    for record in worker_spans {
+        use opentelemetry::trace::Span as _;
+        let mut span = tracer
+            .span_builder(record.name)
+            .with_kind(SpanKind::Internal)
+            .with_start_time(record.start)
+            .with_attributes(record.attributes)
+            .start_with_context(tracer, &in_batch);
+        span.end_with_timestamp(record.end.unwrap_or(record.start));
+    }
     let to_batch = || vec![Link::with_context(local(batch_ids))];
     for (ids, arrived) in &b.members {
         let own = parent_context(local(*ids));

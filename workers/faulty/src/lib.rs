@@ -74,6 +74,8 @@ impl Worker for Faulty {
             panic!("faulty worker saw -1");
         }
         if values.contains(&-2) {
+            // An event of the worker's on the batch's span (when it is traced).
+            kiln_worker_sdk::trace::event("failing on purpose", &[("value", "-2")]);
             return Err("faulty worker saw -2".into());
         }
         if values.contains(&-3) {
