@@ -3,6 +3,7 @@
 //! on a loopback port, keeping every span it is sent.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -49,8 +50,13 @@ fn text(v: &AnyValue) -> Option<String> {
     })
 }
 
+/// The spans kept (unless only counting) and how many came.
 #[derive(Clone, Default)]
-struct Sink(Arc<Mutex<Vec<Received>>>);
+struct Sink {
+    spans: Arc<Mutex<Vec<Received>>>,
+    count: Arc<AtomicU64>,
+    count_only: bool,
+}
 
 #[tonic::async_trait]
 impl TraceService for Sink {
@@ -58,8 +64,21 @@ impl TraceService for Sink {
         &self,
         request: Request<ExportTraceServiceRequest>,
     ) -> Result<Response<ExportTraceServiceResponse>, Status> {
-        let mut spans = self.0.lock().unwrap();
-        for rs in request.into_inner().resource_spans {
+        let request = request.into_inner();
+        let n: usize = request
+            .resource_spans
+            .iter()
+            .flat_map(|rs| &rs.scope_spans)
+            .map(|ss| ss.spans.len())
+            .sum();
+        self.count.fetch_add(n as u64, Ordering::Relaxed);
+        if self.count_only {
+            return Ok(Response::new(ExportTraceServiceResponse {
+                partial_success: None,
+            }));
+        }
+        let mut spans = self.spans.lock().unwrap();
+        for rs in request.resource_spans {
             let resource = rs
                 .resource
                 .map(|r| attributes(&r.attributes))
@@ -90,9 +109,22 @@ pub struct OtlpReceiver {
 impl OtlpReceiver {
     /// Listens on a free loopback port (call inside a tokio runtime).
     pub async fn start() -> OtlpReceiver {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        OtlpReceiver::listen("127.0.0.1:0", false).await
+    }
+
+    /// A receiver on `addr` that keeps no span, only counts them (for benchmarks:
+    /// `otlp-sink`).
+    pub async fn counting(addr: &str) -> OtlpReceiver {
+        OtlpReceiver::listen(addr, true).await
+    }
+
+    async fn listen(addr: &str, count_only: bool) -> OtlpReceiver {
+        let listener = TcpListener::bind(addr).await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let sink = Sink::default();
+        let sink = Sink {
+            count_only,
+            ..Sink::default()
+        };
         let service = TraceServiceServer::new(sink.clone());
         let task = tokio::spawn(async move {
             tonic::transport::Server::builder()
@@ -104,9 +136,14 @@ impl OtlpReceiver {
         OtlpReceiver { url, sink, task }
     }
 
-    /// Every span received so far.
+    /// Every span received so far (none when only counting).
     pub fn spans(&self) -> Vec<Received> {
-        self.sink.0.lock().unwrap().clone()
+        self.sink.spans.lock().unwrap().clone()
+    }
+
+    /// How many spans were received.
+    pub fn count(&self) -> u64 {
+        self.sink.count.load(Ordering::Relaxed)
     }
 
     /// Waits (up to `within`) until `done` holds for the spans received; returns
