@@ -65,40 +65,48 @@ fn now() -> u64 {
 #[must_use = "a span ends when dropped"]
 pub struct Span {
     /// `None` while the batch is not traced: nothing is kept.
-    open: Option<(String, u64, Vec<(String, String)>)>,
+    open: Option<Open>,
+}
+
+/// A traced span's name, start (ns since the epoch) and attributes.
+struct Open {
+    name: String,
+    start: u64,
+    attributes: Vec<(String, String)>,
 }
 
 /// Starts a span named `name` under the running batch's span.
 pub fn span(name: &str) -> Span {
     Span {
-        open: enabled().then(|| (name.to_owned(), now(), Vec::new())),
+        open: enabled().then(|| Open {
+            name: name.to_owned(),
+            start: now(),
+            attributes: Vec::new(),
+        }),
     }
 }
 
 impl Span {
     /// Adds an attribute (kept only while traced).
     pub fn attribute(&mut self, key: &str, value: impl Display) {
-        if let Some((_, _, attributes)) = &mut self.open {
-            attributes.push((key.to_owned(), value.to_string()));
+        if let Some(open) = &mut self.open {
+            open.attributes.push((key.to_owned(), value.to_string()));
         }
     }
 }
 
 impl Drop for Span {
     fn drop(&mut self) {
-        let (Some((name, start, attributes)), Some(sink)) = (self.open.take(), SINK.get()) else {
+        let (Some(open), Some(sink)) = (self.open.take(), SINK.get()) else {
             return;
         };
-        let attributes: Vec<AttributeFfi<'_>> = attributes
+        let attributes: Vec<AttributeFfi<'_>> = open
+            .attributes
             .iter()
             .map(|(k, v)| Tuple2(k.as_str().into(), v.as_str().into()))
             .collect();
-        (sink.span)(
-            name.as_str().into(),
-            start,
-            now(),
-            attributes.as_slice().into(),
-        );
+        let name = open.name.as_str().into();
+        (sink.span)(name, open.start, now(), attributes.as_slice().into());
     }
 }
 

@@ -24,8 +24,8 @@ pub fn parent(propagated: &Propagated) -> Option<SpanContext> {
         return None;
     }
     u8::from_str_radix(version, 16).ok()?;
-    let trace_id = hex_id::<16>(trace_id).map(|b| TraceId::from_bytes(b))?;
-    let span_id = hex_id::<8>(span_id).map(|b| SpanId::from_bytes(b))?;
+    let trace_id = hex_id::<16>(trace_id).map(TraceId::from_bytes)?;
+    let span_id = hex_id::<8>(span_id).map(SpanId::from_bytes)?;
     if trace_id == TraceId::INVALID || span_id == SpanId::INVALID || flags.len() != 2 {
         return None;
     }

@@ -116,7 +116,9 @@ pub struct Trace(State);
 enum State {
     #[default]
     Off,
-    Received(Box<(Instant, Propagated)>),
+    /// Not boxed: a request that is not sampled allocates nothing (but the
+    /// headers it carries).
+    Received(Instant, Propagated),
     Sampled(Box<spans::Request>),
 }
 
@@ -128,7 +130,7 @@ impl Trace {
         if !ENABLED.load(Ordering::Relaxed) {
             return Trace(State::Off);
         }
-        Trace(State::Received(Box::new((Instant::now(), headers()))))
+        Trace(State::Received(Instant::now(), headers()))
     }
 
     /// Samples the request at admission into `model` (`version`), decoded as
@@ -140,14 +142,13 @@ impl Trace {
         version: &str,
         request: Option<&InferRequest>,
     ) -> Option<SpanIds> {
-        let State::Received(received) = std::mem::take(&mut self.0) else {
+        let State::Received(received, propagated) = std::mem::take(&mut self.0) else {
             return None;
         };
         let tracer = &EXPORTING.get()?.tracer;
         if !table().read().effective(model).sample() {
             return None;
         }
-        let (received, propagated) = *received;
         let parent = context::parent(&propagated);
         let ids = SpanIds {
             trace_id: parent.as_ref().map_or_else(

@@ -195,9 +195,13 @@ mod tests {
 
     #[test]
     fn methods_and_categories() {
-        assert_eq!(Action::Infer.method(), Method::POST);
+        assert!(Action::Infer.allows(&Method::POST) && !Action::Infer.allows(&Method::GET));
         assert_eq!(Action::Infer.category(), Category::Inference);
-        assert_eq!(Action::Ready.method(), Method::GET);
+        assert!(Action::Ready.allows(&Method::GET) && !Action::Ready.allows(&Method::POST));
+        assert!(Action::TraceSetting.allows(&Method::GET));
+        assert!(Action::TraceSetting.allows(&Method::POST));
+        assert!(!Action::TraceSetting.allows(&Method::PUT));
+        assert_eq!(Action::TraceSetting.category(), Category::Trace);
         assert_eq!(Action::Ready.category(), Category::Health);
         assert_eq!(Action::Stats.category(), Category::Statistics);
         assert_eq!(Action::Config.category(), Category::ModelConfig);

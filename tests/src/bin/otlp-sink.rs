@@ -9,7 +9,9 @@ use tokio::signal::unix::{signal, SignalKind};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 1)]
 async fn main() {
-    let addr = std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:0".into());
+    let addr = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "127.0.0.1:0".into());
     let receiver = OtlpReceiver::counting(&addr).await;
     println!("otlp-sink: listening on {}", receiver.url);
     let (mut int, mut term) = (
