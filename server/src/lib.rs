@@ -9,4 +9,5 @@ pub use kiln_core::*;
 
 pub mod grpc;
 pub mod http;
+pub mod otlp;
 pub mod tls;

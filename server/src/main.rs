@@ -158,7 +158,8 @@ impl TraceArgs {
     /// Sets up tracing: the operator's settings, and the exporter when an
     /// endpoint is given.
     fn configure(&self) -> anyhow::Result<()> {
-        use kiln_server::trace::{self, OtlpConfig, Protocol, TraceConfig, Update};
+        use kiln_server::otlp::{OtlpConfig, Protocol};
+        use kiln_server::trace::{self, TraceConfig, Update};
         let mut config = TraceConfig {
             rate: self.trace_rate.unwrap_or(TraceConfig::default().rate),
             count: self.trace_count,
@@ -196,8 +197,9 @@ impl TraceArgs {
                 })
             }
         };
-        trace::configure(config, otlp.as_ref()).context("cannot set up tracing")?;
+        trace::configure(config);
         if let Some(otlp) = &otlp {
+            kiln_server::otlp::start(otlp).context("cannot set up the OTLP exporter")?;
             spdlog::info!(
                 "tracing: OTLP {:?} to {}, level {}, every {} request(s)",
                 otlp.protocol,

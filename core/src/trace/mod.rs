@@ -19,7 +19,7 @@
 //! Settings and the exporter are the process's, as OpenTelemetry's provider is.
 
 pub mod context;
-pub mod export;
+mod export;
 pub mod settings;
 pub(crate) mod spans;
 pub mod worker;
@@ -33,7 +33,6 @@ use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
 use parking_lot::RwLock;
 
 pub use context::Propagated;
-pub use export::{OtlpConfig, Protocol};
 pub use settings::{SettingMap, SettingValue, TraceConfig, Update};
 pub use worker::plugin_trace_sink;
 
@@ -58,17 +57,22 @@ fn refresh() {
 }
 
 /// Sets the operator's settings (`--trace-level`, `--trace-rate`,
-/// `--trace-count`) and, with `otlp`, starts exporting. Once per process, before
-/// serving.
-pub fn configure(config: TraceConfig, otlp: Option<&OtlpConfig>) -> Result<()> {
+/// `--trace-count`). Before serving.
+pub fn configure(config: TraceConfig) {
     *table().write() = Table::new(config);
-    if let Some(otlp) = otlp {
-        let exporting = Exporting::start(otlp)?;
-        if EXPORTING.set(exporting).is_err() {
-            return Err(crate::ServerError::Internal(
-                "the trace exporter is already configured".into(),
-            ));
-        }
+    refresh();
+}
+
+/// Exports spans through `exporter` (kiln-server's OTLP exporter; the core has
+/// no transport): until this is called nothing is traced. Once per process.
+pub fn export<E>(exporter: E) -> Result<()>
+where
+    E: opentelemetry_sdk::trace::SpanExporter + 'static,
+{
+    if EXPORTING.set(Exporting::start(exporter)).is_err() {
+        return Err(crate::ServerError::Internal(
+            "the trace exporter is already configured".into(),
+        ));
     }
     refresh();
     Ok(())
