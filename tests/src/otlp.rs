@@ -118,6 +118,27 @@ impl OtlpReceiver {
         OtlpReceiver::listen(addr, true).await
     }
 
+    /// A receiver speaking OTLP/HTTP with protobuf bodies instead (`POST
+    /// /v1/traces`, HTTP/1.1), on a free loopback port.
+    pub async fn start_http() -> OtlpReceiver {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let sink = Sink::default();
+        let serving = sink.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let sink = serving.clone();
+                tokio::spawn(async move {
+                    let _ = serve_http(stream, sink).await;
+                });
+            }
+        });
+        OtlpReceiver { url, sink, task }
+    }
+
     async fn listen(addr: &str, count_only: bool) -> OtlpReceiver {
         let listener = TcpListener::bind(addr).await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -161,6 +182,67 @@ impl OtlpReceiver {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+/// One OTLP/HTTP connection: each request's protobuf body is an
+/// `ExportTraceServiceRequest`, answered 200 with an empty response message; a
+/// path other than `/v1/traces` is 404.
+async fn serve_http(mut stream: tokio::net::TcpStream, sink: Sink) -> std::io::Result<()> {
+    use prost::Message;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buffer = Vec::new();
+    loop {
+        let end = loop {
+            if let Some(i) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let mut chunk = [0u8; 4096];
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 {
+                return Ok(());
+            }
+            buffer.extend_from_slice(&chunk[..n]);
+        };
+        let head = String::from_utf8_lossy(&buffer[..end]).to_string();
+        let length: usize = head
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.trim()
+                    .eq_ignore_ascii_case("content-length")
+                    .then(|| v.trim().parse().ok())?
+            })
+            .unwrap_or(0);
+        while buffer.len() < end + length {
+            let mut chunk = [0u8; 4096];
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 {
+                return Ok(());
+            }
+            buffer.extend_from_slice(&chunk[..n]);
+        }
+        let body: Vec<u8> = buffer.drain(..end + length).skip(end).collect();
+        let status = if head.starts_with("POST /v1/traces ") {
+            let request = ExportTraceServiceRequest::decode(body.as_slice())
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            sink.export(Request::new(request))
+                .await
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            "200 OK"
+        } else {
+            "404 Not Found"
+        };
+        let answer = ExportTraceServiceResponse {
+            partial_success: None,
+        }
+        .encode_to_vec();
+        let head = format!(
+            "HTTP/1.1 {status}\r\ncontent-type: application/x-protobuf\r\ncontent-length: {}\r\n\r\n",
+            answer.len()
+        );
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(&answer).await?;
     }
 }
 

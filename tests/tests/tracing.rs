@@ -248,6 +248,35 @@ async fn spans_of_http_and_grpc_requests_reach_the_otlp_receiver() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_an_otlp_http_receiver() {
+    let receiver = OtlpReceiver::start_http().await;
+    // The protocol named as OTEL_EXPORTER_OTLP_PROTOCOL names it; the URL has no
+    // path, so /v1/traces is added.
+    let env = [ENV, &[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")]].concat();
+    let kiln = Kiln::start_with_env(
+        &[
+            "--load",
+            "echo",
+            "--trace-otlp-endpoint",
+            &receiver.url,
+            "--trace-rate",
+            "1",
+        ],
+        &env,
+    );
+    let http = [("traceparent", traceparent(HTTP_TRACE, HTTP_PARENT))];
+    assert_eq!(infer_http(&kiln, "echo", "INPUT0", &http).await, 200);
+    let spans = receiver
+        .wait_for(Duration::from_secs(20), |spans| {
+            spans.iter().any(|s| s.span.name == "batch")
+                && !named(spans, HTTP_TRACE, "infer").is_empty()
+        })
+        .await;
+    let id = check_request_trace(&spans, HTTP_TRACE, HTTP_PARENT, "echo");
+    batch_of(&spans, HTTP_TRACE, &id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_is_exported_while_sampling_is_off_and_the_trace_extension_turns_it_on() {
     let receiver = OtlpReceiver::start().await;
     // An exporter, but Triton's default level OFF: nothing is traced.

@@ -41,8 +41,10 @@ impl Exporting {
 /// `OTEL_RESOURCE_ATTRIBUTES`), with `kiln` as the service when they name none.
 fn resource() -> Resource {
     let named = std::env::var("OTEL_SERVICE_NAME").is_ok_and(|v| !v.is_empty())
-        || std::env::var("OTEL_RESOURCE_ATTRIBUTES")
-            .is_ok_and(|v| v.split(',').any(|kv| kv.trim().starts_with("service.name=")));
+        || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|v| {
+            v.split(',')
+                .any(|kv| kv.trim().starts_with("service.name="))
+        });
     let builder = Resource::builder();
     if named {
         builder.build()
