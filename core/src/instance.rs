@@ -24,6 +24,7 @@ use crate::metrics::ModelMetrics;
 use crate::ordering::{send, Answers, OrderGate};
 use crate::reply::{AnswerModel, Answered, BatchOutputs, Reply, RunOutput, SequenceLink};
 use crate::stats::{nanos, BatchTiming, ModelStats};
+use crate::trace::BatchTrace;
 
 /// What every instance of a group shares.
 pub struct InstanceContext {
@@ -117,7 +118,12 @@ pub fn run_instance(
         }
         m.batch_size.observe(batch.len() as f64);
         // Empty (no allocation) unless a member's trace is sampled.
-        let mut traced = Traced::of(&batch, started);
+        let mut traced = BatchTrace::of(
+            batch.members.iter().map(|m| (m.reply.trace, m.arrived)),
+            started,
+            batch.len(),
+            batch.rows,
+        );
         traced.begin_worker();
         let result = run_batch(&mut worker, &ctx.info, &mut batch);
         traced.end_worker();
@@ -133,11 +139,11 @@ pub fn run_instance(
             Ok(ran) => {
                 let stages = (ran.building, ran.built, ran.ran);
                 answer(&ctx, batch, ran, queue_ns);
-                traced.record(&ctx, Some(stages), None);
+                traced.record(&ctx.endpoint, &ctx.version, Some(stages), None);
             }
             Err(message) => {
                 let traces = traced.log_suffix();
-                traced.record(&ctx, None, Some(&message));
+                traced.record(&ctx.endpoint, &ctx.version, None, Some(&message));
                 report_failed(&ctx, index, &batch);
                 spdlog::error!(
                     "model `{}`: batch of {} failed: {message}{traces}",
@@ -161,84 +167,6 @@ pub fn run_instance(
     }
     let _ = worker.deallocate();
     worker.destroy();
-}
-
-/// A batch's sampled requests (see [`crate::trace`]): usually none, and then
-/// nothing is allocated or recorded.
-struct Traced {
-    members: Vec<(crate::trace::SpanIds, Instant)>,
-    worker: Vec<crate::trace::worker::WorkerRecord>,
-    started: Instant,
-    requests: usize,
-    rows: usize,
-}
-
-impl Traced {
-    fn of(batch: &Batch<Reply>, started: Instant) -> Traced {
-        let members = batch
-            .members
-            .iter()
-            .filter_map(|m| m.reply.trace.map(|ids| (ids, m.arrived)))
-            .collect();
-        Traced {
-            members,
-            worker: Vec::new(),
-            started,
-            requests: batch.len(),
-            rows: batch.rows,
-        }
-    }
-
-    /// While the worker runs a traced batch, its spans and events are collected.
-    fn begin_worker(&self) {
-        if !self.members.is_empty() {
-            crate::trace::worker::begin();
-        }
-    }
-
-    fn end_worker(&mut self) {
-        if !self.members.is_empty() {
-            self.worker = crate::trace::worker::end();
-        }
-    }
-
-    /// ` (trace_id ...)`: the traces of the batch's sampled requests, for a log
-    /// line about the batch (empty when none is sampled).
-    fn log_suffix(&self) -> String {
-        if self.members.is_empty() {
-            return String::new();
-        }
-        let ids: Vec<String> = self
-            .members
-            .iter()
-            .map(|(ids, _)| ids.trace_id.to_string())
-            .collect();
-        format!(" (trace_id {})", ids.join(", "))
-    }
-
-    /// The batch's span and its sampled requests' `queue`, `batch formation` and
-    /// `worker run` spans, once the batch is answered.
-    fn record(
-        self,
-        ctx: &InstanceContext,
-        stages: Option<(Instant, Instant, Instant)>,
-        error: Option<&str>,
-    ) {
-        if self.members.is_empty() {
-            return;
-        }
-        crate::trace::record_batch(crate::trace::BatchRecord {
-            model: &ctx.endpoint,
-            version: &ctx.version,
-            started: self.started,
-            stages,
-            requests: self.requests,
-            rows: self.rows,
-            error,
-            members: self.members,
-            worker: self.worker,
-        });
-    }
 }
 
 /// Tells a stateful model's sequence batcher that `batch` is done, with each

@@ -18,6 +18,7 @@
 //!
 //! Settings and the exporter are the process's, as OpenTelemetry's provider is.
 
+mod batch;
 pub mod context;
 mod export;
 pub mod settings;
@@ -217,4 +218,4 @@ impl Drop for Trace {
     }
 }
 
-pub(crate) use spans::{record_batch, BatchRecord};
+pub(crate) use batch::BatchTrace;
