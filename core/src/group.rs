@@ -340,14 +340,16 @@ impl WorkerGroup {
 
     /// Validates `request` and queues it; the receiver yields its answer. A full
     /// queue refuses at once.
+    /// `trace`: the request span its batch's work is recorded under, if sampled.
     pub fn submit(
         &self,
         mut request: InferRequest,
+        trace: Option<crate::trace::SpanIds>,
     ) -> Result<oneshot::Receiver<crate::reply::Answer>> {
         let mut log = RequestLog {
             id: request.id.take(),
         };
-        self.admit(request, &mut log).inspect_err(|e| {
+        self.admit(request, &mut log, trace).inspect_err(|e| {
             crate::request_log::failed(&log, &self.endpoint, e);
         })
     }
@@ -357,6 +359,7 @@ impl WorkerGroup {
         &self,
         request: InferRequest,
         log: &mut RequestLog,
+        trace: Option<crate::trace::SpanIds>,
     ) -> Result<oneshot::Receiver<crate::reply::Answer>> {
         let metrics = &self.context.metrics;
         // Move the fields out: `validate` needs only the tensors, the rest travels on.
@@ -436,6 +439,7 @@ impl WorkerGroup {
                 tx: reply_tx,
                 log: std::mem::take(log),
                 output_mask: valid.output_mask,
+                trace,
             },
         };
         metrics.pending.inc();

@@ -26,6 +26,7 @@ use crate::ordering::{send, Answers, OrderGate};
 use crate::reply::{AnswerModel, Answered, BatchOutputs, Reply, RunOutput, SequenceLink, Tally};
 use crate::request_log::request_ids;
 use crate::stats::{nanos, BatchTiming, ModelStats};
+use crate::trace::BatchTrace;
 
 /// What every instance of a group shares.
 pub struct InstanceContext {
@@ -123,7 +124,16 @@ pub fn run_instance(
             queue_ns = queue_ns.saturating_add(nanos(waited));
         }
         m.batch_size.observe(batch.len() as f64);
+        // Empty (no allocation) unless a member's trace is sampled.
+        let mut traced = BatchTrace::of(
+            batch.members.iter().map(|m| (m.reply.trace, m.arrived)),
+            started,
+            batch.len(),
+            batch.rows,
+        );
+        traced.begin_worker();
         let result = run_batch(&mut worker, &ctx.info, &mut batch);
+        traced.end_worker();
         let took = started.elapsed();
         m.compute_seconds.observe(took.as_secs_f64());
         ctx.record_compute(took);
@@ -135,11 +145,17 @@ pub fn run_instance(
             Ok(ran)
         });
         match result {
-            Ok(ran) => answer(&ctx, batch, ran, queue_ns),
+            Ok(ran) => {
+                let stages = (ran.building, ran.built, ran.ran);
+                answer(&ctx, batch, ran, queue_ns);
+                traced.record(&ctx.endpoint, &ctx.version, Some(stages), None);
+            }
             Err(message) => {
+                let traces = traced.log_suffix();
+                traced.record(&ctx.endpoint, &ctx.version, None, Some(&message));
                 report_failed(&ctx, index, &batch);
                 spdlog::error!(
-                    "model `{}`: batch of {} failed: {message}",
+                    "model `{}`: batch of {} failed: {message}{traces}",
                     ctx.endpoint,
                     batch.len(),
                     kv: { request_ids = request_ids(batch.members.iter().map(|m| &m.reply.log)) }

@@ -155,6 +155,7 @@ impl Plugins {
         let open = self.library_path(&path, version).map_err(fail)?;
         let module = open_plugin(&open).map_err(fail)?;
         (module.set_logger())(plugin_log_sink());
+        (module.set_tracer())(crate::trace::plugin_trace_sink());
         if open == path {
             spdlog::info!("loaded plugin `{name}` from {}", path.display());
         } else {

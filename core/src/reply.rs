@@ -38,6 +38,8 @@ pub struct Reply {
     pub log: RequestLog,
     /// Bit `i` set: return output `i`.
     pub output_mask: u64,
+    /// The request's span, when its trace is sampled ([`crate::trace`]).
+    pub trace: Option<crate::trace::SpanIds>,
 }
 
 /// The model an instance's answers name: built once per group.

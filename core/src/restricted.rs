@@ -35,7 +35,7 @@ pub enum Category {
     ModelRepository,
     /// Statistics (`/stats`, `ModelStatistics`, and kiln's `/metrics`).
     Statistics,
-    /// Trace settings (kiln serves none).
+    /// Trace settings (Triton's trace extension: `/v2/trace/setting`, `TraceSetting`).
     Trace,
     /// Log settings (kiln serves none).
     Logging,

@@ -11,6 +11,12 @@
 //!    (a client gone, a deadline passed) cancels the request: the dynamic batcher
 //!    sees the closed reply channel and takes it out of its queue.
 //!
+//! The ingress holds the request's [`Trace`] throughout: begun at receipt
+//! ([`Trace::receive`], with the caller's W3C headers), sampled at admission,
+//! told of the answer ([`Trace::answered`]) and finished once the response is
+//! encoded ([`Trace::finish`]); while tracing is off it is empty and each step
+//! is a branch (see [`crate::trace`]).
+//!
 //! Between 2 and 3 an ingress may wait as its transport needs (gRPC queues on the
 //! connection's task and awaits on the call's; REST waits for the answer *or* the
 //! client's leaving); before 1 and after 3 only decoding and encoding differ.
@@ -25,6 +31,7 @@ use crate::error::{Result, ServerError};
 use crate::group::WorkerGroup;
 use crate::infer::{InferRequest, InferResponse};
 use crate::reply::{Answer, Answered, Delivery};
+use crate::trace::Trace;
 
 /// An inference its model's group accepted: awaiting it yields the answer
 /// (a [`ServerError`] when the request failed in its batch); dropping it cancels
@@ -65,12 +72,21 @@ impl Pending {
 /// [`crate::Server::lookup`]), with what the ingress keeps beside it to encode the
 /// answer (`T`: where the outputs go). A request that failed to decode is counted
 /// invalid for the model and its error returned; a decoded one is validated and
-/// queued ([`WorkerGroup::submit`]).
-pub fn submit<T>(group: &WorkerGroup, decoded: Result<(InferRequest, T)>) -> Result<(Pending, T)> {
+/// queued ([`WorkerGroup::submit`]). `trace` is sampled here (see [`crate::trace`]).
+pub fn submit<T>(
+    group: &WorkerGroup,
+    decoded: Result<(InferRequest, T)>,
+    trace: &mut Trace,
+) -> Result<(Pending, T)> {
+    let link = trace.admit(
+        &group.endpoint,
+        &group.version,
+        decoded.as_ref().ok().map(|(r, _)| r),
+    );
     let (request, keep) = decoded.inspect_err(|e| {
         group.record_invalid();
         // Undecodable: its id, if it had one, is not known.
         crate::request_log::failed(&Default::default(), &group.endpoint, e);
     })?;
-    Ok((Pending(group.submit(request)?), keep))
+    Ok((Pending(group.submit(request, link)?), keep))
 }

@@ -18,6 +18,7 @@ use crate::repository::{Entry, Repository, Resolved};
 use crate::restricted::RestrictedApis;
 use crate::serve::{self, Pending};
 use crate::shm::SharedMemory;
+use crate::trace::Trace;
 use crate::worker_params::{client_keys, Origin};
 
 /// How to start a [`Server`].
@@ -221,13 +222,27 @@ impl Server {
     /// Looks up `request.model` and queues the request ([`crate::serve`]); await
     /// the [`Pending`] for its answer, or drop it to cancel the request.
     pub fn submit(&self, request: InferRequest) -> Result<Pending> {
-        let group = self.lookup(&request.model, None)?;
-        serve::submit(&group, Ok((request, ()))).map(|(pending, ())| pending)
+        self.submit_traced(request, &mut Trace::default())
     }
 
-    /// Runs one inference: [`Server::submit`], then its answer.
+    /// [`Server::submit`], recording the request in `trace` (begun with
+    /// [`Trace::receive`] when the request arrived).
+    pub fn submit_traced(&self, request: InferRequest, trace: &mut Trace) -> Result<Pending> {
+        let group = self.lookup(&request.model, None)?;
+        serve::submit(&group, Ok((request, ())), trace).map(|(pending, ())| pending)
+    }
+
+    /// Runs one inference: [`Server::submit`], then its answer. Traced as the
+    /// other ingresses are (with no caller's context).
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
-        self.submit(request)?.await
+        let mut trace = Trace::receive(Default::default);
+        let result = match self.submit_traced(request, &mut trace) {
+            Ok(pending) => pending.await,
+            Err(e) => Err(e),
+        };
+        trace.answered(result.as_ref().ok());
+        trace.finish(result.as_ref().err().map(|e| e as _));
+        result
     }
 
     /// The server's registry of system shared-memory regions (one per server),

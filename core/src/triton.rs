@@ -25,6 +25,7 @@ pub const EXTENSIONS: &[&str] = &[
     "logging",
     "kiln_workers",
     "kiln_metrics",
+    "trace",
 ];
 
 /// A model's platform: `kiln_<worker>`.

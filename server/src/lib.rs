@@ -11,4 +11,5 @@ pub mod grpc;
 pub mod http;
 pub mod log_format;
 pub mod log_settings;
+pub mod otlp;
 pub mod tls;

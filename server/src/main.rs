@@ -141,6 +141,97 @@ struct ServeArgs {
     trim_interval_ms: u64,
     #[command(flatten)]
     connections: ConnectionArgs,
+    #[command(flatten)]
+    trace: TraceArgs,
+}
+
+// Traces (issue #16): OpenTelemetry spans exported over OTLP, sampled with
+// Triton's trace settings (docs/tracing.md).
+/// Tracing of requests.
+#[derive(Args)]
+struct TraceArgs {
+    /// Export spans to this OTLP receiver (e.g. http://127.0.0.1:4317 for gRPC,
+    /// http://127.0.0.1:4318 for HTTP/protobuf). Without it nothing is traced.
+    #[arg(long, env = "KILN_TRACE_OTLP_ENDPOINT")]
+    trace_otlp_endpoint: Option<String>,
+    /// OTLP transport: grpc or http (HTTP/protobuf). Default: from
+    /// OTEL_EXPORTER_OTLP_TRACES_PROTOCOL / OTEL_EXPORTER_OTLP_PROTOCOL, else from
+    /// the URL (port 4318 or a /v1/traces path: http; otherwise grpc).
+    #[arg(long, env = "KILN_TRACE_OTLP_PROTOCOL")]
+    trace_otlp_protocol: Option<String>,
+    /// Trace every N-th request (Triton's --trace-rate; 1: every request, 100:
+    /// one in a hundred). Giving it turns tracing on (level TIMESTAMPS) when no
+    /// --trace-level is given. Default: 1000, with tracing off.
+    #[arg(long, env = "KILN_TRACE_RATE")]
+    trace_rate: Option<u32>,
+    /// Triton's --trace-level: OFF or TIMESTAMPS.
+    #[arg(long, env = "KILN_TRACE_LEVEL")]
+    trace_level: Option<String>,
+    /// Triton's --trace-count: traces to take before tracing stops (-1: no limit).
+    #[arg(long, env = "KILN_TRACE_COUNT", default_value_t = -1, allow_negative_numbers = true)]
+    trace_count: i64,
+}
+
+impl TraceArgs {
+    /// Sets up tracing: the operator's settings, and the exporter when an
+    /// endpoint is given.
+    fn configure(&self) -> anyhow::Result<()> {
+        use kiln_server::otlp::{OtlpConfig, Protocol};
+        use kiln_server::trace::{self, TraceConfig, Update};
+        let mut config = TraceConfig {
+            rate: self.trace_rate.unwrap_or(TraceConfig::default().rate),
+            count: self.trace_count,
+            timestamps: self.trace_rate.is_some_and(|r| r > 0),
+        };
+        // The flags are checked as a settings request is.
+        let mut check = trace::settings::Table::new(config);
+        if let Some(level) = &self.trace_level {
+            let levels = level.split(',').map(str::to_owned).collect();
+            let update: Update = ("trace_level".into(), Some(levels));
+            check.update(None, &[update]).context("--trace-level")?;
+            config.timestamps = check.timestamps();
+        }
+        if config.count < -1 {
+            anyhow::bail!("--trace-count {}: -1 (no limit) or a count", config.count);
+        }
+        let otlp = match &self.trace_otlp_endpoint {
+            None => None,
+            Some(endpoint) => {
+                let named = self.trace_otlp_protocol.clone().or_else(|| {
+                    [
+                        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                        "OTEL_EXPORTER_OTLP_PROTOCOL",
+                    ]
+                    .into_iter()
+                    .find_map(|v| std::env::var(v).ok().filter(|p| !p.is_empty()))
+                });
+                let protocol = match named {
+                    Some(p) => Protocol::parse(&p).context("--trace-otlp-protocol")?,
+                    None => Protocol::guess(endpoint),
+                };
+                Some(OtlpConfig {
+                    endpoint: endpoint.clone(),
+                    protocol,
+                })
+            }
+        };
+        trace::configure(config);
+        if let Some(otlp) = &otlp {
+            kiln_server::otlp::start(otlp).context("cannot set up the OTLP exporter")?;
+            spdlog::info!(
+                "tracing: OTLP {:?} to {}, level {}, every {} request(s)",
+                otlp.protocol,
+                otlp.endpoint,
+                if config.timestamps {
+                    "TIMESTAMPS"
+                } else {
+                    "OFF"
+                },
+                config.rate
+            );
+        }
+        Ok(())
+    }
 }
 
 impl ServeArgs {
@@ -304,6 +395,7 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     let restricted =
         RestrictedApis::parse(&args.http_restricted_api, &args.grpc_restricted_protocol)?;
+    args.trace.configure()?;
     let server = Server::start(ServerConfig {
         plugin_dirs: args.plugin_dirs.clone(),
         model_repository: args.model_repository.clone(),
@@ -376,6 +468,7 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
     served?;
     spdlog::info!("stopping: draining every model");
     server.shutdown().await;
+    kiln_server::trace::shutdown();
     spdlog::default_logger().flush();
     Ok(())
 }

@@ -6,6 +6,7 @@
 
 pub mod fixtures;
 pub mod golden;
+pub mod otlp;
 pub mod pytest;
 pub mod wait;
 
@@ -76,6 +77,11 @@ impl Kiln {
     /// Starts `kiln serve` on 127.0.0.1 with free HTTP and gRPC ports, plugins from
     /// the build directory, and `args` added.
     pub fn start(args: &[&str]) -> Kiln {
+        Kiln::start_with_env(args, &[])
+    }
+
+    /// [`Kiln::start`] with `env` added to the server's environment.
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Kiln {
         let dir = build_dir();
         let binary = dir.join("kiln");
         assert!(
@@ -86,6 +92,7 @@ impl Kiln {
         let mut child = Command::new(&binary)
             .current_dir(repo_root())
             .env("KILN_CACHE", cache_dir())
+            .envs(env.iter().copied())
             .args([
                 "serve",
                 "--http-port",

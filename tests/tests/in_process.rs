@@ -98,7 +98,11 @@ async fn one_path_looks_up_admits_and_answers() {
         server.submit(request("b", DataType::Int32)),
         Err(ServerError::InvalidRequest(_))
     ));
-    let undecodable = kiln_server::serve::submit::<()>(&group, Err(ServerError::invalid("bad")));
+    let undecodable = kiln_server::serve::submit::<()>(
+        &group,
+        Err(ServerError::invalid("bad")),
+        &mut Default::default(),
+    );
     assert!(matches!(undecodable, Err(ServerError::InvalidRequest(_))));
     let text = server.metrics_text();
     let invalid = kiln_tests::requests_outcome(&text, &endpoint, "invalid");

@@ -21,6 +21,7 @@ pub use crate::error::panic_message;
 use crate::error::WorkerError;
 use crate::logging::{self, LogSink};
 use crate::spec::{ParamScope, ParamSpec};
+use crate::trace::{self, TraceSink};
 use crate::types::{Param, Params, WorkerInfo};
 use crate::worker::{AsyncWorker, Worker};
 
@@ -68,6 +69,8 @@ pub struct WorkerMod {
     /// host reads before any `init`.
     #[sabi(last_prefix_field)]
     pub parameters: extern "C" fn() -> RSlice<'static, ParamSpec>,
+    /// Installs the host's tracing callbacks ([`crate::trace`]).
+    pub set_tracer: extern "C" fn(TraceSink),
 }
 
 impl RootModule for WorkerModRef {
@@ -301,6 +304,11 @@ pub extern "C" fn set_logger(sink: LogSink) {
     let _ = catch_unwind(|| logging::install(sink));
 }
 
+/// Installs the host's tracing callbacks (exported through the root module).
+pub extern "C" fn set_tracer(sink: TraceSink) {
+    let _ = catch_unwind(|| trace::install(sink));
+}
+
 /// Exports a [`Worker`] type as a kiln plugin: `kiln_worker_sdk::export_worker!(MyWorker);`
 /// at the root of a `cdylib` crate; an [`AsyncWorker`] with
 /// `kiln_worker_sdk::export_worker!(async MyDevice);`.
@@ -324,6 +332,7 @@ macro_rules! export_worker {
                 set_logger: $crate::ffi::set_logger,
                 new_worker: $new_worker,
                 parameters: $parameters,
+                set_tracer: $crate::ffi::set_tracer,
             }
             .leak_into_prefix()
         }

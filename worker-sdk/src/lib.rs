@@ -27,6 +27,7 @@ pub mod ffi;
 pub mod logging;
 pub mod spec;
 pub mod testing;
+pub mod trace;
 pub mod types;
 pub mod worker;
 
@@ -39,6 +40,7 @@ pub use error::{RequestError, RequestErrorKind, WorkerError};
 pub use ffi::{WorkerBox, WorkerFfi, WorkerFfi_TO, WorkerMod, WorkerModRef};
 pub use logging::LogSink;
 pub use spec::{ParamKind, ParamScope, ParamSpec, INSTANCES_PARAM};
+pub use trace::TraceSink;
 pub use types::{
     encode_bytes, params_from_pairs, tensor_byte_len, BatcherKind, DataType, Param, ParamValue,
     Params, Shape, TensorSpec, WorkerInfo, MAX_RANK,

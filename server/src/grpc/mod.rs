@@ -18,6 +18,7 @@ mod logging;
 mod routes;
 mod service;
 mod status;
+mod trace;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -42,6 +42,7 @@ use super::GrpcLimits;
 use crate::error::ServerError;
 use crate::restricted::{Category, Restrictions};
 use crate::server::Server;
+use crate::trace::Trace;
 
 /// The path of `ModelInfer`.
 const MODEL_INFER: &str = "/inference.GRPCInferenceService/ModelInfer";
@@ -132,7 +133,8 @@ impl hyper::service::Service<http::Request<Incoming>> for GrpcRoutes {
         let call = self.activity.as_ref().map(Activity::start);
         let answer: Self::Future =
             if request.uri().path() == MODEL_INFER && !compressed(request.headers()) {
-                self.model_infer(request.into_body(), call)
+                let trace = Trace::receive(|| super::service::propagated(request.headers()));
+                self.model_infer(request.into_body(), call, trace)
             } else {
                 // tonic sees each message once it has wholly arrived.
                 let (limit, budget) = (self.max_message_bytes, &self.budget);
@@ -175,6 +177,7 @@ impl GrpcRoutes {
         &self,
         body: Incoming,
         open: Option<Call>,
+        trace: Trace,
     ) -> BoxFuture<http::Response<TonicBody>, Infallible> {
         let (server, limit) = (self.server.clone(), self.max_message_bytes);
         let budget = Arc::clone(&self.budget);
@@ -182,11 +185,11 @@ impl GrpcRoutes {
             let _open = open;
             let pending = match read_message(body, limit, &budget).await {
                 Ok(message) if message.len() >= DECODE_OFFLOAD_BYTES => {
-                    tokio::task::spawn_blocking(move || start(&server, message))
+                    tokio::task::spawn_blocking(move || start(&server, message, trace))
                         .await
                         .unwrap_or_else(|e| Err(Status::internal(format!("decoding: {e}"))))
                 }
-                Ok(message) => start(&server, message),
+                Ok(message) => start(&server, message, trace),
                 Err(status) => Err(status),
             };
             Ok(answer(pending, limit).await)
@@ -235,10 +238,10 @@ fn compressed(headers: &HeaderMap) -> bool {
 }
 
 /// Decodes a `ModelInfer` request's message and queues it.
-fn start(server: &Server, message: Bytes) -> Result<Pending, Status> {
+fn start(server: &Server, message: Bytes, trace: Trace) -> Result<Pending, Status> {
     let request = ModelInferRequest::decode(message)
         .map_err(|e| Status::internal(format!("failed to decode Protobuf message: {e}")))?;
-    Ok(Pending::start(server, request))
+    Ok(Pending::start(server, request, trace))
 }
 
 /// The answer to a `ModelInfer` call once its inference is done.

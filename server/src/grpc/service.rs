@@ -23,6 +23,7 @@ use super::proto::{
     SystemSharedMemoryRegisterRequest, SystemSharedMemoryRegisterResponse,
     SystemSharedMemoryStatusRequest, SystemSharedMemoryStatusResponse,
     SystemSharedMemoryUnregisterRequest, SystemSharedMemoryUnregisterResponse,
+    TraceSettingRequest, TraceSettingResponse,
 };
 use super::status::{status, triton_status};
 use crate::error::{Result, ServerError};
@@ -31,6 +32,7 @@ use crate::reply::Delivery;
 use crate::request_log;
 use crate::serve;
 use crate::server::Server;
+use crate::trace::{Propagated, Trace};
 use crate::triton::{self, MetadataTensor, ModelConfig, ModelMetadata};
 
 /// Requests of one stream accepted and not yet answered; beyond this the stream is
@@ -65,6 +67,20 @@ async fn off_thread<T: Send + 'static>(
         .map_err(status)
 }
 
+/// The caller's W3C `traceparent` and `tracestate` (gRPC metadata).
+pub(crate) fn propagated(headers: &tonic::codegen::http::HeaderMap) -> Propagated {
+    let header = |name| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    Propagated {
+        traceparent: header("traceparent"),
+        tracestate: header("tracestate"),
+    }
+}
+
 /// `None` for the protocol's empty string ("any version", "every region").
 fn non_empty(v: &str) -> Option<&str> {
     (!v.is_empty()).then_some(v)
@@ -79,28 +95,44 @@ fn lookup(server: &Server, name: &str, v: &str) -> Result<Arc<WorkerGroup>, Stat
 pub(crate) struct Pending {
     id: String,
     answer: Result<(serve::Pending, ShmOutputs, Arc<WorkerGroup>)>,
+    trace: Trace,
 }
 
 impl Pending {
     /// Decodes `request`, checks it against its model and queues it
     /// ([`crate::serve`]).
-    pub(crate) fn start(server: &Server, request: ModelInferRequest) -> Pending {
+    /// `trace` began when the call arrived ([`Trace::receive`]).
+    pub(crate) fn start(server: &Server, request: ModelInferRequest, mut trace: Trace) -> Pending {
         let id = request.id.clone();
         let answer = server
             .lookup(&request.model_name, non_empty(&request.model_version))
             .and_then(|group| {
                 let decoded = decode_request_shm(request, server.shared_memory());
-                let (pending, in_shm) = serve::submit(&group, decoded)?;
+                let (pending, in_shm) = serve::submit(&group, decoded, &mut trace)?;
                 Ok((pending, in_shm, group))
             });
-        Pending { id, answer }
+        Pending { id, answer, trace }
     }
 
     /// Waits for the answer and encodes it; the [`Delivery`] says whether the
-    /// client got it (see [`serve::Pending::delivered`]).
+    /// client got it (see [`serve::Pending::delivered`]). The request's trace ends here.
     pub(crate) async fn finish(self) -> Result<(ModelInferResponse, Delivery)> {
-        let (pending, in_shm, group) = self.answer?;
-        let (response, delivery) = pending.delivered().await?;
+        let Pending {
+            answer, mut trace, ..
+        } = self;
+        let encoded = Self::encode(answer, &mut trace).await;
+        trace.finish(encoded.as_ref().err().map(|e| e as _));
+        encoded
+    }
+
+    async fn encode(
+        answer: Result<(serve::Pending, ShmOutputs, Arc<WorkerGroup>)>,
+        trace: &mut Trace,
+    ) -> Result<(ModelInferResponse, Delivery)> {
+        let (pending, in_shm, group) = answer?;
+        let answered = pending.delivered().await;
+        trace.answered(answered.as_ref().ok().map(|(r, _)| r));
+        let (response, delivery) = answered?;
         // Only for a line about a failure: no copy of the id unless one is written.
         let log = request_log::when_logged(&response.id);
         match encode_response_shm(response, &in_shm) {
@@ -205,7 +237,8 @@ impl GrpcInferenceService for KilnGrpc {
         &self,
         request: Request<ModelInferRequest>,
     ) -> Result<Response<ModelInferResponse>, Status> {
-        Pending::start(&self.server, request.into_inner())
+        let trace = Trace::receive(|| propagated(request.metadata().as_ref()));
+        Pending::start(&self.server, request.into_inner(), trace)
             .finish()
             .await
             .map(|(response, _delivered)| Response::new(response))
@@ -222,6 +255,7 @@ impl GrpcInferenceService for KilnGrpc {
         &self,
         request: Request<Streaming<ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        let propagated = propagated(request.metadata().as_ref());
         let mut inbound = request.into_inner();
         let (pending_tx, mut pending_rx) =
             mpsc::channel::<Result<Pending, Status>>(STREAM_IN_FLIGHT);
@@ -231,7 +265,11 @@ impl GrpcInferenceService for KilnGrpc {
             // Ends when the client closes its side or goes away.
             loop {
                 let next = match inbound.message().await {
-                    Ok(Some(request)) => Ok(Pending::start(&server, request)),
+                    Ok(Some(request)) => {
+                        // Every request of the stream joins the call's trace context.
+                        let trace = Trace::receive(|| propagated.clone());
+                        Ok(Pending::start(&server, request, trace))
+                    }
                     Ok(None) => break,
                     Err(e) => Err(triton_status(e)),
                 };
@@ -402,5 +440,12 @@ impl GrpcInferenceService for KilnGrpc {
         request: Request<LogSettingsRequest>,
     ) -> Result<Response<LogSettingsResponse>, Status> {
         super::logging::log_settings(request.into_inner()).map(Response::new)
+    }
+
+    async fn trace_setting(
+        &self,
+        request: Request<TraceSettingRequest>,
+    ) -> Result<Response<TraceSettingResponse>, Status> {
+        super::trace::trace_setting(&self.server, request.into_inner()).map(Response::new)
     }
 }

@@ -15,6 +15,7 @@ mod peer;
 mod restricted;
 mod routes;
 mod shm;
+mod trace;
 mod triton;
 
 use std::net::SocketAddr;

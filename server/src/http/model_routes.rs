@@ -6,6 +6,7 @@
 //! GET  /v2/models/{m}[/versions/{v}]/config   Config     (ModelConfig)
 //! GET  /v2/models/{m}[/versions/{v}]/stats    Stats      (Statistics)
 //! POST /v2/models/{m}[/versions/{v}]/infer    Infer      (Inference)
+//! GET|POST /v2/models/{m}/trace/setting       TraceSetting (Trace)
 //! ```
 //!
 //! Why by hand: actix-web's router turns a route with a `{segment}` into a regex and
@@ -35,14 +36,17 @@ pub enum Action {
     Config,
     Stats,
     Infer,
+    /// Triton's trace extension, for one model.
+    TraceSetting,
 }
 
 impl Action {
-    /// The one method the route answers (any other: 405).
-    pub fn method(self) -> Method {
+    /// Whether the route answers `method` (any other: 405).
+    pub fn allows(self, method: &Method) -> bool {
         match self {
-            Action::Infer => Method::POST,
-            _ => Method::GET,
+            Action::Infer => method == Method::POST,
+            Action::TraceSetting => method == Method::GET || method == Method::POST,
+            _ => method == Method::GET,
         }
     }
 
@@ -54,6 +58,7 @@ impl Action {
             Action::Config => Category::ModelConfig,
             Action::Stats => Category::Statistics,
             Action::Infer => Category::Inference,
+            Action::TraceSetting => Category::Trace,
         }
     }
 }
@@ -84,6 +89,10 @@ pub fn parse(path: &str) -> Option<ModelPath<'_>> {
         Some("config") => Action::Config,
         Some("stats") => Action::Stats,
         Some("infer") => Action::Infer,
+        // Triton's trace setting names no version.
+        Some("trace") if version.is_none() && segments.next() == Some("setting") => {
+            Action::TraceSetting
+        }
         Some(_) => return None,
     };
     if segments.next().is_some() {
@@ -123,6 +132,13 @@ mod tests {
                 Some((action, "echo", Some("3")))
             );
         }
+        assert_eq!(
+            route("/v2/models/echo/trace/setting"),
+            Some((TraceSetting, "echo", None))
+        );
+        assert_eq!(route("/v2/models/echo/versions/1/trace/setting"), None);
+        assert_eq!(route("/v2/models/echo/trace"), None);
+        assert_eq!(route("/v2/models/echo/trace/setting/x"), None);
     }
 
     #[test]
@@ -179,9 +195,13 @@ mod tests {
 
     #[test]
     fn methods_and_categories() {
-        assert_eq!(Action::Infer.method(), Method::POST);
+        assert!(Action::Infer.allows(&Method::POST) && !Action::Infer.allows(&Method::GET));
         assert_eq!(Action::Infer.category(), Category::Inference);
-        assert_eq!(Action::Ready.method(), Method::GET);
+        assert!(Action::Ready.allows(&Method::GET) && !Action::Ready.allows(&Method::POST));
+        assert!(Action::TraceSetting.allows(&Method::GET));
+        assert!(Action::TraceSetting.allows(&Method::POST));
+        assert!(!Action::TraceSetting.allows(&Method::PUT));
+        assert_eq!(Action::TraceSetting.category(), Category::Trace);
         assert_eq!(Action::Ready.category(), Category::Health);
         assert_eq!(Action::Stats.category(), Category::Statistics);
         assert_eq!(Action::Config.category(), Category::ModelConfig);

@@ -8,12 +8,14 @@ use super::body::{json_object, read_body, read_raw_body};
 use super::encoded::EncodedResponse;
 use super::model_routes::{self, Action};
 use super::{
-    logging, offload, restricted, shm, triton, HttpError, State, INFERENCE_HEADER_CONTENT_LENGTH,
+    logging, offload, restricted, shm, trace, triton, HttpError, State,
+    INFERENCE_HEADER_CONTENT_LENGTH,
 };
 use crate::error::ServerError;
 use crate::group::WorkerGroup;
 use crate::restricted::{Category, Restrictions};
 use crate::serve;
+use crate::trace::Trace;
 
 type Reply = Result<HttpResponse, HttpError>;
 
@@ -37,6 +39,13 @@ pub fn configure(cfg: &mut web::ServiceConfig, restrictions: &Restrictions) {
         web::resource("/v2/logging")
             .route(web::get().to(logging::get))
             .route(web::post().to(logging::post))
+            .default_service(web::to(method_not_allowed)),
+    );
+    add(
+        Trace,
+        web::resource("/v2/trace/setting")
+            .route(web::get().to(trace::server_setting))
+            .route(web::post().to(trace::server_setting))
             .default_service(web::to(method_not_allowed)),
     );
     // Every other path under `/v2/models/` names a model: matched by hand, with
@@ -146,7 +155,7 @@ async fn model_route(state: web::Data<State>, req: HttpRequest, payload: web::Pa
     };
     let restrictions = &state.server.restricted().http;
     restricted::check_request(restrictions, path.action.category(), &req)?;
-    if req.method() != path.action.method() {
+    if !path.action.allows(req.method()) {
         return Ok(wrong_method(&req));
     }
     let group = state.server.lookup(path.model, path.version)?;
@@ -156,6 +165,7 @@ async fn model_route(state: web::Data<State>, req: HttpRequest, payload: web::Pa
         Action::Config => Ok(triton::config(&group)),
         Action::Stats => Ok(triton::model_stats(&group)),
         Action::Infer => infer(&state, &req, payload, &group).await,
+        Action::TraceSetting => trace::setting(&state, &req, payload, Some(&group.endpoint)).await,
     }
 }
 
@@ -221,11 +231,26 @@ fn model_ready(group: &WorkerGroup) -> HttpResponse {
     }
 }
 
+/// An inference, traced (see `kiln_core::trace`): the trace begins before the body
+/// is read and ends once the response is built.
 async fn infer(
     state: &State,
     req: &HttpRequest,
     payload: web::Payload,
     group: &WorkerGroup,
+) -> Reply {
+    let mut trace = Trace::receive(|| trace::propagated(req));
+    let reply = infer_traced(state, req, payload, group, &mut trace).await;
+    trace.finish(reply.as_ref().err().map(|e| &e.0 as _));
+    reply
+}
+
+async fn infer_traced(
+    state: &State,
+    req: &HttpRequest,
+    payload: web::Payload,
+    group: &WorkerGroup,
+    trace: &mut Trace,
 ) -> Reply {
     let body = read_body(req, payload, state.max_body_bytes).await?;
     let header = req.headers().get(INFERENCE_HEADER_CONTENT_LENGTH);
@@ -236,7 +261,7 @@ async fn infer(
         header.map(|v| v.as_bytes()),
     )
     .await;
-    let (pending, placement) = serve::submit(group, decoded)?;
+    let (pending, placement) = serve::submit(group, decoded, trace)?;
     let (response, delivery) = match req.conn_data::<super::peer::Peer>() {
         // Returning drops the pending answer: a queued request is then cancelled.
         Some(peer) => tokio::select! {
@@ -246,7 +271,9 @@ async fn infer(
             }
         },
         None => pending.delivered().await,
-    }?;
+    };
+    trace.answered(response.as_ref().ok().map(|(r, _)| r));
+    let (response, delivery) = response?;
     // Only for a line about a failure: no copy of the id unless one can be written.
     let log = crate::request_log::when_logged(&response.id);
     let answered = match offload::encode_response(response, placement).await {

@@ -74,6 +74,9 @@ impl Worker for Echo {
                 }
             }
         }
+        // A span of the worker's own in the batch's trace (when it is traced).
+        let mut span = kiln_worker_sdk::trace::span("echo: add");
+        span.attribute("requests", batch.request_count());
         let mut output = batch.output(0)?;
         let out = output.allocate_as::<u32>(input.shapes())?;
         let mut start = 0;

@@ -86,6 +86,8 @@ impl Worker for Faulty {
             segfault();
         }
         if values.contains(&-2) {
+            // An event of the worker's on the batch's span (when it is traced).
+            kiln_worker_sdk::trace::event("failing on purpose", &[("value", "-2")]);
             return Err("faulty worker saw -2".into());
         }
         if values.contains(&-3) {
