@@ -42,6 +42,24 @@ impl<T> Pool<T> {
         })
     }
 
+    /// A pool of these items (at least one: a pool of none would block every taker).
+    pub fn from_items(items: Vec<T>) -> Arc<Pool<T>> {
+        assert!(!items.is_empty(), "a pool needs at least one item");
+        let mut items = items.into_iter();
+        let size = items.len();
+        let free = ArrayQueue::new(size);
+        for item in items.by_ref() {
+            let _ = free.push(item);
+        }
+        Arc::new(Pool {
+            free,
+            waiters: AtomicUsize::new(0),
+            lock: Mutex::new(()),
+            cond: Condvar::new(),
+            size,
+        })
+    }
+
     /// Takes an item, waiting while every item is out.
     pub fn acquire(self: &Arc<Self>) -> Pooled<T> {
         let item = self.take(None);
@@ -172,6 +190,17 @@ mod tests {
         assert!(c.is_some());
         drop((b, c));
         assert_eq!(pool.in_use(), 0);
+    }
+
+    #[test]
+    fn a_pool_of_given_items_hands_each_out_once() {
+        let pool = Pool::from_items(vec![1u8, 2, 3]);
+        assert_eq!(pool.size(), 3);
+        let taken: Vec<_> = (0..3).map(|_| pool.try_acquire().unwrap()).collect();
+        let mut values: Vec<u8> = taken.iter().map(|p| **p).collect();
+        values.sort_unstable();
+        assert_eq!(values, [1, 2, 3]);
+        assert!(pool.try_acquire().is_none());
     }
 
     #[test]
