@@ -193,3 +193,50 @@ async fn gpu_matvec_matches_the_cpu_under_concurrent_batches() {
         .unwrap_err();
     assert_eq!(err.status(), Some(400), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn onnx_runs_on_the_cuda_provider_or_says_why() {
+    let repo = kiln_tests::model_repository();
+    let kiln = Kiln::start(&["--model-repository", repo.to_str().unwrap()]);
+    let c = &kiln.client;
+    let line: Vec<f32> = (0..3 * 48 * 192).map(|k| (k % 251) as f32 / 125.0 - 1.0).collect();
+    let classify = || async {
+        let request = InferRequest {
+            model: "ocr-cls".into(),
+            inputs: vec![InputTensor::from_slice("x", DataType::Fp32, &[1, 3, 48, 192], &line)],
+            ..Default::default()
+        };
+        c.infer_binary(&request).await.unwrap().outputs[0].values::<f32>()
+    };
+    c.load_model("ocr-cls", &json!({})).await.unwrap();
+    let on_cpu = classify().await;
+    match c
+        .load_model("ocr-cls", &json!({"execution_provider": "cuda"}))
+        .await
+    {
+        Ok(()) => {
+            let on_gpu = classify().await;
+            let diff = kiln_tests::golden::max_abs_diff(&on_cpu, &on_gpu);
+            assert!(diff < 1e-3, "CPU {on_cpu:?} vs CUDA {on_gpu:?}");
+            println!("ocr-cls on ONNX Runtime's CUDA provider: max |CPU - CUDA| = {diff}");
+        }
+        Err(e) => {
+            assert_eq!(e.status(), Some(400), "{e}");
+            let text = e.to_string();
+            assert!(
+                text.contains("execution_provider cuda: ONNX Runtime's CUDA provider is not available: "),
+                "{text}"
+            );
+            assert!(
+                std::env::var_os("KILN_REQUIRE_ONNX_CUDA").is_none(),
+                "KILN_REQUIRE_ONNX_CUDA is set: {text}"
+            );
+            println!("SKIPPED (no CUDA provider here): {text}");
+        }
+    }
+    let err = c
+        .load_model("ocr-cls", &json!({"execution_provider": "tpu"}))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("must be `cpu` or `cuda`"), "{err}");
+}

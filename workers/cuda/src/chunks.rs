@@ -4,11 +4,15 @@
 
 use std::ops::Range;
 
-/// One chunk: the byte range of each input and of the output it covers, and the
-/// number of items (bytes or rows) the kernel processes.
+/// Most inputs a kernel takes (matvec: matrix and vector).
+pub const MAX_INPUTS: usize = 2;
+
+/// One chunk: the byte range of each input (those past the kernel's inputs are
+/// empty; a fixed array, so planning a chunk allocates nothing) and of the output
+/// it covers, and the number of items (bytes or rows) the kernel processes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chunk {
-    pub inputs: Vec<Range<usize>>,
+    pub inputs: [Range<usize>; MAX_INPUTS],
     pub output: Range<usize>,
     pub items: usize,
 }
@@ -20,7 +24,7 @@ pub fn bytes(total: usize, chunk_bytes: usize) -> impl Iterator<Item = Chunk> {
     (0..total).step_by(step).map(move |start| {
         let end = (start + step).min(total);
         Chunk {
-            inputs: vec![start..end],
+            inputs: [start..end, 0..0],
             output: start..end,
             items: end - start,
         }
@@ -29,20 +33,17 @@ pub fn bytes(total: usize, chunk_bytes: usize) -> impl Iterator<Item = Chunk> {
 
 /// Row-wise (batched matrix–vector): `requests` requests of `input_row_bytes`
 /// per input and `output_row_bytes` of output each, `chunk_rows` requests a chunk.
-pub fn rows<'a>(
+pub fn rows(
     requests: usize,
     chunk_rows: usize,
-    input_row_bytes: &'a [usize],
+    input_row_bytes: [usize; MAX_INPUTS],
     output_row_bytes: usize,
-) -> impl Iterator<Item = Chunk> + 'a {
+) -> impl Iterator<Item = Chunk> {
     let step = chunk_rows.max(1);
     (0..requests).step_by(step).map(move |start| {
         let end = (start + step).min(requests);
         Chunk {
-            inputs: input_row_bytes
-                .iter()
-                .map(|&b| start * b..end * b)
-                .collect(),
+            inputs: input_row_bytes.map(|b| start * b..end * b),
             output: start * output_row_bytes..end * output_row_bytes,
             items: end - start,
         }
@@ -64,7 +65,7 @@ mod tests {
     fn byte_chunks_cover_everything_once() {
         let chunks: Vec<_> = bytes(10_000, 4096).collect();
         assert_eq!(chunks.len(), 3);
-        assert_eq!(chunks[0].inputs, [0..4096]);
+        assert_eq!(chunks[0].inputs, [0..4096, 0..0]);
         assert_eq!(chunks[2].output, 8192..10_000);
         assert_eq!(chunks.iter().map(|c| c.items).sum::<usize>(), 10_000);
         assert_eq!(bytes(0, 4096).count(), 0);
@@ -74,7 +75,7 @@ mod tests {
     #[test]
     fn row_chunks_split_every_input_at_the_same_requests() {
         let per_row = [12usize, 4];
-        let chunks: Vec<_> = rows(5, 2, &per_row, 8).collect();
+        let chunks: Vec<_> = rows(5, 2, per_row, 8).collect();
         assert_eq!(chunks.len(), 3);
         assert_eq!(chunks[1].inputs, [24..48, 8..16]);
         assert_eq!(chunks[1].output, 16..32);

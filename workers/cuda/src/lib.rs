@@ -15,9 +15,10 @@
 
 pub mod chunks;
 pub mod config;
-mod kernels;
-mod pipeline;
+pub mod kernels;
+pub mod pipeline;
 
+pub use kiln_buffers::cuda::probe;
 use kiln_buffers::cuda::{self, CudaError, Libraries};
 use kiln_worker_sdk::{
     export_worker, Batch, BatcherKind, DataType, ParamSpec, Params, Shape, TensorSpec, Worker,
@@ -43,34 +44,14 @@ impl Worker for CudaWorker {
     const PARAMETERS: &'static [ParamSpec] = config::PARAMETERS;
 
     fn init(params: Params<'_>) -> Result<Self, WorkerError> {
-        let config = Config::from_params(params)?;
-        let libraries = Libraries {
-            dir: config.library_dir.clone(),
-        };
-        let ctx = cuda::open(config.device, &libraries).map_err(gpu_error)?;
-        let kernel = Compiled::new(&ctx, config.kernel).map_err(gpu_error)?;
-        let (inputs, outputs) = config.chunk_sizes();
-        let pipeline = Pipeline::new(
-            &ctx,
-            config.streams,
-            config.staging_sets(),
-            &inputs,
-            &outputs,
-        )
-        .map_err(gpu_error)?;
-        Ok(CudaWorker {
-            config,
-            kernel,
-            pipeline,
-        })
+        CudaWorker::open(Config::from_params(params)?)
     }
 
     fn info(&self) -> WorkerInfo {
         match self.config.kernel {
             Kernel::InvertImage => WorkerInfo {
                 inputs: vec![TensorSpec::new("image", DataType::Uint8, &[-1, -1, -1])].into(),
-                outputs: vec![TensorSpec::new("inverted", DataType::Uint8, &[-1, -1, -1])]
-                    .into(),
+                outputs: vec![TensorSpec::new("inverted", DataType::Uint8, &[-1, -1, -1])].into(),
                 max_batch_size: 0,
                 batcher: BatcherKind::Soft,
                 allow_ragged_batch: true,
@@ -101,13 +82,45 @@ impl Worker for CudaWorker {
 }
 
 impl CudaWorker {
+    /// Opens the device, compiles the kernel and allocates the staging pool.
+    pub fn open(config: Config) -> Result<CudaWorker, WorkerError> {
+        let libraries = Libraries {
+            dir: config.library_dir.clone(),
+        };
+        let ctx = cuda::open(config.device, &libraries).map_err(gpu_error)?;
+        let kernel = Compiled::new(&ctx, config.kernel).map_err(gpu_error)?;
+        let (inputs, outputs) = config.chunk_sizes();
+        let pipeline = Pipeline::new(
+            &ctx,
+            config.streams,
+            config.staging_sets(),
+            &inputs,
+            &outputs,
+        )
+        .map_err(gpu_error)?;
+        Ok(CudaWorker {
+            config,
+            kernel,
+            pipeline,
+        })
+    }
+
     fn invert(&mut self, batch: &mut Batch<'_, '_>) -> Result<(), WorkerError> {
         let input = batch.input(0)?;
         let mut output = batch.output(0)?;
         let out = output.allocate(input.shapes())?;
-        let data = input.bytes();
+        self.invert_bytes(input.bytes(), out)
+    }
+
+    /// Inverts `data` into `out` (same length) through the GPU.
+    pub fn invert_bytes(&mut self, data: &[u8], out: &mut [u8]) -> Result<(), WorkerError> {
         if out.len() != data.len() {
-            return Err(format!("output of {} bytes for {} input bytes", out.len(), data.len()).into());
+            return Err(format!(
+                "output of {} bytes for {} input bytes",
+                out.len(),
+                data.len()
+            )
+            .into());
         }
         let kernel = &self.kernel;
         let launch = |stream: &_, set: &cuda::CudaBufferSet, chunk: &chunks::Chunk| {
@@ -125,24 +138,11 @@ impl CudaWorker {
     }
 
     fn matvec(&mut self, batch: &mut Batch<'_, '_>) -> Result<(), WorkerError> {
-        let (rows, cols) = (self.config.rows, self.config.cols);
-        let f = std::mem::size_of::<f32>();
+        let rows = self.config.rows;
         let matrix = batch.input(0)?;
         let vector = batch.input(1)?;
         // Batch rows: one matrix and one vector each.
         let requests = batch.rows();
-        let row_bytes = [rows * cols * f, cols * f];
-        if matrix.bytes().len() != requests * row_bytes[0]
-            || vector.bytes().len() != requests * row_bytes[1]
-        {
-            return Err(format!(
-                "batch of {requests} requests with {} matrix and {} vector bytes \
-                 (want {rows}x{cols} and {cols} FP32 each)",
-                matrix.bytes().len(),
-                vector.bytes().len()
-            )
-            .into());
-        }
         let mut output = batch.output(0)?;
         // Each request's product: [its batch rows, rows].
         let shapes = vector
@@ -152,6 +152,34 @@ impl CudaWorker {
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| WorkerError::new("product shape"))?;
         let out = output.allocate(&shapes)?;
+        self.matvec_bytes(requests, matrix.bytes(), vector.bytes(), out)
+    }
+
+    /// `requests` products of FP32 matrices and vectors (bytes, back to back) into
+    /// `out`, through the GPU.
+    pub fn matvec_bytes(
+        &mut self,
+        requests: usize,
+        matrix: &[u8],
+        vector: &[u8],
+        out: &mut [u8],
+    ) -> Result<(), WorkerError> {
+        let (rows, cols) = (self.config.rows, self.config.cols);
+        let f = std::mem::size_of::<f32>();
+        let row_bytes = [rows * cols * f, cols * f];
+        if matrix.len() != requests * row_bytes[0]
+            || vector.len() != requests * row_bytes[1]
+            || out.len() != requests * rows * f
+        {
+            return Err(format!(
+                "{requests} requests with {} matrix, {} vector and {} product bytes \
+                 (want {rows}x{cols}, {cols} and {rows} FP32 each)",
+                matrix.len(),
+                vector.len(),
+                out.len()
+            )
+            .into());
+        }
         let kernel = &self.kernel;
         let launch = |stream: &_, set: &cuda::CudaBufferSet, chunk: &chunks::Chunk| {
             let ptrs = (
@@ -161,9 +189,9 @@ impl CudaWorker {
             );
             kernel.matvec(stream, ptrs, chunk.items, rows, cols)
         };
-        let chunks = chunks::rows(requests, self.config.chunk_rows, &row_bytes, rows * f);
+        let chunks = chunks::rows(requests, self.config.chunk_rows, row_bytes, rows * f);
         self.pipeline
-            .run(&[matrix.bytes(), vector.bytes()], out, chunks, &launch)
+            .run(&[matrix, vector], out, chunks, &launch)
             .map_err(gpu_error)
     }
 }
@@ -183,7 +211,10 @@ mod tests {
         }
         let params = params_from_pairs(&[("kernel", "invert-image")]);
         let err = CudaWorker::init(Params(&params)).err().unwrap().to_string();
-        assert!(err.starts_with("cuda worker: CUDA is unavailable: "), "{err}");
+        assert!(
+            err.starts_with("cuda worker: CUDA is unavailable: "),
+            "{err}"
+        );
         let params = params_from_pairs(&[
             ("kernel", "matvec"),
             ("cuda_library_dir", "/nonexistent/cuda"),
