@@ -1,7 +1,9 @@
 //! kiln-cuda-bench: the cuda worker's GPU path alone, no server, against the CPU
 //! code it replaces — the `invert-image` worker's loop and a plain matrix–vector
 //! loop — on the same data, checking the GPU's answers. Sweeps streams (1 = no
-//! overlap of copies and compute) and chunk sizes. One JSON object per line.
+//! overlap of copies and compute) and chunk sizes, and splits the GPU path's time:
+//! the kernel alone on device-resident data, and the bus alone (pinned upload and
+//! download, no CPU copy). One JSON object per line.
 //!
 //! ```text
 //! kiln-cuda-bench [--seconds 2]
@@ -10,7 +12,9 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use kiln_buffers::cuda::{self, Staging, StagingKind};
 use kiln_worker_cuda::config::{Config, Kernel};
+use kiln_worker_cuda::kernels::Compiled;
 use kiln_worker_cuda::CudaWorker;
 
 /// Runs `f` for `seconds` after 3 warm-up calls; returns calls per second.
@@ -88,6 +92,58 @@ fn invert(seconds: f64) -> anyhow::Result<()> {
         let extra = format!(", \"streams\": {streams}, \"chunk_bytes\": {chunk}");
         report(case, "gpu", per_s, image.len(), &extra);
     }
+    parts(
+        seconds,
+        case,
+        (image.len(), image.len()),
+        Kernel::InvertImage,
+    )
+}
+
+/// The GPU path's parts for one batch of `bytes` in and out: the kernel alone on
+/// device-resident data, then the bus alone (pinned → device → pinned).
+fn parts(
+    seconds: f64,
+    case: &str,
+    (bytes, out_bytes): (usize, usize),
+    kernel: Kernel,
+) -> anyhow::Result<()> {
+    let ctx = cuda::open(0, &cuda::Libraries::default())?;
+    let stream = ctx.new_stream()?;
+    let compiled = Compiled::new(&ctx, kernel)?;
+    let mut up = Staging::new(&ctx, bytes, StagingKind::Upload)?;
+    let mut down = Staging::new(&ctx, bytes.max(out_bytes), StagingKind::Download)?;
+    up.host.as_mut_slice().fill(1);
+    let (a, b) = (up.device.ptr(), down.device.ptr());
+    let kernel_only = rate(seconds, || {
+        match kernel {
+            Kernel::InvertImage => compiled.invert(&stream, a, b, bytes)?,
+            // 64 matrices of 256x256 and their vectors: the bench's batch.
+            Kernel::Matvec => compiled.matvec(&stream, (a, a, b), 64, 256, 256)?,
+        }
+        stream.synchronize()?;
+        Ok(())
+    })?;
+    report(
+        case,
+        "gpu kernel alone (device-resident, + launch and sync)",
+        kernel_only,
+        bytes,
+        "",
+    );
+    let bus = rate(seconds, || {
+        up.upload(&stream, bytes)?;
+        down.download(&stream, out_bytes)?;
+        stream.synchronize()?;
+        Ok(())
+    })?;
+    report(
+        case,
+        "bus alone (pinned upload + download of the batch)",
+        bus,
+        bytes,
+        "",
+    );
     Ok(())
 }
 
@@ -137,7 +193,12 @@ fn matvec(seconds: f64) -> anyhow::Result<()> {
         );
         report(case, "gpu", per_s, bytes, &extra);
     }
-    Ok(())
+    parts(
+        seconds,
+        case,
+        ((a.len() + x.len()) * 4, y.len() * 4),
+        Kernel::Matvec,
+    )
 }
 
 fn main() -> anyhow::Result<()> {
