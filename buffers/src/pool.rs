@@ -27,28 +27,16 @@ pub struct Pool<T> {
 impl<T> Pool<T> {
     /// A pool of `size` items (at least 1) made by `make`.
     pub fn new(size: usize, mut make: impl FnMut() -> T) -> Arc<Pool<T>> {
-        let size = size.max(1);
-        let free = ArrayQueue::new(size);
-        for _ in 0..size {
-            // Cannot fail: the queue has room for `size` items.
-            let _ = free.push(make());
-        }
-        Arc::new(Pool {
-            free,
-            waiters: AtomicUsize::new(0),
-            lock: Mutex::new(()),
-            cond: Condvar::new(),
-            size,
-        })
+        Pool::from_items((0..size.max(1)).map(|_| make()).collect())
     }
 
     /// A pool of these items (at least one: a pool of none would block every taker).
     pub fn from_items(items: Vec<T>) -> Arc<Pool<T>> {
         assert!(!items.is_empty(), "a pool needs at least one item");
-        let mut items = items.into_iter();
         let size = items.len();
         let free = ArrayQueue::new(size);
-        for item in items.by_ref() {
+        for item in items {
+            // Cannot fail: the queue has room for `size` items.
             let _ = free.push(item);
         }
         Arc::new(Pool {

@@ -78,7 +78,10 @@ async fn without_a_driver_the_load_is_a_400_naming_why() {
         Err(err) => {
             assert_eq!(err.status(), Some(400), "{err}");
             let text = err.to_string();
-            assert!(text.contains("cuda worker: CUDA is unavailable: "), "{text}");
+            assert!(
+                text.contains("cuda worker: CUDA is unavailable: "),
+                "{text}"
+            );
             assert!(text.contains("libcuda.so.1"), "{text}");
             // Nothing of it remains, and the server goes on serving.
             assert!(c.models().await.unwrap().is_empty());
@@ -97,9 +100,15 @@ async fn gpu_inverts_images_of_any_size_as_the_cpu_worker_does() {
     }
     // Sizes around the 64 KiB chunk and the 4-byte word: odd tails, one chunk,
     // many chunks over both streams and more chunks than staging sets.
-    for (i, dims) in [[1, 1, 1], [3, 5, 3], [128, 128, 4], [129, 257, 3], [720, 1280, 3]]
-        .iter()
-        .enumerate()
+    for (i, dims) in [
+        [1, 1, 1],
+        [3, 5, 3],
+        [128, 128, 4],
+        [129, 257, 3],
+        [720, 1280, 3],
+    ]
+    .iter()
+    .enumerate()
     {
         let n = dims.iter().product::<i64>() as usize;
         let pixels: Vec<u8> = (0..n).map(|v| (v * 7 + i) as u8).collect();
@@ -157,7 +166,12 @@ async fn gpu_matvec_matches_the_cpu_under_concurrent_batches() {
                                 &[b as i64, rows as i64, cols as i64],
                                 &a,
                             ),
-                            InputTensor::from_slice("vector", DataType::Fp32, &[b as i64, cols as i64], &x),
+                            InputTensor::from_slice(
+                                "vector",
+                                DataType::Fp32,
+                                &[b as i64, cols as i64],
+                                &x,
+                            ),
                         ],
                         ..Default::default()
                     })
@@ -170,7 +184,10 @@ async fn gpu_matvec_matches_the_cpu_under_concurrent_batches() {
                         let row = &a[(r * rows + i) * cols..][..cols];
                         let want: f32 = row.iter().zip(&x[r * cols..]).map(|(p, q)| p * q).sum();
                         let got = y[r * rows + i];
-                        assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{got} vs {want}");
+                        assert!(
+                            (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                            "{got} vs {want}"
+                        );
                     }
                 }
             })
@@ -199,11 +216,18 @@ async fn onnx_runs_on_the_cuda_provider_or_says_why() {
     let repo = kiln_tests::model_repository();
     let kiln = Kiln::start(&["--model-repository", repo.to_str().unwrap()]);
     let c = &kiln.client;
-    let line: Vec<f32> = (0..3 * 48 * 192).map(|k| (k % 251) as f32 / 125.0 - 1.0).collect();
+    let line: Vec<f32> = (0..3 * 48 * 192)
+        .map(|k| (k % 251) as f32 / 125.0 - 1.0)
+        .collect();
     let classify = || async {
         let request = InferRequest {
             model: "ocr-cls".into(),
-            inputs: vec![InputTensor::from_slice("x", DataType::Fp32, &[1, 3, 48, 192], &line)],
+            inputs: vec![InputTensor::from_slice(
+                "x",
+                DataType::Fp32,
+                &[1, 3, 48, 192],
+                &line,
+            )],
             ..Default::default()
         };
         c.infer_binary(&request).await.unwrap().outputs[0].values::<f32>()
@@ -224,7 +248,9 @@ async fn onnx_runs_on_the_cuda_provider_or_says_why() {
             assert_eq!(e.status(), Some(400), "{e}");
             let text = e.to_string();
             assert!(
-                text.contains("execution_provider cuda: ONNX Runtime's CUDA provider is not available: "),
+                text.contains(
+                    "execution_provider cuda: ONNX Runtime's CUDA provider is not available: "
+                ),
                 "{text}"
             );
             assert!(

@@ -28,7 +28,11 @@ unsafe impl Send for PinnedBuf {}
 impl PinnedBuf {
     /// `len` bytes (at least 1); `write_combined` for memory the CPU only writes
     /// (faster across the bus, very slow for the CPU to read).
-    pub fn new(ctx: &Arc<CudaContext>, len: usize, write_combined: bool) -> Result<Self, CudaError> {
+    pub fn new(
+        ctx: &Arc<CudaContext>,
+        len: usize,
+        write_combined: bool,
+    ) -> Result<Self, CudaError> {
         let len = len.max(1);
         if len > isize::MAX as usize {
             return Err(CudaError::Size(format!("{len} bytes of pinned memory")));
@@ -175,7 +179,11 @@ impl Staging {
 
     /// Enqueues the copy of the first `len` host bytes to the device on `stream`.
     pub fn upload(&self, stream: &CudaStream, len: usize) -> Result<(), CudaError> {
-        let src = self.host.as_slice().get(..len).ok_or_else(|| too_long(len, self))?;
+        let src = self
+            .host
+            .as_slice()
+            .get(..len)
+            .ok_or_else(|| too_long(len, self))?;
         // SAFETY: both sides hold `len` bytes and stay alive and untouched until
         // the set's event has completed (the caller's contract).
         unsafe { result::memcpy_htod_async(self.device.ptr(), src, stream.cu_stream()) }?;

@@ -94,15 +94,24 @@ mod tests {
     #[test]
     fn names_and_devices() {
         assert_eq!(parse(&[]).unwrap(), Provider::Cpu);
-        assert_eq!(parse(&[("execution_provider", "CPU")]).unwrap(), Provider::Cpu);
+        assert_eq!(
+            parse(&[("execution_provider", "CPU")]).unwrap(),
+            Provider::Cpu
+        );
         assert_eq!(
             parse(&[("execution_provider", "cuda"), ("cuda_device", "1")]).unwrap(),
             Provider::Cuda { device: 1 }
         );
         for (pairs, needle) in [
-            (&[("execution_provider", "tensorrt")][..], "must be `cpu` or `cuda`"),
+            (
+                &[("execution_provider", "tensorrt")][..],
+                "must be `cpu` or `cuda`",
+            ),
             (&[("cuda_device", "0")][..], "not `cuda`"),
-            (&[("execution_provider", "cuda"), ("cuda_device", "-1")][..], "0 or more"),
+            (
+                &[("execution_provider", "cuda"), ("cuda_device", "-1")][..],
+                "0 or more",
+            ),
         ] {
             let e = parse(pairs).unwrap_err().to_string();
             assert!(e.contains(needle), "{pairs:?}: {e}");
