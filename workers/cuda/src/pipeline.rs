@@ -67,7 +67,7 @@ impl Pipeline {
         launch: &Launch<'_>,
     ) -> Result<(), CudaError> {
         self.ctx.bind_to_thread()?;
-        let mut enqueue = || -> Result<(), CudaError> {
+        let enqueue = || -> Result<(), CudaError> {
             for (index, chunk) in chunks.enumerate() {
                 let mut set = self.take_set(output)?;
                 let stream = &self.streams[index % self.streams.len()];
