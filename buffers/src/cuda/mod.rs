@@ -129,3 +129,41 @@ pub fn probe() -> Result<String, CudaError> {
     let (major, minor) = ctx.compute_capability()?;
     Ok(format!("{name} (compute capability {major}.{minor})"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_driver_the_reason_names_where_it_looked() {
+        if let Ok(device) = probe() {
+            println!("SKIPPED (a GPU is here: {device}): the no-driver reason");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("kiln-cuda-libs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let err = open(
+            0,
+            &Libraries {
+                dir: Some(dir.clone()),
+            },
+        )
+        .unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, CudaError::Unavailable(_)), "{text}");
+        assert!(text.contains(DRIVER_LIBRARY), "{text}");
+        assert!(
+            text.contains(&format!("{} and the dynamic loader's path", dir.display())),
+            "{text}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+        let err = open(
+            0,
+            &Libraries {
+                dir: Some(dir.clone()),
+            },
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("does not exist"), "{err}");
+    }
+}
