@@ -56,6 +56,10 @@ async fn bad_parameters_are_refused_with_or_without_a_gpu() {
         (json!({"kernel": "matvec", "streams": 0}), "streams"),
         (json!({"kernel": "matvec", "rows": 1_000_000}), "rows"),
         (
+            json!({"kernel": "matvec", "rows": 512, "chunk_rows": 4096}),
+            "lower chunk_rows",
+        ),
+        (
             json!({"kernel": "matvec", "cuda_library_dir": "/tmp"}),
             "may only be set by the operator",
         ),

@@ -31,6 +31,9 @@ impl Kernel {
 pub const MAX_DIM: i64 = 16384;
 /// Largest batch (requests) of the matvec kernel.
 pub const MAX_BATCH: i64 = 4096;
+/// Largest staging buffer of one chunk (each of the pool's sets holds one per input
+/// and output, pinned and on the device): loading parameters cannot pin more.
+pub const MAX_CHUNK_BYTES: usize = 1 << 30;
 
 /// The declared parameters (`Worker::PARAMETERS`).
 pub const PARAMETERS: &[ParamSpec] = &[
@@ -112,7 +115,7 @@ impl Config {
             let value = params.int(name)?.unwrap_or(default);
             usize::try_from(value).map_err(|_| format!("{name} must not be negative").into())
         };
-        Ok(Config {
+        let config = Config {
             kernel,
             device: get("device", 0)?,
             streams: get("streams", 2)?,
@@ -123,7 +126,20 @@ impl Config {
             cols: get("cols", 256)?,
             max_batch_size: get("max_batch_size", 64)?,
             library_dir: params.string("cuda_library_dir").map(PathBuf::from),
-        })
+        };
+        let (inputs, outputs) = config.chunk_sizes();
+        if let Some(&big) = inputs
+            .iter()
+            .chain(&outputs)
+            .find(|&&b| b > MAX_CHUNK_BYTES)
+        {
+            return Err(format!(
+                "a chunk of {big} bytes (chunk_rows x rows x cols x 4) is over \
+                 {MAX_CHUNK_BYTES}: lower chunk_rows"
+            )
+            .into());
+        }
+        Ok(config)
     }
 
     /// Staging sets per instance: two per stream, so that the CPU fills one while
@@ -194,6 +210,15 @@ mod tests {
                 .to_string();
             assert!(e.contains(key), "{key}={value}: {e}");
         }
+        // 4096 matrices of 512x256 FP32 a chunk: 2 GiB of staging, refused.
+        let e = config(&[
+            ("kernel", "matvec"),
+            ("chunk_rows", "4096"),
+            ("rows", "512"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("lower chunk_rows"), "{e}");
     }
 
     #[test]
