@@ -31,9 +31,10 @@ impl Kernel {
 pub const MAX_DIM: i64 = 16384;
 /// Largest batch (requests) of the matvec kernel.
 pub const MAX_BATCH: i64 = 4096;
-/// Largest staging buffer of one chunk (each of the pool's sets holds one per input
-/// and output, pinned and on the device): loading parameters cannot pin more.
-pub const MAX_CHUNK_BYTES: usize = 1 << 30;
+/// Most staging memory of one instance: every set of its pool, each a buffer per
+/// input and output of one chunk (pinned, and as much on the device). Load
+/// parameters cannot make an instance pin more.
+pub const MAX_STAGING_BYTES: usize = 4 << 30;
 
 /// The declared parameters (`Worker::PARAMETERS`).
 pub const PARAMETERS: &[ParamSpec] = &[
@@ -128,14 +129,13 @@ impl Config {
             library_dir: params.string("cuda_library_dir").map(PathBuf::from),
         };
         let (inputs, outputs) = config.chunk_sizes();
-        if let Some(&big) = inputs
-            .iter()
-            .chain(&outputs)
-            .find(|&&b| b > MAX_CHUNK_BYTES)
-        {
+        let per_set: usize = inputs.iter().chain(&outputs).sum();
+        let staging = config.staging_sets() * per_set;
+        if staging > MAX_STAGING_BYTES {
             return Err(format!(
-                "a chunk of {big} bytes (chunk_rows x rows x cols x 4) is over \
-                 {MAX_CHUNK_BYTES}: lower chunk_rows"
+                "{} staging sets of {per_set} bytes ({staging} pinned bytes) are over \
+                 {MAX_STAGING_BYTES}: lower chunk_rows, chunk_bytes or streams",
+                config.staging_sets()
             )
             .into());
         }
@@ -210,7 +210,7 @@ mod tests {
                 .to_string();
             assert!(e.contains(key), "{key}={value}: {e}");
         }
-        // 4096 matrices of 512x256 FP32 a chunk: 2 GiB of staging, refused.
+        // 4096 matrices of 512x256 FP32 a chunk: 2 GiB a set, 8 GiB for 4 sets.
         let e = config(&[
             ("kernel", "matvec"),
             ("chunk_rows", "4096"),
@@ -219,6 +219,15 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("lower chunk_rows"), "{e}");
+        let e = config(&[
+            ("kernel", "invert-image"),
+            ("chunk_bytes", "1073741824"),
+            ("streams", "2"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("4 staging sets of 2147483648 bytes"), "{e}");
+        assert!(config(&[("kernel", "invert-image"), ("chunk_bytes", "268435456")]).is_ok());
     }
 
     #[test]
