@@ -4,8 +4,12 @@
 //! - [`BufferSet`]: one batch's input and output buffers.
 //! - [`Pool`]: a fixed number of items handed out and returned on drop; taking one
 //!   blocks while all are out. The pool size bounds the batches in flight.
+//! - [`cuda`] (feature `cuda`): pinned host and device memory on an NVIDIA GPU,
+//!   driver loaded at run time; CUDA workers take their staging sets from a [`Pool`].
 
 mod aligned;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod pool;
 
 pub use aligned::AlignedBuf;

@@ -30,22 +30,25 @@ pub struct Pool<T> {
 
 impl<T> Pool<T> {
     /// A pool of `size` items (at least 1) made by `make`.
-    pub fn new(size: usize, make: impl FnMut() -> T) -> Arc<Pool<T>> {
-        Self::make(size, make, false)
+    pub fn new(size: usize, mut make: impl FnMut() -> T) -> Arc<Pool<T>> {
+        Pool::from_items((0..size.max(1)).map(|_| make()).collect(), false)
     }
 
     /// A pool that also notes the most items handed out at once
     /// ([`Pool::high_water`]), at a read of the free list per take.
-    pub fn tracked(size: usize, make: impl FnMut() -> T) -> Arc<Pool<T>> {
-        Self::make(size, make, true)
+    pub fn tracked(size: usize, mut make: impl FnMut() -> T) -> Arc<Pool<T>> {
+        Pool::from_items((0..size.max(1)).map(|_| make()).collect(), true)
     }
 
-    fn make(size: usize, mut make: impl FnMut() -> T, track: bool) -> Arc<Pool<T>> {
-        let size = size.max(1);
+    /// A pool of these items (at least one: a pool of none would block every
+    /// taker); `track`: note the high-water mark as [`Pool::tracked`] does.
+    pub fn from_items(items: Vec<T>, track: bool) -> Arc<Pool<T>> {
+        assert!(!items.is_empty(), "a pool needs at least one item");
+        let size = items.len();
         let free = ArrayQueue::new(size);
-        for _ in 0..size {
+        for item in items {
             // Cannot fail: the queue has room for `size` items.
-            let _ = free.push(make());
+            let _ = free.push(item);
         }
         Arc::new(Pool {
             free,
@@ -210,6 +213,17 @@ mod tests {
         assert!(c.is_some());
         drop((b, c));
         assert_eq!(pool.in_use(), 0);
+    }
+
+    #[test]
+    fn a_pool_of_given_items_hands_each_out_once() {
+        let pool = Pool::from_items(vec![1u8, 2, 3], false);
+        assert_eq!(pool.size(), 3);
+        let taken: Vec<_> = (0..3).map(|_| pool.try_acquire().unwrap()).collect();
+        let mut values: Vec<u8> = taken.iter().map(|p| **p).collect();
+        values.sort_unstable();
+        assert_eq!(values, [1, 2, 3]);
+        assert!(pool.try_acquire().is_none());
     }
 
     #[test]

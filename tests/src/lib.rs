@@ -32,8 +32,12 @@ pub fn build_dir() -> PathBuf {
     dir
 }
 
-/// The repository's root directory.
+/// The repository's root directory: `$KILN_REPO_ROOT`, for test binaries run away
+/// from their build tree (`scripts/gpu-check`), else where they were built.
 pub fn repo_root() -> PathBuf {
+    if let Some(root) = std::env::var_os("KILN_REPO_ROOT") {
+        return PathBuf::from(root);
+    }
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("repository root")

@@ -21,7 +21,9 @@
 //! `instances`, at least 1, as ONNX Runtime would pick for one session; see
 //! [`threads`]), `inter_op_threads` (1), `optimization_level`
 //! (`disable`, `basic`, `extended`, `all`; default `all`), `max_batch_size`,
-//! `batch_axis.<tensor>`, `input.<name>`.
+//! `batch_axis.<tensor>`, `input.<name>`, `execution_provider` (`cpu`, the default,
+//! or `cuda`: ONNX Runtime's CUDA provider, from the onnxruntime-gpu build named by
+//! `runtime`; see [`provider`]) and `cuda_device` (0).
 //! The session is created in `acquire` and dropped in `release`.
 //!
 //! `model_dir`, `model` and `runtime` name files and a library: they are declared
@@ -31,6 +33,7 @@
 mod axes;
 mod constant;
 mod convert;
+pub mod provider;
 mod runtime;
 mod signature;
 mod threads;
@@ -47,6 +50,7 @@ use ort::session::{Session, SessionInputValue};
 use ort::value::DynValue;
 
 use axes::{AlignedBytes, Split};
+use provider::Provider;
 use signature::{Feed, ModelTensor, Signature, Tensor};
 
 /// The onnx worker.
@@ -56,6 +60,7 @@ pub struct Onnx {
     intra_op_threads: usize,
     inter_op_threads: usize,
     level: GraphOptimizationLevel,
+    provider: Provider,
     signature: Signature,
     /// Per served input: the model's layout of a batch whose batch axis is not the
     /// first, reused from batch to batch.
@@ -136,7 +141,8 @@ impl Onnx {
             .with_intra_threads(self.intra_op_threads)
             .map_err(|e| WorkerError::new(format!("intra-op threads: {e}")))?
             .with_inter_threads(self.inter_op_threads)
-            .map_err(|e| WorkerError::new(format!("inter-op threads: {e}")))?
+            .map_err(|e| WorkerError::new(format!("inter-op threads: {e}")))
+            .and_then(|builder| self.provider.register(builder))?
             .commit_from_file(&self.path)
             .map_err(|e| WorkerError::new(format!("cannot load {}: {e}", self.path.display())))
     }
@@ -347,10 +353,13 @@ impl Worker for Onnx {
             },
         ),
         ParamSpec::load("input.*", ParamKind::Any),
+        ParamSpec::load("execution_provider", ParamKind::Any),
+        ParamSpec::load("cuda_device", ParamKind::Int { min: 0, max: 63 }),
     ];
 
     fn init(params: Params<'_>) -> Result<Self, WorkerError> {
         let path = model_path(&params)?;
+        let provider = Provider::from_params(&params)?;
         let environment = runtime::environment(&runtime::locate(params.string("runtime")))?;
         let mut worker = Onnx {
             path,
@@ -358,6 +367,7 @@ impl Worker for Onnx {
             intra_op_threads: threads::intra_op_threads(&params, threads::physical_cores())?,
             inter_op_threads: count(&params, "inter_op_threads", 1)?,
             level: optimization_level(&params)?,
+            provider,
             signature: Signature::default(),
             scratch: Vec::new(),
             session: None,
@@ -374,12 +384,13 @@ impl Worker for Onnx {
             .map(|_| AlignedBytes::default())
             .collect();
         log::info!(
-            "onnx: {} — {} input(s), {} output(s), max_batch_size {}, {} intra-op thread(s){}",
+            "onnx: {} — {} input(s), {} output(s), max_batch_size {}, {} intra-op thread(s), {:?}{}",
             worker.path.display(),
             worker.signature.inputs.len(),
             worker.signature.outputs.len(),
             worker.signature.max_batch_size,
             worker.intra_op_threads,
+            worker.provider,
             worker.signature.describe_options()
         );
         Ok(worker)
