@@ -348,6 +348,7 @@ impl WorkerGroup {
     ) -> Result<oneshot::Receiver<crate::reply::Answer>> {
         let mut log = RequestLog {
             id: request.id.take(),
+            trace_id: trace.map(|t| t.trace_id),
         };
         self.admit(request, &mut log, trace).inspect_err(|e| {
             crate::request_log::failed(&log, &self.endpoint, e);

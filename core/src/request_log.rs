@@ -3,8 +3,9 @@
 //! its [`crate::reply::Reply`]) from admission to its answer, so a line written on
 //! any thread (the ingress, the batcher, the instance) names the same request.
 //!
-//! Today it holds the request id; what else should name a request on its log lines
-//! (a trace id) is added here, as a field and as a key in [`request_log!`].
+//! It holds the request id and, when the request is traced, its trace id
+//! ([`crate::trace`]): a line about a traced request can be found in the trace and
+//! the trace's spans from the line.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -13,6 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub struct RequestLog {
     /// The client's request id (KServe's `id`); `None` when it gave none.
     pub id: Option<String>,
+    /// The request's trace id, when it is traced (sampled).
+    pub trace_id: Option<opentelemetry::trace::TraceId>,
 }
 
 /// What a line shows for a request without an id (Triton's words).
@@ -26,14 +29,21 @@ impl RequestLog {
 }
 
 /// Logs a line about one request: `request_log!(level, &RequestLog, "format", args…)`.
-/// The line carries the request's key-values (`request_id`), which every log format
-/// writes (`{ request_id=… }`, JSON's `kv`). Costs a level check when the level is
-/// off.
+/// The line carries the request's key-values (`request_id`, and `trace_id` when the
+/// request is traced), which every log format writes (`{ request_id=… }`, JSON's
+/// `kv`). Costs a level check when the level is off.
 #[macro_export]
 macro_rules! request_log {
     ($level:expr, $log:expr, $($arg:tt)+) => {{
         let log: &$crate::request_log::RequestLog = $log;
-        spdlog::log!($level, $($arg)+, kv: { request_id = log.request_id() })
+        match log.trace_id {
+            Some(trace_id) => spdlog::log!(
+                $level,
+                $($arg)+,
+                kv: { request_id = log.request_id(), trace_id: = trace_id }
+            ),
+            None => spdlog::log!($level, $($arg)+, kv: { request_id = log.request_id() }),
+        }
     }};
 }
 
@@ -70,12 +80,18 @@ pub fn set_verbose(on: bool) {
     VERBOSE.store(on, Ordering::Relaxed);
 }
 
-/// A [`RequestLog`] for `id`, copied only when [`failed`] lines are written: for
-/// a line that may come after the id has gone into an answer, without a copy per
-/// request otherwise.
-pub fn when_logged(id: &Option<String>) -> RequestLog {
+/// A [`RequestLog`] for `id` (and the request's `trace_id`), copied only when
+/// [`failed`] lines are written: for a line that may come after the id has gone
+/// into an answer, without a copy per request otherwise.
+pub fn when_logged(
+    id: &Option<String>,
+    trace_id: Option<opentelemetry::trace::TraceId>,
+) -> RequestLog {
     if VERBOSE.load(Ordering::Relaxed) {
-        RequestLog { id: id.clone() }
+        RequestLog {
+            id: id.clone(),
+            trace_id,
+        }
     } else {
         RequestLog::default()
     }

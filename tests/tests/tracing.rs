@@ -167,6 +167,9 @@ async fn spans_of_http_and_grpc_requests_reach_the_otlp_receiver() {
             &receiver.url,
             "--trace-rate",
             "1",
+            // Verbose: a line for each request answered with an error.
+            "--log-level",
+            "debug",
         ],
         ENV,
     );
@@ -186,6 +189,16 @@ async fn spans_of_http_and_grpc_requests_reach_the_otlp_receiver() {
     assert_eq!(failing.status(), 500);
     let log = kiln.log_with(&format!("trace_id {FAILED_TRACE}"));
     assert!(log.contains(&format!("(trace_id {FAILED_TRACE})")), "{log}");
+    // The failed request's own line carries its trace id beside its request id.
+    let log = kiln.log_with(&format!("trace_id={FAILED_TRACE}"));
+    let line = log
+        .lines()
+        .find(|l| l.contains(&format!("trace_id={FAILED_TRACE}")))
+        .unwrap_or_else(|| panic!("no request line with the trace id: {log}"));
+    assert!(
+        line.contains("request failed") && line.contains("request_id="),
+        "{line}"
+    );
     let spans = receiver
         .wait_for(Duration::from_secs(20), |spans| {
             spans.iter().filter(|s| s.span.name == "batch").count() >= 3

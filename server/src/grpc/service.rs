@@ -22,8 +22,8 @@ use super::proto::{
     ServerMetadataResponse, ServerReadyRequest, ServerReadyResponse,
     SystemSharedMemoryRegisterRequest, SystemSharedMemoryRegisterResponse,
     SystemSharedMemoryStatusRequest, SystemSharedMemoryStatusResponse,
-    SystemSharedMemoryUnregisterRequest, SystemSharedMemoryUnregisterResponse,
-    TraceSettingRequest, TraceSettingResponse,
+    SystemSharedMemoryUnregisterRequest, SystemSharedMemoryUnregisterResponse, TraceSettingRequest,
+    TraceSettingResponse,
 };
 use super::status::{status, triton_status};
 use crate::error::{Result, ServerError};
@@ -134,7 +134,7 @@ impl Pending {
         trace.answered(answered.as_ref().ok().map(|(r, _)| r));
         let (response, delivery) = answered?;
         // Only for a line about a failure: no copy of the id unless one is written.
-        let log = request_log::when_logged(&response.id);
+        let log = request_log::when_logged(&response.id, trace.trace_id());
         match encode_response_shm(response, &in_shm) {
             Ok(encoded) => Ok((encoded, delivery)),
             Err(e) => {

@@ -262,7 +262,7 @@ async fn infer_traced(
     )
     .await;
     let (pending, placement) = serve::submit(group, decoded, trace)?;
-    let (response, delivery) = match req.conn_data::<super::peer::Peer>() {
+    let response = match req.conn_data::<super::peer::Peer>() {
         // Returning drops the pending answer: a queued request is then cancelled.
         Some(peer) => tokio::select! {
             answer = pending.delivered() => answer,
@@ -275,7 +275,7 @@ async fn infer_traced(
     trace.answered(response.as_ref().ok().map(|(r, _)| r));
     let (response, delivery) = response?;
     // Only for a line about a failure: no copy of the id unless one can be written.
-    let log = crate::request_log::when_logged(&response.id);
+    let log = crate::request_log::when_logged(&response.id, trace.trace_id());
     let answered = match offload::encode_response(response, placement).await {
         Ok(encoded) => match super::compress::negotiate(req) {
             None => Ok(encoded.into_response()),
