@@ -164,6 +164,29 @@ async fn a_bad_isolation_value_is_refused() {
     assert!(err.to_string().contains("isolation"), "{err}");
 }
 
+/// An asynchronous worker completes batches on its own threads, which a worker
+/// host cannot carry: it is refused at load, not failed batch by batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_asynchronous_worker_is_refused_in_a_worker_host() {
+    let kiln = Kiln::start(&[]);
+    let err = kiln
+        .client
+        .load("fpga-sim", &serde_json::json!({"isolation": "process"}))
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), Some(400), "{err}");
+    assert!(
+        err.to_string()
+            .contains("asynchronous worker cannot run in a worker host"),
+        "{err}"
+    );
+    // In the server's process it loads.
+    kiln.client
+        .load("fpga-sim", &serde_json::json!({}))
+        .await
+        .unwrap();
+}
+
 /// Without isolation the plugin runs in the server's process: the same values
 /// end the server, by the same signals.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -85,6 +85,14 @@ impl Host {
             r.params_into(&mut params).map_err(|e| e.to_string())?;
             let mut worker = load(Path::new(plugin))?;
             let info = worker.init(params.as_slice().into()).into_result()?;
+            if worker.is_async() {
+                // Its batches complete on its own threads, after `submit` returns:
+                // the host's request/reply exchange has no way to carry that.
+                worker.destroy();
+                return Err("an asynchronous worker cannot run in a worker host \
+                            (isolation = \"process\"); load it with isolation = \"none\""
+                    .to_owned());
+            }
             Writer::start(reply, REPLY_OK).info(&info);
             self.worker = Some(worker);
             self.info = Some(info);
