@@ -27,7 +27,8 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::error::ServerError;
 use crate::instance::{
-    answer, fail_all, output_shapes, split_outputs, BatchSource, InstanceContext, Ran, Views,
+    answer, fail_all, observe_start, output_shapes, split_outputs, BatchSource, InstanceContext,
+    Ran, Views,
 };
 use crate::reply::Reply;
 use crate::stats::nanos;
@@ -112,14 +113,7 @@ struct InFlight {
 impl InFlight {
     fn new(mut batch: Batch<Reply>, ctx: Arc<InstanceContext>, slots: Arc<Slots>) -> InFlight {
         let started = Instant::now();
-        let m = &ctx.metrics;
-        let mut queue_ns = 0u64;
-        for member in &batch.members {
-            let waited = started.saturating_duration_since(member.arrived);
-            m.queue_seconds.observe(waited.as_secs_f64());
-            queue_ns = queue_ns.saturating_add(nanos(waited));
-        }
-        m.batch_size.observe(batch.len() as f64);
+        let queue_ns = observe_start(&ctx, &batch, started);
         if let Some(outstanding) = &ctx.outstanding {
             outstanding.submitted(&ctx.metrics);
         }

@@ -117,13 +117,7 @@ pub fn run_instance(
         }
         let started = Instant::now();
         let m = &ctx.metrics;
-        let mut queue_ns = 0u64;
-        for member in &batch.members {
-            let waited = started.saturating_duration_since(member.arrived);
-            m.queue_seconds.observe(waited.as_secs_f64());
-            queue_ns = queue_ns.saturating_add(nanos(waited));
-        }
-        m.batch_size.observe(batch.len() as f64);
+        let queue_ns = observe_start(&ctx, &batch, started);
         // Empty (no allocation) unless a member's trace is sampled.
         let mut traced = BatchTrace::of(
             batch.members.iter().map(|m| (m.reply.trace, m.arrived)),
@@ -177,6 +171,20 @@ pub fn run_instance(
     }
     let _ = worker.deallocate();
     worker.destroy();
+}
+
+/// Records a batch starting its run at `started`: each member's queue time and the
+/// batch's size; returns the members' queue time in all (nanoseconds).
+pub(crate) fn observe_start(ctx: &InstanceContext, batch: &Batch<Reply>, started: Instant) -> u64 {
+    let m = &ctx.metrics;
+    let mut queue_ns = 0u64;
+    for member in &batch.members {
+        let waited = started.saturating_duration_since(member.arrived);
+        m.queue_seconds.observe(waited.as_secs_f64());
+        queue_ns = queue_ns.saturating_add(nanos(waited));
+    }
+    m.batch_size.observe(batch.len() as f64);
+    queue_ns
 }
 
 /// Tells a stateful model's sequence batcher that `batch` is done, with each

@@ -22,6 +22,8 @@ const HTTP_PARENT: &str = "00f067aa0ba902b7";
 const GRPC_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
 const GRPC_PARENT: &str = "b7ad6b7169203331";
 const FAILED_TRACE: &str = "5ab1a3b2c3d4e5f60718293a4b5c6d7e";
+const OFF_TRACE: &str = "6c1d2e3f405162738495a6b7c8d9e0f1";
+const MARKER_TRACE: &str = "7d2e3f405162738495a6b7c8d9e0f1a2";
 
 /// Exports every 50 ms, so the test need not wait for the default 5 s.
 const ENV: &[(&str, &str)] = &[
@@ -297,14 +299,14 @@ async fn nothing_is_exported_while_sampling_is_off_and_the_trace_extension_turns
         &["--load", "echo", "--trace-otlp-endpoint", &receiver.url],
         ENV,
     );
-    let http = [("traceparent", traceparent(HTTP_TRACE, HTTP_PARENT))];
+    let off = [("traceparent", traceparent(OFF_TRACE, HTTP_PARENT))];
     for _ in 0..20 {
-        assert_eq!(infer_http(&kiln, "echo", "INPUT0", &http).await, 200);
+        assert_eq!(infer_http(&kiln, "echo", "INPUT0", &off).await, 200);
         infer_grpc(&kiln, None).await;
     }
-    // Several export intervals.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(receiver.spans().is_empty(), "{:#?}", receiver.spans());
+    // Whether any of those was exported is checked at the end, once a last traced
+    // request's spans arrived (the exporter sends spans in the order they end).
+    let http = [("traceparent", traceparent(HTTP_TRACE, HTTP_PARENT))];
 
     // Every 4th request of `echo`, three traces in all, through the extension.
     let settings: Value = reqwest::Client::new()
@@ -321,19 +323,6 @@ async fn nothing_is_exported_while_sampling_is_off_and_the_trace_extension_turns
     for _ in 0..20 {
         assert_eq!(infer_http(&kiln, "echo", "INPUT0", &http).await, 200);
     }
-    let spans = receiver
-        .wait_for(Duration::from_secs(20), |s| {
-            s.iter().filter(|s| s.span.name == "infer").count() >= 3
-        })
-        .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let spans = if spans.len() < receiver.spans().len() {
-        receiver.spans()
-    } else {
-        spans
-    };
-    let infers = named(&spans, HTTP_TRACE, "infer");
-    assert_eq!(infers.len(), 3, "trace_count 3 of 20 at rate 4: {spans:#?}");
     let settings: Value = reqwest::get(format!("{}/v2/models/echo/trace/setting", kiln.url))
         .await
         .unwrap()
@@ -341,6 +330,35 @@ async fn nothing_is_exported_while_sampling_is_off_and_the_trace_extension_turns
         .await
         .unwrap();
     assert_eq!(settings["trace_count"], "0", "{settings}");
+    // One last traced request: once its spans are in, every span ended before it
+    // (all of the requests above answered) has been exported too.
+    let marked: Value = reqwest::Client::new()
+        .post(format!("{}/v2/models/echo/trace/setting", kiln.url))
+        .json(&json!({"trace_rate": "1", "trace_count": "1"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(marked["trace_count"], "1", "{marked}");
+    let marker = [("traceparent", traceparent(MARKER_TRACE, HTTP_PARENT))];
+    assert_eq!(infer_http(&kiln, "echo", "INPUT0", &marker).await, 200);
+    let spans = receiver
+        .wait_for(Duration::from_secs(20), |spans| {
+            !named(spans, MARKER_TRACE, "infer").is_empty()
+        })
+        .await;
+    assert_eq!(named(&spans, MARKER_TRACE, "infer").len(), 1, "{spans:#?}");
+    let infers = named(&spans, HTTP_TRACE, "infer");
+    assert_eq!(infers.len(), 3, "trace_count 3 of 20 at rate 4: {spans:#?}");
+    // Nothing of the requests made while tracing was off.
+    assert_eq!(
+        spans.iter().filter(|s| s.span.name == "infer").count(),
+        4,
+        "{spans:#?}"
+    );
+    assert!(named(&spans, OFF_TRACE, "infer").is_empty(), "{spans:#?}");
     // The server's own settings were not changed.
     let server: Value = reqwest::get(format!("{}/v2/trace/setting", kiln.url))
         .await

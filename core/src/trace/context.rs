@@ -11,6 +11,17 @@ pub struct Propagated {
     pub tracestate: Option<String>,
 }
 
+impl Propagated {
+    /// The `traceparent` and `tracestate` a transport's headers carry, read through
+    /// `header` (a header's value as text, if present and readable).
+    pub fn from_headers<'a>(header: impl Fn(&str) -> Option<&'a str>) -> Propagated {
+        Propagated {
+            traceparent: header("traceparent").map(str::to_owned),
+            tracestate: header("tracestate").map(str::to_owned),
+        }
+    }
+}
+
 /// The caller's span a request's span joins: `None` when `traceparent` is absent
 /// or malformed (as the W3C says, a bad header starts a new trace, it fails
 /// nothing). A malformed `tracestate` is dropped alone.

@@ -69,16 +69,7 @@ async fn off_thread<T: Send + 'static>(
 
 /// The caller's W3C `traceparent` and `tracestate` (gRPC metadata).
 pub(crate) fn propagated(headers: &tonic::codegen::http::HeaderMap) -> Propagated {
-    let header = |name| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    };
-    Propagated {
-        traceparent: header("traceparent"),
-        tracestate: header("tracestate"),
-    }
+    Propagated::from_headers(|name| headers.get(name).and_then(|v| v.to_str().ok()))
 }
 
 /// `None` for the protocol's empty string ("any version", "every region").

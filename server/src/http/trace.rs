@@ -12,16 +12,7 @@ use crate::trace::{self, Propagated, SettingMap, SettingValue, Update};
 
 /// The caller's `traceparent` and `tracestate` headers.
 pub fn propagated(req: &HttpRequest) -> Propagated {
-    let header = |name| {
-        req.headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    };
-    Propagated {
-        traceparent: header("traceparent"),
-        tracestate: header("tracestate"),
-    }
+    Propagated::from_headers(|name| req.headers().get(name).and_then(|v| v.to_str().ok()))
 }
 
 /// `GET/POST /v2/trace/setting`: the server's settings.
