@@ -302,6 +302,10 @@ async fn sixteen_sessions_batch_together() {
     );
 }
 
+/// A first message (text, or binary bytes), the close code it gets, and a part
+/// of the close reason.
+type Case = (Result<String, Vec<u8>>, u16, &'static str);
+
 /// Opens a stream and sends `first` as its first message (text or binary).
 async fn first_message(
     kiln: &Kiln,
@@ -320,7 +324,7 @@ async fn first_message(
 #[tokio::test]
 async fn protocol_errors_close_with_their_codes() {
     let kiln = invert_video(&["--stream-max-message-bytes", "65536"]);
-    let cases: Vec<(Result<String, Vec<u8>>, u16, &str)> = vec![
+    let cases: Vec<Case> = vec![
         (Err(vec![1, 2, 3]), 1003, "opening text message"),
         (Ok("{not json".into()), 1007, "not JSON"),
         (Ok("[1]".into()), 1007, "JSON object"),

@@ -67,7 +67,14 @@ fn frames(width: usize, height: usize) -> anyhow::Result<Vec<Vec<u8>>> {
 
 /// `kiln_batch_size`'s sum and count for `model` on the server's `/metrics`.
 async fn batch_totals(http: &reqwest::Client, url: &str, model: &str) -> Option<(f64, f64)> {
-    let text = http.get(format!("{url}/metrics")).send().await.ok()?.text().await.ok()?;
+    let text = http
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
     let sample = |name: &str| {
         text.lines().find_map(|l| {
             let rest = l.strip_prefix(name)?;
@@ -76,7 +83,10 @@ async fn batch_totals(http: &reqwest::Client, url: &str, model: &str) -> Option<
                 .flatten()
         })
     };
-    Some((sample("kiln_batch_size_sum{")?, sample("kiln_batch_size_count{")?))
+    Some((
+        sample("kiln_batch_size_sum{")?,
+        sample("kiln_batch_size_count{")?,
+    ))
 }
 
 /// Runs `sessions` sessions for the warm-up and the measured window.
@@ -150,7 +160,9 @@ async fn session(
             Event::Result(r) => {
                 if measured {
                     stats.frames += 1;
-                    stats.latency.record(now.duration_since(at).as_micros() as u64)?;
+                    stats
+                        .latency
+                        .record(now.duration_since(at).as_micros() as u64)?;
                     let dropped = ["overrun", "slow_reader", "rejected"].map(|d| r.dropped(d));
                     stats.dropped = dropped.iter().sum();
                 }
