@@ -528,3 +528,12 @@ async fn a_websocket_protocol_violation_closes_with_1002() {
     assert_eq!(*opcode, 0x8, "{frames:?}");
     assert_eq!(u16::from_be_bytes([payload[0], payload[1]]), 1002);
 }
+
+#[tokio::test]
+async fn a_restricted_inference_category_covers_streams() {
+    let kiln = invert_video(&["--http-restricted-api", "inference:stream-key=open"]);
+    match StreamClient::connect(&kiln.url, "invert-video", None).await {
+        Err(ClientError::Status { status, message }) => assert_eq!(status, 403, "{message}"),
+        other => panic!("upgraded without the header: {:?}", other.err()),
+    }
+}
