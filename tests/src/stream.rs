@@ -61,6 +61,17 @@ pub fn result_image(result: &StreamResult) -> (usize, usize, Vec<u8>) {
     kiln_client::stream::decode_jpeg(jpeg).expect("decode result JPEG")
 }
 
+/// How long a stream test waits for one message before it fails.
+pub const BOUND: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The next message of `s`, within [`BOUND`].
+pub async fn next(s: &mut StreamClient) -> Event {
+    tokio::time::timeout(BOUND, s.recv())
+        .await
+        .expect("a message in time")
+        .expect("a message")
+}
+
 /// Opens an invert-video session with `open`'s settings.
 pub async fn session(kiln: &Kiln, open: serde_json::Value) -> StreamClient {
     let mut s = StreamClient::connect(&kiln.url, "invert-video", None)

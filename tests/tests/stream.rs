@@ -10,20 +10,10 @@ use std::time::Duration;
 use kiln_client::stream::{raw_frame, Event, StreamClient};
 use kiln_client::DataType;
 use kiln_tests::stream::{
-    frame, inversion_error, invert_video, jpeg_frame, result_image, rss_bytes, session,
+    frame, inversion_error, invert_video, jpeg_frame, next, result_image, rss_bytes, session, BOUND,
 };
 use kiln_tests::{metric, Kiln};
 use serde_json::json;
-
-/// How long any wait for the server may take before the test fails.
-const BOUND: Duration = Duration::from_secs(60);
-
-async fn next(s: &mut StreamClient) -> Event {
-    tokio::time::timeout(BOUND, s.recv())
-        .await
-        .expect("a message in time")
-        .expect("a message")
-}
 
 /// Sends `count` JPEG frames of `width`×`height`, keeping at most `window`
 /// unanswered (so none is dropped), and checks each answer: in order, inverted.

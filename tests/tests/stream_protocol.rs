@@ -5,23 +5,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Duration;
-
 use kiln_client::stream::{Event, StreamClient};
 use kiln_client::ClientError;
-use kiln_tests::stream::{invert_video, jpeg_frame, session, until_closed};
+use kiln_tests::stream::{invert_video, jpeg_frame, next, session, until_closed, BOUND};
 use kiln_tests::Kiln;
 use serde_json::json;
-
-/// How long any wait for the server may take before the test fails.
-const BOUND: Duration = Duration::from_secs(60);
-
-async fn next(s: &mut StreamClient) -> Event {
-    tokio::time::timeout(BOUND, s.recv())
-        .await
-        .expect("a message in time")
-        .expect("a message")
-}
 
 /// A first message (text, or binary bytes), the close code it gets, and a part
 /// of the close reason.
