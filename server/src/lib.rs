@@ -11,5 +11,6 @@ pub mod grpc;
 pub mod http;
 pub mod log_format;
 pub mod log_settings;
+pub mod media;
 pub mod otlp;
 pub mod tls;
