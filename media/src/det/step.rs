@@ -3,7 +3,7 @@
 //! sessions run it for every decoded or received frame; the tests use the same.
 
 use bytes::Bytes;
-use kiln_protocol::{DataType, InferRequest, InferResponse, InputTensor};
+use kiln_protocol::{DataType, InferRequest, InferResponse, InputTensor, OutputTensor};
 
 use super::{input_size, BoxFinder, BoxParams, Preprocessor, TextBox, DEFAULT_LIMIT_SIDE, INPUT};
 
@@ -58,6 +58,23 @@ impl TextDetection {
         width: u32,
         height: u32,
     ) -> Result<InferRequest, String> {
+        Ok(InferRequest {
+            model: model.to_owned(),
+            inputs: vec![self.input(INPUT, rgb, width, height, true)?],
+            ..Default::default()
+        })
+    }
+
+    /// The detector's input tensor `name` for one rgb24 frame: FP32 `[3, H, W]`,
+    /// with a batch dimension of 1 in front when `batched`.
+    pub fn input(
+        &mut self,
+        name: &str,
+        rgb: &[u8],
+        width: u32,
+        height: u32,
+        batched: bool,
+    ) -> Result<InputTensor, String> {
         if width == 0 || height == 0 || rgb.len() != width as usize * height as usize * 3 {
             return Err(format!(
                 "a {width}x{height} rgb24 frame is {} bytes, not {}",
@@ -77,15 +94,15 @@ impl TextDetection {
         let (dw, dh) = pre.output_size();
         let mut input = vec![0f32; pre.output_len()];
         pre.run(rgb, &mut input);
-        Ok(InferRequest {
-            model: model.to_owned(),
-            inputs: vec![InputTensor {
-                name: INPUT.to_owned(),
-                dtype: DataType::Fp32,
-                shape: vec![1, 3, i64::from(dh), i64::from(dw)],
-                data: Bytes::from_owner(Floats(input)),
-            }],
-            ..Default::default()
+        let mut shape = vec![3, i64::from(dh), i64::from(dw)];
+        if batched {
+            shape.insert(0, 1);
+        }
+        Ok(InputTensor {
+            name: name.to_owned(),
+            dtype: DataType::Fp32,
+            shape,
+            data: Bytes::from_owner(Floats(input)),
         })
     }
 
@@ -99,27 +116,44 @@ impl TextDetection {
             .outputs
             .first()
             .ok_or("the detector answered no output")?;
-        let (h, w) = match out.shape.as_slice() {
-            [1, 1, h, w] if out.dtype == DataType::Fp32 => (*h, *w),
-            _ => {
-                return Err(format!(
-                    "the detector's output `{}` is {:?} {:?}, not FP32 [1, 1, H, W]",
-                    out.name, out.dtype, out.shape
-                ))
+        self.boxes_of(out, (sw, sh))
+    }
+
+    /// The boxes of a probability map (FP32 `[H, W]`, `[1, H, W]` or
+    /// `[1, 1, H, W]`) in a `width × height` frame's pixels.
+    pub fn boxes_of(
+        &mut self,
+        map: &OutputTensor,
+        (width, height): (u32, u32),
+    ) -> Result<&[TextBox], String> {
+        let dims = match map.shape.as_slice() {
+            [h, w] | [1, h, w] | [1, 1, h, w] if map.dtype == DataType::Fp32 => {
+                (u32::try_from(*w).ok(), u32::try_from(*h).ok())
             }
+            _ => (None, None),
         };
-        let (w, h) = (u32::try_from(w).unwrap_or(0), u32::try_from(h).unwrap_or(0));
-        if out.data.len() != w as usize * h as usize * 4 {
-            return Err(format!("the detector's output `{}` is short", out.name));
+        let (Some(w), Some(h)) = dims else {
+            return Err(format!(
+                "the detector's output `{}` is {:?} {:?}, not an FP32 probability map [1, 1, H, W]",
+                map.name, map.dtype, map.shape
+            ));
+        };
+        if map.data.len() != w as usize * h as usize * 4 {
+            return Err(format!("the detector's output `{}` is short", map.name));
         }
         self.map.clear();
         self.map.extend(
-            out.data
+            map.data
                 .chunks_exact(4)
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
         );
-        self.finder
-            .find(&self.map, (w, h), (sw, sh), &self.params, &mut self.boxes);
+        self.finder.find(
+            &self.map,
+            (w, h),
+            (width, height),
+            &self.params,
+            &mut self.boxes,
+        );
         Ok(&self.boxes)
     }
 }
