@@ -6,6 +6,9 @@
 //! counts SECONDS of results and prints one JSON line: sessions, frames per second
 //! in total and per session, the p50/p99 of each frame's `latency_ms` (kiln's: the
 //! frame decoded to its boxes ready to send), and the mean boxes per frame.
+//!
+//! `stream-text-load --videos DIR` generates the test videos into DIR
+//! (`kiln_media::testvideo`, as the tests do) and exits.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -67,6 +70,10 @@ async fn session(run: Arc<Run>) {
 #[tokio::main(flavor = "multi_thread", worker_threads = 1)]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.len() == 3 && args[1] == "--videos" {
+        kiln_media::testvideo::ensure(std::path::Path::new(&args[2])).expect("the test videos");
+        return;
+    }
     if args.len() < 6 {
         eprintln!("usage: stream-text-load URL MODEL SESSIONS SECONDS MEDIA [WINDOW]");
         std::process::exit(2);
