@@ -287,7 +287,7 @@ async fn media_names_outside_the_folder_are_refused_and_undecodable_files_explai
     refused(
         &kiln,
         json!({"media": "garbage.mp4"}),
-        "cannot decode `garbage.mp4`: ",
+        "cannot decode `garbage.mp4`: garbage.mp4: Invalid data found",
         1011,
     )
     .await;
