@@ -167,7 +167,8 @@ impl Media {
 
 impl SourceOpener for Media {
     fn open(&self, spec: &SourceSpec) -> Result<Box<dyn FrameSource>, SourceError> {
-        let live = matches!(spec, SourceSpec::Url(url) if url.starts_with("rtsp:"));
+        let live = matches!(spec, SourceSpec::Url(url)
+            if url.get(..5).is_some_and(|s| s.eq_ignore_ascii_case("rtsp:")));
         match self.open_decoder(spec) {
             Ok(decoder) => Ok(Box::new(VideoSource { decoder, live })),
             Err(e @ (MediaError::Undecodable(_) | MediaError::Internal(_))) => {
