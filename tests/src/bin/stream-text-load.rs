@@ -2,7 +2,8 @@
 //! video at N WebSocket sessions, for `scripts/bench-stream-text`. Each session
 //! names the server-side video MEDIA (under kiln's `--media-dir`) with
 //! `"processing": "text_boxes"` and `max_inflight_frames` WINDOW (default 2), and
-//! reads results (a new session when the video ends). After 2 s of warm-up it
+//! reads results (a new session when the video ends). After 5 s of warm-up (every
+//! batch size of the detector run once) it
 //! counts SECONDS of results and prints one JSON line: sessions, frames per second
 //! in total and per session, the p50/p99 of each frame's `latency_ms` (kiln's: the
 //! frame decoded to its boxes ready to send), and the mean boxes per frame.
@@ -80,7 +81,7 @@ async fn main() {
     }
     let sessions: usize = args[3].parse().expect("SESSIONS");
     let seconds: f64 = args[4].parse().expect("SECONDS");
-    let warm = Instant::now() + Duration::from_secs(2);
+    let warm = Instant::now() + Duration::from_secs(5);
     let run = Arc::new(Run {
         url: args[1].clone(),
         model: args[2].clone(),
