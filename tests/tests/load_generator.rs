@@ -254,3 +254,32 @@ async fn load_generator_reports_server_cpu_per_request() {
         "{output:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_generator_stream_sessions() {
+    let kiln = kiln_tests::stream::invert_video(&[]);
+    let runs = run_load(&[
+        "--url",
+        &kiln.url,
+        "--stream",
+        "--model",
+        "invert-video",
+        "--frame-size",
+        "64x48",
+        "--concurrency",
+        "1,3",
+    ]);
+    assert_eq!(runs.len(), 2);
+    for (run, sessions) in runs.iter().zip([1, 3]) {
+        assert_eq!(run["mode"], "stream");
+        assert_eq!(run["sessions"], sessions);
+        assert!(run["frames"].as_u64().expect("frames") > 0, "{run}");
+        assert_eq!(run["errors"], 0, "{run}");
+        assert_eq!(run["dropped"], 0, "closed loop: nothing dropped: {run}");
+        assert!(run["p99_ms"].as_f64().expect("p99") >= run["p50_ms"].as_f64().expect("p50"));
+        assert!(
+            run["mean_batch"].as_f64().expect("mean batch") >= 1.0,
+            "{run}"
+        );
+    }
+}

@@ -38,7 +38,6 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::json;
 
 use crate::group::WorkerGroup;
-use crate::http::HttpError;
 use crate::server::Server;
 pub use args::StreamArgs;
 use source::SourceOpener;
@@ -126,14 +125,15 @@ impl Drop for SessionSlot {
 }
 
 /// `GET .../stream` for `group` (looked up by the model route): upgrades to a
-/// WebSocket and starts the session's task on this actix-web worker thread.
+/// WebSocket and starts the session's task on this actix-web worker thread. An
+/// error is answered as the REST routes answer theirs (`http/error.rs`).
 pub async fn open(
     server: &Server,
     streams: &Arc<Streams>,
     req: &HttpRequest,
     payload: web::Payload,
     group: Arc<WorkerGroup>,
-) -> Result<HttpResponse, HttpError> {
+) -> Result<HttpResponse, crate::ServerError> {
     let (response, ws, messages) = match actix_ws::handle(req, payload) {
         Ok(upgrade) => upgrade,
         Err(e) => {
@@ -142,10 +142,10 @@ pub async fn open(
         }
     };
     let Some(slot) = streams.admit() else {
-        return Err(HttpError(crate::ServerError::Exhausted(format!(
+        return Err(crate::ServerError::Exhausted(format!(
             "{} WebSocket sessions are open: the server's --stream-max-sessions",
             streams.config.max_sessions
-        ))));
+        )));
     };
     let max = streams.config.max_message_bytes;
     let messages = messages
