@@ -4,8 +4,10 @@
 // Test support: a failed setup step should fail the test loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod file_server;
 pub mod fixtures;
 pub mod golden;
+pub mod media;
 pub mod otlp;
 pub mod pytest;
 pub mod stream;
