@@ -3,7 +3,7 @@
 //! The embeddable server is kiln-core's, re-exported here whole ([`Server`] and
 //! every module of [`kiln_core`]), so `kiln_server::Server` is the in-process API.
 //! [`http`] serves it over REST (KServe v2), [`grpc`] over gRPC (Triton's
-//! `GRPCInferenceService`).
+//! `GRPCInferenceService`), [`ui`] the video page.
 
 pub use kiln_core::*;
 
@@ -13,3 +13,4 @@ pub mod log_format;
 pub mod log_settings;
 pub mod otlp;
 pub mod tls;
+pub mod ui;

@@ -1,0 +1,164 @@
+//! The video page (`GET /ui/video`) in real headless Chromium from Debian, driven
+//! over WebDriver: the fake camera plays a video FFmpeg generated, the page streams
+//! its frames to the real `kiln` binary over the model's WebSocket, and the test
+//! reads what the page drew (the result canvas's pixels) and the numbers it shows.
+//! A screenshot is left in `target/test-output/`.
+
+use std::time::Duration;
+
+use kiln_tests::browser::{browser_available, fake_camera_video, Browser};
+use kiln_tests::Kiln;
+use serde_json::{json, Value};
+
+/// The page's three files are served from the binary, with their types; another
+/// method is 405, as on every route.
+#[tokio::test]
+async fn page_files_are_served() {
+    let kiln = Kiln::start(&[]);
+    for (path, content_type, needle) in [
+        ("/ui/video", "text/html; charset=utf-8", "/ui/video.js"),
+        (
+            "/ui/video.js",
+            "text/javascript; charset=utf-8",
+            "new WebSocket(",
+        ),
+        ("/ui/video.css", "text/css; charset=utf-8", "canvas"),
+    ] {
+        let r = reqwest::get(format!("{}{path}", kiln.url)).await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        assert_eq!(r.headers()["content-type"], content_type, "{path}");
+        let csp = r.headers()["content-security-policy"].to_str().unwrap();
+        assert!(csp.contains("connect-src 'self'"), "{path}: {csp}");
+        assert!(r.text().await.unwrap().contains(needle), "{path}");
+    }
+    let r = reqwest::Client::new()
+        .post(format!("{}/ui/video", kiln.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+}
+
+/// The page lists the server's models, starts the (fake) camera and streams it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webcam_frames_come_back_inverted() {
+    if !browser_available("webcam_frames_come_back_inverted") {
+        return;
+    }
+    let repo = kiln_tests::repo_root().join("examples/models");
+    let kiln = Kiln::start(&[
+        "--model-repository",
+        repo.to_str().unwrap(),
+        "--load-model",
+        "invert-video",
+    ]);
+    let browser = Browser::start(&fake_camera_video()).await;
+    open_page(&browser, &kiln, "invert-video").await;
+    start_webcam(&browser).await;
+    wait_for_answers(&browser, &kiln, 10).await;
+    let shot = browser.screenshot("video_page.png").await;
+    let pixels = compare_canvases(&browser).await;
+    browser.close().await;
+    println!("pixels: {pixels}");
+    // Inverted: each channel of the result is 255 minus the frame's, within what
+    // two JPEG encodings (the page's, the server's) change.
+    let inverted = pixels["inverted_error"].as_f64().unwrap();
+    let same = pixels["same_error"].as_f64().unwrap();
+    assert!(inverted < 20.0, "result is not the inverted frame: {pixels} ({shot:?})");
+    assert!(same > 60.0, "result is too close to the frame itself: {pixels}");
+}
+
+/// Opens the page with `model` chosen once the list has it.
+async fn open_page(browser: &Browser, kiln: &Kiln, model: &str) {
+    browser
+        .client
+        .goto(&format!("{}/ui/video?model={model}", kiln.url))
+        .await
+        .expect("open /ui/video");
+    let listed = browser
+        .wait_until(
+            &format!("return document.getElementById('model').value === '{model}';"),
+            Duration::from_secs(30),
+        )
+        .await;
+    assert!(listed, "the page does not list {model}: {}", page_text(browser).await);
+}
+
+/// Chooses the webcam source and presses Start.
+async fn start_webcam(browser: &Browser) {
+    browser
+        .eval(
+            "document.getElementById('source').value = 'webcam';
+             document.getElementById('source').dispatchEvent(new Event('change'));
+             document.getElementById('start').click();",
+            vec![],
+        )
+        .await;
+}
+
+/// Waits until the page has answers for `count` frames and reports a frame rate
+/// above zero (no bound on how high: the machine is shared).
+async fn wait_for_answers(browser: &Browser, kiln: &Kiln, count: u64) {
+    let done = browser
+        .wait_until(
+            &format!(
+                "return Number(document.getElementById('answered').textContent) >= {count}
+                    && Number(document.getElementById('fps').textContent) > 0;"
+            ),
+            Duration::from_secs(90),
+        )
+        .await;
+    if !done {
+        browser.screenshot("video_page-failed.png").await;
+        panic!(
+            "the page shows no results: {}\nkiln's log:\n{}",
+            page_text(browser).await,
+            kiln.log()
+        );
+    }
+}
+
+/// The page's status, error and numbers, for a failure's message.
+async fn page_text(browser: &Browser) -> Value {
+    browser
+        .eval(
+            "const t = (id) => document.getElementById(id).textContent;
+             return {status: t('status'), error: t('error'), fps: t('fps'),
+                     latency: t('latency'), dropped: t('dropped'), answered: t('answered'),
+                     models: [...document.getElementById('model').options].map(o => o.value)};",
+            vec![],
+        )
+        .await
+}
+
+/// Reads the frame sent (`#input`) and the result (`#result`) in one script, so
+/// both are the same frame, and returns the mean absolute error of the result
+/// against the frame inverted (`inverted_error`) and against the frame itself
+/// (`same_error`), per channel value.
+async fn compare_canvases(browser: &Browser) -> Value {
+    let pixels = browser
+        .eval(
+            "const read = (id) => {
+               const c = document.getElementById(id);
+               return c.getContext('2d').getImageData(0, 0, c.width, c.height);
+             };
+             const a = read('input'), b = read('result');
+             if (a.width !== b.width || a.height !== b.height)
+               return {error: `sizes differ: ${a.width}x${a.height} and ${b.width}x${b.height}`};
+             let inverted = 0, same = 0, n = 0;
+             for (let i = 0; i < a.data.length; i += 4) {
+               for (let c = 0; c < 3; c++) {
+                 inverted += Math.abs(255 - a.data[i + c] - b.data[i + c]);
+                 same += Math.abs(a.data[i + c] - b.data[i + c]);
+                 n += 1;
+               }
+             }
+             return {width: a.width, height: a.height,
+                     inverted_error: inverted / n, same_error: same / n};",
+            vec![],
+        )
+        .await;
+    assert!(pixels.get("error").is_none(), "{pixels}");
+    assert_eq!(pixels["width"], json!(320), "{pixels}");
+    pixels
+}
