@@ -61,19 +61,21 @@ pub fn browser_available(test: &str) -> bool {
 /// second of `testsrc2` (colour bars, a moving gradient, a running clock) over the
 /// top 168 rows of 320×240, and a white band below with `KILN 2026` in black: a
 /// picture whose inversion is far from itself, and text where the test knows it is
-/// (rows [`TEXT_BAND`]). Written once per test process.
+/// (rows [`TEXT_BAND`]). Written once (the same bytes each time), kept in
+/// [`test_output_dir`] for a person to play.
 pub fn fake_camera_video() -> PathBuf {
-    let path = test_output_dir().join(format!("fake-camera-{}.y4m", std::process::id()));
+    let path = test_output_dir().join("fake-camera.y4m");
     if path.is_file() {
         return path;
     }
+    let partial = path.with_extension(format!("{}.y4m", std::process::id()));
     let filter = "testsrc2=size=320x240:rate=15,\
         drawbox=x=0:y=168:w=320:h=72:color=white:t=fill,\
         drawtext=text='KILN 2026':fontsize=44:fontcolor=black:x=30:y=180";
     let out = Command::new("ffmpeg")
         .args(["-hide_banner", "-loglevel", "error", "-y", "-f", "lavfi"])
         .args(["-i", filter, "-t", "4", "-pix_fmt", "yuv420p"])
-        .arg(&path)
+        .arg(&partial)
         .output()
         .expect("run ffmpeg");
     assert!(
@@ -81,6 +83,7 @@ pub fn fake_camera_video() -> PathBuf {
         "ffmpeg could not generate the fake camera's video: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    std::fs::rename(&partial, &path).expect("move the fake camera's video in place");
     path
 }
 

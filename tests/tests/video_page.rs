@@ -102,13 +102,16 @@ async fn wait_for_answers(browser: &Browser, kiln: &Kiln, count: u64) {
     let done = browser
         .wait_until(
             &format!(
-                "return Number(document.getElementById('answered').textContent) >= {count}
-                    && Number(document.getElementById('fps').textContent) > 0;"
+                "const t = (id) => document.getElementById(id).textContent;
+                 return t('error') !== '' || (Number(t('answered')) >= {count} && Number(t('fps')) > 0);"
             ),
             Duration::from_secs(90),
         )
         .await;
-    if !done {
+    let error = browser
+        .eval("return document.getElementById('error').textContent;", vec![])
+        .await;
+    if !done || error != json!("") {
         browser.screenshot("video_page-failed.png").await;
         panic!(
             "the page shows no results: {}\nkiln's log:\n{}",

@@ -14,7 +14,7 @@ const el = {
   model: $("model"), source: $("source"), file: $("file"), media: $("media"),
   start: $("start"), stop: $("stop"), status: $("status"), error: $("error"),
   video: $("video"), input: $("input"), result: $("result"),
-  fps: $("fps"), latency: $("latency"), dropped: $("dropped"),
+  fps: $("fps"), latency: $("latency"), serverLatency: $("server-latency"), dropped: $("dropped"),
   answered: $("answered"), inflight: $("inflight"), boxes: $("boxes"),
 };
 
@@ -52,7 +52,7 @@ async function listModels() {
   el.status.textContent = names.size ? "ready" : "no models";
 }
 
-// The model's metadata; a repository model that is not loaded is loaded first.
+// Loads the chosen model when it is a repository model not loaded yet.
 async function prepareModel(name) {
   const option = el.model.selectedOptions[0];
   if (option && option.dataset.state !== "READY") {
@@ -64,9 +64,6 @@ async function prepareModel(name) {
     option.dataset.state = "READY";
     option.text = name;
   }
-  const r = await fetch(`/v2/models/${encodeURIComponent(name)}`);
-  if (!r.ok) throw new Error(`${name}: ${(await r.json()).error || r.status}`);
-  return r.json();
 }
 
 // ---- sources ------------------------------------------------------------------
@@ -104,10 +101,9 @@ function closeVideo() {
 // ---- the session --------------------------------------------------------------
 
 class Session {
-  constructor(model, metadata, kind) {
+  constructor(model, kind) {
     this.model = model;
     this.kind = kind;
-    this.input = metadata.inputs && metadata.inputs[0] ? metadata.inputs[0].name : undefined;
     this.maxInflight = 1;      // until the server says
     this.open = false;
     this.sent = 0;             // frames sent (the next one's index)
@@ -126,48 +122,58 @@ class Session {
     this.ws.onclose = (e) => this.closed(e);
   }
 
-  // The session's first message (docs/websocket.md, "Opening a session").
+  // The session's first message (docs/websocket.md, "Opening a session"): JPEG
+  // frames, results as binary messages (a JSON header, then the outputs' bytes:
+  // an image output is a JPEG the page draws as it is).
   opening() {
-    const message = { input: this.input, encoding: "jpeg" };
+    const message = { encoding: "jpeg", output_format: "binary" };
     if (this.kind === "media") message.source = { media: el.media.value };
     return message;
   }
 
   receive(data) {
-    if (typeof data !== "string") return this.binary(data);
-    const message = JSON.parse(data);
-    if (message.error !== undefined && message.frame === undefined) {
-      showError(message.error);
-    } else if (message.type === "session" || message.max_inflight_frames !== undefined) {
-      this.maxInflight = Math.max(1, message.max_inflight_frames || 1);
+    let header;
+    let body = null;
+    try {
+      [header, body] = typeof data === "string" ? [JSON.parse(data), null] : splitBinary(data);
+    } catch (e) {
+      return showError(`a message the page cannot read: ${e.message}`);
+    }
+    if (header.event === "opened") {
+      this.maxInflight = Math.max(1, header.max_inflight_frames || 1);
       this.open = true;
-      el.status.textContent = `streaming to ${this.model}`;
+      el.status.textContent = `streaming to ${header.model_name} (session ${header.session})`;
       this.pump();
+    } else if (header.event === "end") {
+      el.status.textContent = `the source ended after ${header.frames} frames`;
+    } else if (header.frame === undefined) {
+      // A protocol error: the server closes the session next.
+      showError(header.error || JSON.stringify(header));
     } else {
-      this.result(message, null);
+      this.result(header, body);
     }
   }
 
-  binary(buffer) {
-    this.result(this.awaitingImage, buffer);
-  }
-
-  // One frame's answer: its image (inverted frame) or boxes, drawn beside the frame sent.
-  async result(message, image) {
-    if (message.dropped !== undefined) this.dropped = message.dropped;
-    const index = message.frame;
-    // Answers come in the order the frames were sent: a frame before this one
-    // still pending was dropped by the server.
+  // One frame's answer: its image output (the inverted frame) or the boxes
+  // post-processing found, drawn beside the frame that was sent.
+  async result(header, body) {
+    if (header.dropped) this.dropped = Object.values(header.dropped).reduce((s, n) => s + n, 0);
+    const index = header.frame;
+    // Results come in the order the frames were sent: a frame before this one
+    // still pending was dropped by the server (it never gets a message).
     for (const [i, p] of this.pending) {
-      if (i < index) { p.frame && p.frame.close(); this.pending.delete(i); }
+      if (i < index) { if (p.frame) p.frame.close(); this.pending.delete(i); }
     }
     const sent = this.pending.get(index);
     this.pending.delete(index);
     const now = performance.now();
-    this.answers.push({ at: now, latency: sent ? now - sent.sentAt : undefined });
+    this.answers.push({ at: now, latency: sent ? now - sent.sentAt : undefined, server: header.latency_ms });
     this.answered += 1;
-    if (message.error !== undefined) showError(`frame ${index}: ${message.error}`);
-    else await draw(sent && sent.frame, image, message.boxes);
+    if (header.error !== undefined) {
+      showError(header.error);
+    } else {
+      await draw(sent && sent.frame, imageOutput(header, body), header.boxes);
+    }
     if (sent && sent.frame) sent.frame.close();
     this.report();
     this.pump();
@@ -203,10 +209,9 @@ class Session {
     while (this.answers.length && now - this.answers[0].at > WINDOW_MS) this.answers.shift();
     const a = this.answers;
     const fps = a.length > 1 ? (a.length - 1) * 1000 / (a[a.length - 1].at - a[0].at) : 0;
-    const latencies = a.map((x) => x.latency).filter((x) => x !== undefined);
     el.fps.textContent = fps.toFixed(1);
-    el.latency.textContent = latencies.length
-      ? (latencies.reduce((s, x) => s + x, 0) / latencies.length).toFixed(1) : "–";
+    el.latency.textContent = mean(a.map((x) => x.latency));
+    el.serverLatency.textContent = mean(a.map((x) => x.server));
     el.dropped.textContent = String(this.dropped);
     el.answered.textContent = String(this.answered);
     el.inflight.textContent = `${this.pending.size} (${this.maxInflight})`;
@@ -226,6 +231,33 @@ class Session {
     for (const p of this.pending.values()) if (p.frame) p.frame.close();
     this.pending.clear();
   }
+}
+
+// The mean of the defined numbers of `values`, as text ("–" when none).
+function mean(values) {
+  const defined = values.filter((x) => typeof x === "number");
+  if (!defined.length) return "–";
+  return (defined.reduce((s, x) => s + x, 0) / defined.length).toFixed(1);
+}
+
+// A binary result: a little-endian u32 n, n bytes of JSON, then the outputs' bytes.
+function splitBinary(buffer) {
+  const n = new DataView(buffer).getUint32(0, true);
+  if (4 + n > buffer.byteLength) throw new Error(`a header of ${n} bytes in a message of ${buffer.byteLength}`);
+  const header = JSON.parse(new TextDecoder().decode(new Uint8Array(buffer, 4, n)));
+  return [header, new Uint8Array(buffer, 4 + n)];
+}
+
+// The bytes of the first JPEG output of a binary result, or null.
+function imageOutput(header, body) {
+  if (!body) return null;
+  let offset = 0;
+  for (const output of header.outputs || []) {
+    const size = output.binary_data_size || 0;
+    if (output.content_type === "image/jpeg") return body.subarray(offset, offset + size);
+    offset += size;
+  }
+  return null;
 }
 
 // A frame as JPEG bytes.
@@ -274,9 +306,9 @@ async function start(event) {
   const kind = el.source.value;
   el.start.disabled = true;
   try {
-    const metadata = await prepareModel(model);
+    await prepareModel(model);
     if (kind !== "media") await openVideo(kind);
-    session = new Session(model, metadata, kind);
+    session = new Session(model, kind);
     el.stop.disabled = false;
     el.status.textContent = `opening a session with ${model}…`;
   } catch (e) {
