@@ -1,6 +1,7 @@
 //! Headless Chromium from Debian, driven over WebDriver (`fantoccini` talking to
 //! `/usr/bin/chromedriver`), with a fake camera fed from a video FFmpeg generates:
-//! what the page tests use. `scripts/setup-chromium` installs the three programs.
+//! what the page tests use. `scripts/setup-chromium` installs the three programs
+//! (FFmpeg and the font it draws text with through `scripts/setup-ffmpeg`).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -71,7 +72,8 @@ pub fn fake_camera_video() -> PathBuf {
     let partial = path.with_extension(format!("{}.y4m", std::process::id()));
     let filter = "testsrc2=size=320x240:rate=15,\
         drawbox=x=0:y=168:w=320:h=72:color=white:t=fill,\
-        drawtext=text='KILN 2026':fontsize=44:fontcolor=black:x=30:y=180";
+        drawtext=fontfile=/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf:\
+        text='KILN 2026':fontsize=44:fontcolor=black:x=30:y=180";
     let out = Command::new("ffmpeg")
         .args(["-hide_banner", "-loglevel", "error", "-y", "-f", "lavfi"])
         .args(["-i", filter, "-t", "4", "-pix_fmt", "yuv420p"])
