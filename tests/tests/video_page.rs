@@ -4,6 +4,9 @@
 //! reads what the page drew (the result canvas's pixels) and the numbers it shows.
 //! A screenshot is left in `target/test-output/`.
 
+// Test support: a failed step fails the test loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use kiln_tests::browser::{browser_available, fake_camera_video, Browser};
