@@ -33,6 +33,7 @@ pub mod serve;
 pub mod server;
 pub mod shm;
 pub mod stats;
+pub mod stream_metrics;
 pub mod trace;
 pub mod triton;
 pub mod worker_params;

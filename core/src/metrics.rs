@@ -71,6 +71,7 @@ pub struct Metrics {
     pool_free: Family<ModelLabels, Gauge>,
     busy_seconds: Family<ModelLabels, Seconds>,
     busy_fraction: Family<ModelLabels, Fraction>,
+    stream: crate::stream_metrics::StreamMetrics,
 }
 
 /// One model's metric handles.
@@ -118,8 +119,11 @@ impl Default for Metrics {
 impl Metrics {
     /// The registry with every family registered.
     pub fn new() -> Metrics {
+        // The WebSocket streams' families come first in the exposition.
+        let mut registry = Registry::default();
+        let stream = crate::stream_metrics::StreamMetrics::register(&mut registry);
         let metrics = Metrics {
-            registry: Mutex::new(Registry::default()),
+            registry: Mutex::new(registry),
             requests: Family::default(),
             queue: Family::new_with_constructor(duration_histogram as fn() -> Histogram),
             compute: Family::new_with_constructor(duration_histogram as fn() -> Histogram),
@@ -138,6 +142,7 @@ impl Metrics {
             pool_free: Family::default(),
             busy_seconds: Family::default(),
             busy_fraction: Family::default(),
+            stream,
         };
         {
             let mut r = metrics.registry.lock();
@@ -272,6 +277,11 @@ impl Metrics {
             busy_seconds: self.busy_seconds.get_or_create_owned(&m),
             busy_fraction: self.busy_fraction.get_or_create_owned(&m),
         }
+    }
+
+    /// The WebSocket stream handles for `model` (`kiln_stream_*`), created on first use.
+    pub fn stream(&self, model: &str) -> crate::stream_metrics::ModelStreamMetrics {
+        self.stream.model(model)
     }
 
     /// `kiln_worker_host_restarts_total{model}`, created on first use (a model

@@ -276,6 +276,12 @@ impl Server {
         self.inner.ready.store(ready, Ordering::SeqCst);
     }
 
+    /// The WebSocket stream metrics of `model` (`kiln_stream_*`; kiln-server's
+    /// `stream` module counts its sessions and frames there).
+    pub fn stream_metrics(&self, model: &str) -> crate::stream_metrics::ModelStreamMetrics {
+        self.inner.metrics.stream(model)
+    }
+
     /// Prometheus text for `/metrics`.
     pub fn metrics_text(&self) -> String {
         for group in self.inner.models.load().values() {

@@ -3,7 +3,8 @@
 //! The embeddable server is kiln-core's, re-exported here whole ([`Server`] and
 //! every module of [`kiln_core`]), so `kiln_server::Server` is the in-process API.
 //! [`http`] serves it over REST (KServe v2), [`grpc`] over gRPC (Triton's
-//! `GRPCInferenceService`), [`ui`] the video page.
+//! `GRPCInferenceService`), [`stream`] over WebSocket (frame by frame); [`ui`] is
+//! the video page.
 
 pub use kiln_core::*;
 
@@ -12,5 +13,6 @@ pub mod http;
 pub mod log_format;
 pub mod log_settings;
 pub mod otlp;
+pub mod stream;
 pub mod tls;
 pub mod ui;

@@ -142,6 +142,8 @@ struct ServeArgs {
     #[command(flatten)]
     connections: ConnectionArgs,
     #[command(flatten)]
+    stream: kiln_server::stream::StreamArgs,
+    #[command(flatten)]
     trace: TraceArgs,
 }
 
@@ -439,6 +441,7 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
             sched_batch: args.sched_batch,
             max_connections: http_max_connections,
             tls: http_tls,
+            stream: args.stream.config().map_err(anyhow::Error::msg)?,
         },
     )
     .with_context(|| format!("cannot listen on {}:{}", args.host, args.http_port))?;

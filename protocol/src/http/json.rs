@@ -448,10 +448,11 @@ fn tensor_json<'a>(
     }
 }
 
-/// Tensor bytes written as a flat JSON array of their datatype's values.
-struct DataJson<'a> {
-    dtype: DataType,
-    bytes: &'a [u8],
+/// Tensor bytes written as a flat JSON array of their datatype's values (KServe's
+/// `data`; the WebSocket stream's results use it too).
+pub struct DataJson<'a> {
+    pub dtype: DataType,
+    pub bytes: &'a [u8],
 }
 
 macro_rules! seq_of {

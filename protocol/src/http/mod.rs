@@ -14,6 +14,6 @@ pub use codec::{
 };
 pub use json::{
     decode_request, decode_request_parts, decode_response, encode_request, encode_response,
-    load_params_from_json, params_from_json,
+    load_params_from_json, params_from_json, DataJson,
 };
 pub use shm::{OutputPlacement, ShmReads};

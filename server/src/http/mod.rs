@@ -53,12 +53,16 @@ pub struct HttpConfig {
     pub max_connections: usize,
     /// TLS ([`crate::tls`]); `None`: plain HTTP.
     pub tls: Option<rustls::ServerConfig>,
+    /// WebSocket streams ([`crate::stream`]) on the same port.
+    pub stream: crate::stream::StreamConfig,
 }
 
 /// Shared by every handler.
 pub struct State {
     pub server: Server,
     pub max_body_bytes: usize,
+    /// The WebSocket streams' settings and open sessions.
+    pub streams: std::sync::Arc<crate::stream::Streams>,
 }
 
 /// Binds and returns the running HTTP server (await it) and the bound addresses.
@@ -70,6 +74,7 @@ pub fn serve(
     let state = web::Data::new(State {
         server,
         max_body_bytes: config.max_body_bytes,
+        streams: std::sync::Arc::new(crate::stream::Streams::new(config.stream)),
     });
     let sched_batch = config.sched_batch;
     // actix-web calls this once on each worker thread as it starts.

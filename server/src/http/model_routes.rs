@@ -6,6 +6,7 @@
 //! GET  /v2/models/{m}[/versions/{v}]/config   Config     (ModelConfig)
 //! GET  /v2/models/{m}[/versions/{v}]/stats    Stats      (Statistics)
 //! POST /v2/models/{m}[/versions/{v}]/infer    Infer      (Inference)
+//! GET  /v2/models/{m}[/versions/{v}]/stream   Stream     (Inference; a WebSocket)
 //! GET|POST /v2/models/{m}/trace/setting       TraceSetting (Trace)
 //! ```
 //!
@@ -36,6 +37,8 @@ pub enum Action {
     Config,
     Stats,
     Infer,
+    /// A WebSocket stream of frames ([`crate::stream`]).
+    Stream,
     /// Triton's trace extension, for one model.
     TraceSetting,
 }
@@ -57,7 +60,7 @@ impl Action {
             Action::Ready => Category::Health,
             Action::Config => Category::ModelConfig,
             Action::Stats => Category::Statistics,
-            Action::Infer => Category::Inference,
+            Action::Infer | Action::Stream => Category::Inference,
             Action::TraceSetting => Category::Trace,
         }
     }
@@ -89,6 +92,7 @@ pub fn parse(path: &str) -> Option<ModelPath<'_>> {
         Some("config") => Action::Config,
         Some("stats") => Action::Stats,
         Some("infer") => Action::Infer,
+        Some("stream") => Action::Stream,
         // Triton's trace setting names no version.
         Some("trace") if version.is_none() && segments.next() == Some("setting") => {
             Action::TraceSetting
@@ -122,6 +126,7 @@ mod tests {
             ("/config", Config),
             ("/stats", Stats),
             ("/infer", Infer),
+            ("/stream", Stream),
         ] {
             assert_eq!(
                 route(&format!("/v2/models/echo{suffix}")),
@@ -197,6 +202,8 @@ mod tests {
     fn methods_and_categories() {
         assert!(Action::Infer.allows(&Method::POST) && !Action::Infer.allows(&Method::GET));
         assert_eq!(Action::Infer.category(), Category::Inference);
+        assert!(Action::Stream.allows(&Method::GET) && !Action::Stream.allows(&Method::POST));
+        assert_eq!(Action::Stream.category(), Category::Inference);
         assert!(Action::Ready.allows(&Method::GET) && !Action::Ready.allows(&Method::POST));
         assert!(Action::TraceSetting.allows(&Method::GET));
         assert!(Action::TraceSetting.allows(&Method::POST));

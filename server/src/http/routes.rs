@@ -171,6 +171,9 @@ async fn model_route(state: web::Data<State>, req: HttpRequest, payload: web::Pa
         Action::Config => Ok(triton::config(&group)),
         Action::Stats => Ok(triton::model_stats(&group)),
         Action::Infer => infer(&state, &req, payload, &group).await,
+        Action::Stream => {
+            crate::stream::open(&state.server, &state.streams, &req, payload, group).await
+        }
         Action::TraceSetting => trace::setting(&state, &req, payload, Some(&group.endpoint)).await,
     }
 }

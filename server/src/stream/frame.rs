@@ -1,0 +1,183 @@
+//! One frame's way through kiln: decoded and pre-processed on actix's blocking
+//! pool, then the core's one inference path ([`serve::submit`], awaiting the
+//! [`crate::serve::Pending`]) as REST and gRPC take it, then post-processed and
+//! encoded on the blocking pool again. The session runs up to
+//! `max_inflight_frames` of these at once and sends their results in order.
+//!
+//! Off the I/O thread because each step is milliseconds: decoding a 640×480 JPEG
+//! and encoding the inverted one take several each, where the connection's thread
+//! serves every other connection it holds (`http/offload.rs` has the hop's cost,
+//! 2.4 µs, about a thousandth of the work).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use actix_web::web;
+use bytes::Bytes;
+use kiln_protocol::{InferRequest, OutputTensor};
+
+use super::image::{self, Rgb};
+use super::processing::{FrameData, FrameInfo};
+use super::protocol::{self, Encoding, Open};
+use super::result::{self, EncodedOutputs};
+use crate::error::ServerError;
+use crate::group::WorkerGroup;
+use crate::serve;
+use crate::trace::Trace;
+
+/// A frame as it arrives.
+pub(super) enum Raw {
+    /// A binary message from the client, decoded as the session's `encoding` says.
+    Encoded(Bytes),
+    /// A frame a server-side source decoded.
+    Decoded(Rgb),
+}
+
+/// A frame taken in: its number, when it arrived, its data.
+pub(super) struct Incoming {
+    pub index: u64,
+    pub arrived: Instant,
+    pub raw: Raw,
+}
+
+/// What the session needs of a frame once it is through.
+pub(super) struct Done {
+    pub index: u64,
+    pub arrived: Instant,
+    pub outcome: Result<Answered, Failed>,
+}
+
+/// A frame answered: its encoded outputs and the decoded frame's size.
+pub(super) struct Answered {
+    pub encoded: EncodedOutputs,
+    pub size: Option<(usize, usize)>,
+}
+
+/// A frame that failed: why, and whether the model's queue refused it (a drop,
+/// reason `rejected`).
+pub(super) struct Failed {
+    pub error: String,
+    pub rejected: bool,
+}
+
+/// What every frame of a session shares.
+pub(super) struct FrameContext {
+    pub group: Arc<WorkerGroup>,
+    pub open: Arc<Open>,
+    /// The model batches: its inputs and outputs have a batch dimension of 1.
+    pub batched: bool,
+}
+
+/// Takes `frame` through decoding, the model and encoding.
+pub(super) async fn run(ctx: Arc<FrameContext>, frame: Incoming) -> Done {
+    let (index, arrived) = (frame.index, frame.arrived);
+    Done {
+        index,
+        arrived,
+        outcome: infer(ctx, frame).await,
+    }
+}
+
+async fn infer(ctx: Arc<FrameContext>, frame: Incoming) -> Result<Answered, Failed> {
+    let index = frame.index;
+    let failed = |e: ServerError| Failed {
+        rejected: matches!(e, ServerError::QueueFull { .. } | ServerError::Exhausted(_)),
+        error: format!("frame {index}: {e}"),
+    };
+    let prepare = {
+        let ctx = Arc::clone(&ctx);
+        move || prepare(&ctx, frame)
+    };
+    let decoded = blocking(prepare)
+        .await
+        .and_then(|r| r.map_err(ServerError::InvalidRequest));
+    let mut trace = Trace::receive(Default::default);
+    let answer = match serve::submit(&ctx.group, decoded, &mut trace) {
+        Ok((pending, info)) => pending.delivered().await.map(|a| (a, info)),
+        Err(e) => Err(e),
+    };
+    trace.answered(answer.as_ref().ok().map(|((r, _), _)| r));
+    let ((response, delivery), info) = match answer {
+        Ok(answer) => answer,
+        Err(e) => {
+            trace.finish(Some(&e));
+            return Err(failed(e));
+        }
+    };
+    let size = info.size;
+    let encode = {
+        let ctx = Arc::clone(&ctx);
+        move || finish(&ctx, response.outputs, &info)
+    };
+    let encoded = blocking(encode)
+        .await
+        .and_then(|r| r.map_err(ServerError::Internal));
+    match encoded {
+        Ok(encoded) => {
+            trace.finish(None);
+            Ok(Answered { encoded, size })
+        }
+        Err(e) => {
+            delivery.failed(&e);
+            trace.finish(Some(&e));
+            Err(failed(e))
+        }
+    }
+}
+
+/// Decodes and pre-processes a frame into the model's request.
+fn prepare(ctx: &FrameContext, frame: Incoming) -> Result<(InferRequest, FrameInfo), String> {
+    let data = match frame.raw {
+        Raw::Decoded(rgb) => FrameData::Image(rgb),
+        Raw::Encoded(bytes) => match ctx.open.encoding {
+            Encoding::Jpeg => FrameData::Image(image::decode_jpeg(&bytes)?),
+            Encoding::Png => FrameData::Image(image::decode_png(&bytes)?),
+            Encoding::Raw => {
+                let (dtype, shape, data) = protocol::parse_raw(&bytes)?;
+                FrameData::Tensor { dtype, shape, data }
+            }
+        },
+    };
+    let size = data.size();
+    let mut input = ctx.open.processing.pre(data, &ctx.open.input)?;
+    let info = FrameInfo {
+        size,
+        input_shape: input.shape.clone(),
+    };
+    if ctx.batched {
+        input.shape.insert(0, 1);
+    }
+    let request = InferRequest {
+        model: ctx.group.endpoint.clone(),
+        id: Some(format!("{}/{}", ctx.open.key, frame.index)),
+        inputs: vec![input],
+        outputs: ctx.open.outputs.clone(),
+        parameters: ctx.open.parameters.clone(),
+    };
+    Ok((request, info))
+}
+
+/// Post-processes and encodes a frame's outputs.
+fn finish(
+    ctx: &FrameContext,
+    mut outputs: Vec<OutputTensor>,
+    info: &FrameInfo,
+) -> Result<EncodedOutputs, String> {
+    if ctx.batched {
+        for output in &mut outputs {
+            if output.shape.first() == Some(&1) {
+                output.shape.remove(0);
+            }
+        }
+    }
+    let processed = ctx.open.processing.post(outputs, info)?;
+    result::encode_outputs(processed, &ctx.open)
+}
+
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ServerError> {
+    web::block(work)
+        .await
+        .map_err(|e| ServerError::Internal(format!("a blocking task failed: {e}")))
+}

@@ -1,0 +1,139 @@
+//! Per-session pre- and post-processing: what turns a decoded frame into the
+//! model's input tensor, and the model's outputs into what the result carries.
+//! A session picks one in its opening message (`"processing"`); each frame's
+//! [`Processing::pre`] and [`Processing::post`] run on actix's blocking pool with
+//! the frame's decoding and the result's encoding (`session.rs`).
+//!
+//! To add one (a model that wants its frames resized and normalized, outputs
+//! turned into boxes): a variant, its name in [`Processing::parse`], and its arms
+//! in `pre` and `post`.
+
+use bytes::Bytes;
+use kiln_protocol::{DataType, InputTensor, OutputTensor};
+use serde_json::{Map, Value};
+
+use super::image::Rgb;
+
+/// A decoded frame, before processing.
+#[derive(Debug, Clone)]
+pub enum FrameData {
+    /// A picture (a JPEG or PNG the client sent, a frame of a server-side source).
+    Image(Rgb),
+    /// A raw tensor the client sent (`"encoding": "raw"`).
+    Tensor {
+        dtype: DataType,
+        shape: Vec<i64>,
+        data: Bytes,
+    },
+}
+
+impl FrameData {
+    /// The picture's width and height (`None` for a raw tensor).
+    pub fn size(&self) -> Option<(usize, usize)> {
+        match self {
+            FrameData::Image(rgb) => Some((rgb.width, rgb.height)),
+            FrameData::Tensor { .. } => None,
+        }
+    }
+}
+
+/// What post-processing knows of the frame its outputs came from.
+#[derive(Debug, Clone)]
+pub struct FrameInfo {
+    /// The decoded frame's width and height (`None` for a raw tensor).
+    pub size: Option<(usize, usize)>,
+    /// The shape of the input tensor the model was given (without a batch dimension).
+    pub input_shape: Vec<i64>,
+}
+
+/// A frame's processed outputs: the tensors to send, and fields of its own
+/// post-processing adds to the result message (e.g. `boxes`).
+#[derive(Debug, Default)]
+pub struct Processed {
+    pub outputs: Vec<OutputTensor>,
+    pub fields: Map<String, Value>,
+}
+
+/// A session's processing (`"processing"` in its opening message).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum Processing {
+    /// The decoded frame is the input (an image as UINT8 `[H, W, 3]`); outputs
+    /// are sent as they come.
+    #[default]
+    None,
+}
+
+impl Processing {
+    /// The processing `value` names (`None`: the default).
+    pub fn parse(value: Option<&Value>) -> Result<Processing, String> {
+        match value {
+            None => Ok(Processing::None),
+            Some(Value::String(name)) => match name.as_str() {
+                "none" => Ok(Processing::None),
+                other => Err(format!("unknown processing `{other}` (known: none)")),
+            },
+            Some(other) => Err(format!("`processing` must be a string, got {other}")),
+        }
+    }
+
+    /// The input tensor `input` for `frame` (its shape without a batch dimension).
+    pub fn pre(&self, frame: FrameData, input: &str) -> Result<InputTensor, String> {
+        match self {
+            Processing::None => Ok(match frame {
+                FrameData::Image(rgb) => InputTensor {
+                    name: input.to_owned(),
+                    dtype: DataType::Uint8,
+                    shape: vec![rgb.height as i64, rgb.width as i64, 3],
+                    data: Bytes::from(rgb.pixels),
+                },
+                FrameData::Tensor { dtype, shape, data } => InputTensor {
+                    name: input.to_owned(),
+                    dtype,
+                    shape,
+                    data,
+                },
+            }),
+        }
+    }
+
+    /// The outputs to send for a frame (`frame` tells what it was).
+    pub fn post(&self, outputs: Vec<OutputTensor>, frame: &FrameInfo) -> Result<Processed, String> {
+        let _ = frame;
+        match self {
+            Processing::None => Ok(Processed {
+                outputs,
+                fields: Map::new(),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn names_are_checked() {
+        assert_eq!(Processing::parse(None).unwrap(), Processing::None);
+        assert_eq!(
+            Processing::parse(Some(&json!("none"))).unwrap(),
+            Processing::None
+        );
+        assert!(Processing::parse(Some(&json!("sharpen"))).is_err());
+        assert!(Processing::parse(Some(&json!(1))).is_err());
+    }
+
+    #[test]
+    fn an_image_becomes_a_uint8_hwc_tensor() {
+        let rgb = Rgb::new(2, 1, vec![1, 2, 3, 4, 5, 6]).unwrap();
+        let t = Processing::None
+            .pre(FrameData::Image(rgb), "image")
+            .unwrap();
+        assert_eq!(
+            (t.name.as_str(), t.dtype, t.shape),
+            ("image", DataType::Uint8, vec![1, 2, 3])
+        );
+        assert_eq!(&t.data[..], &[1, 2, 3, 4, 5, 6]);
+    }
+}

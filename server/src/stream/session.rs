@@ -1,0 +1,389 @@
+//! A session's task, on the actix-web worker thread that took the upgrade: reads
+//! the client's messages, keeps at most `max_inflight_frames` frames in the model
+//! (`frame.rs`), queues the rest in a [`DropQueue`] (oldest dropped) and sends the
+//! results in frame order through a second bounded queue that a writer task
+//! drains into the socket (docs/websocket.md, "Flow control").
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use actix_ws::{AggregatedMessage, AggregatedMessageStream, CloseReason, ProtocolError};
+use futures_util::stream::{FuturesOrdered, StreamExt};
+use kiln_core::stream_metrics::{DropReason, ModelStreamMetrics};
+
+use super::frame::{self, Done, FrameContext, Incoming, Raw};
+use super::protocol::{close, Closing, Open};
+use super::queue::DropQueue;
+use super::result::{self, Dropped, Message, ResultHead};
+use super::source::{self, FrameSource, SourceError, SourceInfo};
+use super::Streams;
+use crate::group::WorkerGroup;
+use crate::server::Server;
+
+/// The longest close reason a close frame carries (RFC 6455: 125 bytes of
+/// payload, two of them the code).
+const MAX_REASON: usize = 123;
+
+/// A session's drop counts, shared with its source thread.
+struct Drops {
+    counts: [AtomicU64; 3],
+    metrics: ModelStreamMetrics,
+}
+
+impl Drops {
+    fn count(&self, reason: DropReason) {
+        self.counts[reason.index()].fetch_add(1, Ordering::Relaxed);
+        self.metrics.dropped[reason.index()].inc();
+    }
+
+    fn totals(&self) -> Dropped {
+        std::array::from_fn(|i| self.counts[i].load(Ordering::Relaxed))
+    }
+}
+
+/// A session before its opening message.
+pub(super) struct Session {
+    server: Server,
+    streams: Arc<Streams>,
+    group: Arc<WorkerGroup>,
+}
+
+type InFlight = FuturesOrdered<Pin<Box<dyn Future<Output = Done>>>>;
+
+impl Session {
+    pub(super) fn new(server: Server, streams: Arc<Streams>, group: Arc<WorkerGroup>) -> Session {
+        Session {
+            server,
+            streams,
+            group,
+        }
+    }
+
+    /// Runs the session to its end, closing the socket with the code it ended with.
+    pub(super) async fn run(
+        self,
+        mut ws: actix_ws::Session,
+        mut messages: AggregatedMessageStream,
+    ) {
+        let idle = self.streams.config.idle_timeout;
+        let opened = match tokio::time::timeout(idle, self.open(&mut messages)).await {
+            Ok(opened) => opened,
+            Err(_) => Err(Closing::new(
+                close::GOING_AWAY,
+                "no opening message within the idle timeout",
+            )),
+        };
+        let (open, source) = match opened {
+            Ok(opened) => opened,
+            Err(closing) => {
+                let text = result::session_error(None, &closing.reason, closing.code);
+                let _ = send(&mut ws, text).await;
+                let _ = ws.close(Some(reason(&closing))).await;
+                return;
+            }
+        };
+        let metrics = self.server.stream_metrics(&self.group.endpoint);
+        metrics.opened.inc();
+        metrics.sessions.inc();
+        let closing = self.serve(&mut ws, messages, open, source, &metrics).await;
+        metrics.sessions.dec();
+        let _ = ws.close(Some(reason(&closing))).await;
+    }
+
+    /// Waits for the opening message and checks it; opens a server-side source.
+    async fn open(
+        &self,
+        messages: &mut AggregatedMessageStream,
+    ) -> Result<(Open, Option<Box<dyn FrameSource>>), Closing> {
+        let text =
+            loop {
+                match messages.recv().await {
+                    Some(Ok(AggregatedMessage::Text(text))) => break text,
+                    Some(Ok(AggregatedMessage::Binary(_))) => return Err(Closing::new(
+                        close::UNSUPPORTED,
+                        "the first message must be the opening text message, not a binary frame",
+                    )),
+                    Some(Ok(AggregatedMessage::Close(_))) | None => {
+                        return Err(Closing::new(close::NORMAL, "closed before opening"))
+                    }
+                    Some(Ok(_)) => continue,
+                    Some(Err(e)) => return Err(protocol_error(e)),
+                }
+            };
+        let open = Open::parse(
+            &text,
+            &self.group,
+            || self.streams.key(),
+            self.streams.config.max_inflight_frames,
+        )?;
+        let source = match &open.source {
+            None => None,
+            Some(spec) => {
+                let (opener, spec) = (self.streams.config.sources.clone(), spec.clone());
+                let opened = actix_web::web::block(move || source::open(opener.as_ref(), &spec))
+                    .await
+                    .map_err(|e| Closing::new(close::INTERNAL, e.to_string()))?;
+                Some(opened.map_err(|e| match e {
+                    SourceError::NotEnabled | SourceError::Refused(_) => {
+                        Closing::new(close::POLICY, e.to_string())
+                    }
+                    SourceError::Failed(_) => Closing::new(close::INTERNAL, e.to_string()),
+                })?)
+            }
+        };
+        Ok((open, source))
+    }
+
+    /// The open session: frames in, results out, until it ends.
+    async fn serve(
+        self,
+        ws: &mut actix_ws::Session,
+        mut messages: AggregatedMessageStream,
+        open: Open,
+        source: Option<Box<dyn FrameSource>>,
+        metrics: &ModelStreamMetrics,
+    ) -> Closing {
+        let open = Arc::new(open);
+        let key = open.key.clone();
+        let source_info = source.as_ref().map(|s| s.info());
+        let hello = result::opened(
+            &open,
+            &self.group.endpoint,
+            &self.group.version,
+            source_info,
+        );
+        if send(ws, hello).await.is_err() {
+            return Closing::new(close::NORMAL, "the client went away");
+        }
+        let ctx = Arc::new(FrameContext {
+            batched: self.group.info.max_batch_size > 0,
+            group: Arc::clone(&self.group),
+            open: Arc::clone(&open),
+        });
+        let drops = Arc::new(Drops {
+            counts: Default::default(),
+            metrics: metrics.clone(),
+        });
+        let waiting: Arc<DropQueue<Incoming>> = Arc::new(DropQueue::new(open.max_inflight));
+        let outgoing: Arc<DropQueue<Message>> = Arc::new(DropQueue::new(open.max_inflight));
+        let writer = actix_web::rt::spawn(write(ws.clone(), Arc::clone(&outgoing)));
+        let from_source = source.is_some();
+        let mut source_thread =
+            match source.map(|s| read_source(s, Arc::clone(&waiting), Arc::clone(&drops))) {
+                Some(Ok(thread)) => Some(thread),
+                Some(Err(e)) => {
+                    return Closing::new(
+                        close::INTERNAL,
+                        format!("cannot start the source's thread: {e}"),
+                    )
+                }
+                None => None,
+            };
+
+        let mut inflight: InFlight = FuturesOrdered::new();
+        let mut next_index: u64 = 0;
+        let mut first_result = true;
+        let mut source_ended = false;
+        let idle = self.streams.config.idle_timeout;
+        let deadline = tokio::time::sleep(idle);
+        tokio::pin!(deadline);
+        let closing = loop {
+            let room = inflight.len() < open.max_inflight;
+            tokio::select! {
+                message = messages.recv() => {
+                    deadline.as_mut().reset(tokio::time::Instant::now() + idle);
+                    match message {
+                        Some(Ok(AggregatedMessage::Binary(bytes))) if !from_source => {
+                            metrics.frames.inc();
+                            let frame = Incoming { index: next_index, arrived: Instant::now(), raw: Raw::Encoded(bytes) };
+                            next_index += 1;
+                            if waiting.push(frame).is_some() {
+                                drops.count(DropReason::Overrun);
+                            }
+                        }
+                        Some(Ok(AggregatedMessage::Binary(_))) => break Closing::new(
+                            close::UNSUPPORTED,
+                            "this session's frames come from its server-side source: binary frames are not accepted",
+                        ),
+                        Some(Ok(AggregatedMessage::Text(_))) => break Closing::new(
+                            close::UNSUPPORTED,
+                            "the session is open: text messages are not accepted, frames are binary messages",
+                        ),
+                        Some(Ok(AggregatedMessage::Ping(data))) => {
+                            let _ = ws.pong(&data).await;
+                        }
+                        Some(Ok(AggregatedMessage::Pong(_))) => {}
+                        Some(Ok(AggregatedMessage::Close(_))) | None => {
+                            break Closing::new(close::NORMAL, "closed by the client");
+                        }
+                        Some(Err(e)) => break protocol_error(e),
+                    }
+                }
+                frame = waiting.pop(), if room && !source_ended => match frame {
+                    Some(frame) => inflight.push_back(Box::pin(frame::run(Arc::clone(&ctx), frame))),
+                    None => source_ended = true,
+                },
+                Some(done) = inflight.next() => {
+                    deadline.as_mut().reset(tokio::time::Instant::now() + idle);
+                    let message = match done.outcome {
+                        Ok(answered) => {
+                            let latency = done.arrived.elapsed();
+                            metrics.latency.observe(latency.as_secs_f64());
+                            let source = if first_result {
+                                first_result = false;
+                                source_info.or(answered.size.map(|(width, height)| SourceInfo { width, height, fps: None }))
+                            } else {
+                                None
+                            };
+                            result::result_message(&ResultHead {
+                                key: &key,
+                                frame: done.index,
+                                model_name: &self.group.endpoint,
+                                model_version: &self.group.version,
+                                source,
+                                latency_ms: latency.as_secs_f64() * 1e3,
+                                dropped: drops.totals(),
+                                format: open.output_format,
+                            }, &answered.encoded)
+                        }
+                        Err(failed) => {
+                            metrics.errors.inc();
+                            if failed.rejected {
+                                drops.count(DropReason::Rejected);
+                            }
+                            result::frame_error(&key, done.index, &failed.error, &drops.totals())
+                        }
+                    };
+                    if outgoing.push(message).is_some() {
+                        drops.count(DropReason::SlowReader);
+                    }
+                }
+                () = &mut deadline, if inflight.is_empty() && waiting.is_empty() => {
+                    break Closing::new(close::GOING_AWAY, "idle timeout");
+                }
+            }
+            if source_ended && inflight.is_empty() {
+                // The source thread closed the queue: it has ended, or failed.
+                let ended = match source_thread.take() {
+                    Some(thread) => actix_web::web::block(move || thread.join()).await,
+                    None => break Closing::new(close::INTERNAL, "a source without its thread"),
+                };
+                break match ended {
+                    Ok(Ok(Ok(frames))) => {
+                        let _ = outgoing.push(result::end(&key, frames, &drops.totals()));
+                        Closing::new(close::NORMAL, "end of source")
+                    }
+                    Ok(Ok(Err(e))) => Closing::new(close::INTERNAL, e.to_string()),
+                    _ => Closing::new(close::INTERNAL, "the source's thread failed"),
+                };
+            }
+            if writer.is_finished() {
+                break Closing::new(close::NORMAL, "the client went away");
+            }
+        };
+        // Stop the source and the frames in flight (dropping their `Pending`s
+        // cancels what is still queued), then let the writer send what is left.
+        waiting.close();
+        drop(inflight);
+        if let Some(thread) = source_thread {
+            let _ = actix_web::web::block(move || thread.join()).await;
+        }
+        if closing.code != close::NORMAL {
+            let _ = outgoing.push(result::session_error(
+                Some(&key),
+                &closing.reason,
+                closing.code,
+            ));
+        }
+        outgoing.close();
+        let _ = writer.await;
+        closing
+    }
+}
+
+/// Reads `source` on a thread of its own into `waiting` (waiting for room, or for
+/// a live source dropping the oldest frame) until it ends, fails or the session
+/// closes the queue; closes the queue as it stops. Returns the frames read.
+fn read_source(
+    mut source: Box<dyn FrameSource>,
+    waiting: Arc<DropQueue<Incoming>>,
+    drops: Arc<Drops>,
+) -> std::io::Result<std::thread::JoinHandle<Result<u64, SourceError>>> {
+    std::thread::Builder::new()
+        .name("stream-source".into())
+        .spawn(move || {
+            let live = source.is_live();
+            let mut index = 0;
+            let ended = loop {
+                let rgb = match source.next_frame() {
+                    Ok(Some(rgb)) => rgb,
+                    Ok(None) => break Ok(index),
+                    Err(e) => break Err(e),
+                };
+                drops.metrics.frames.inc();
+                let frame = Incoming {
+                    index,
+                    arrived: Instant::now(),
+                    raw: Raw::Decoded(rgb),
+                };
+                index += 1;
+                if live {
+                    if waiting.push(frame).is_some() {
+                        drops.count(DropReason::Overrun);
+                    }
+                } else if waiting.push_wait(frame).is_err() {
+                    break Ok(index - 1);
+                }
+            };
+            waiting.close();
+            ended
+        })
+}
+
+/// The writer: sends queued messages until the queue closes and is drained, or
+/// the client is gone.
+async fn write(mut ws: actix_ws::Session, outgoing: Arc<DropQueue<Message>>) {
+    while let Some(message) = outgoing.pop().await {
+        if send(&mut ws, message).await.is_err() {
+            outgoing.close();
+            return;
+        }
+    }
+}
+
+async fn send(ws: &mut actix_ws::Session, message: Message) -> Result<(), actix_ws::Closed> {
+    match message {
+        Message::Text(text) => ws.text(text).await,
+        Message::Binary(bytes) => ws.binary(bytes).await,
+    }
+}
+
+/// The close frame's code and reason (cut to what a close frame holds).
+fn reason(closing: &Closing) -> CloseReason {
+    let mut text = closing.reason.as_str();
+    if text.len() > MAX_REASON {
+        let mut end = MAX_REASON;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text = &text[..end];
+    }
+    CloseReason {
+        code: closing.code.into(),
+        description: Some(text.to_owned()),
+    }
+}
+
+/// How a WebSocket protocol error closes the session.
+fn protocol_error(e: ProtocolError) -> Closing {
+    match e {
+        ProtocolError::Overflow => Closing::new(
+            close::TOO_BIG,
+            "a message over the server's --stream-max-message-bytes",
+        ),
+        e => Closing::new(close::PROTOCOL, format!("WebSocket protocol error: {e}")),
+    }
+}
