@@ -61,6 +61,7 @@ async fn webcam_frames_come_back_inverted() {
     wait_for_answers(&browser, &kiln, 10).await;
     let shot = browser.screenshot("video_page.png").await;
     let pixels = compare_canvases(&browser).await;
+    let shown = page_text(&browser).await;
     browser.close().await;
     println!("pixels: {pixels}");
     // Inverted: each channel of the result is 255 minus the frame's, within what
@@ -69,6 +70,9 @@ async fn webcam_frames_come_back_inverted() {
     let same = pixels["same_error"].as_f64().unwrap();
     assert!(inverted < 20.0, "result is not the inverted frame: {pixels} ({shot:?})");
     assert!(same > 60.0, "result is too close to the frame itself: {pixels}");
+    // The page keeps at most the session's max_inflight_frames unanswered, so the
+    // server has no frame to drop.
+    assert_eq!(shown["dropped"], json!("0"), "{shown}");
 }
 
 /// Opens the page with `model` chosen once the list has it.
