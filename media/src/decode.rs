@@ -139,22 +139,34 @@ impl VideoDecoder {
             .args(["-threads", "1", "-i"])
             .arg(source.ffmpeg_input())
             .args([
-                "-map", "0:v:0", "-an", "-sn", "-dn", "-fps_mode", "passthrough", "-f",
-                "rawvideo", "-pix_fmt", "rgb24", "pipe:1",
+                "-map",
+                "0:v:0",
+                "-an",
+                "-sn",
+                "-dn",
+                "-fps_mode",
+                "passthrough",
+                "-f",
+                "rawvideo",
+                "-pix_fmt",
+                "rgb24",
+                "pipe:1",
             ])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut slot = stop.pid.lock().unwrap_or_else(|e| e.into_inner());
-        let mut child = command
-            .spawn()
-            .map_err(|e| MediaError::Internal(format!("cannot run ffmpeg (scripts/setup-ffmpeg): {e}")))?;
+        let mut child = command.spawn().map_err(|e| {
+            MediaError::Internal(format!("cannot run ffmpeg (scripts/setup-ffmpeg): {e}"))
+        })?;
         *slot = Some(child.id());
         drop(slot);
         let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(MediaError::Internal("ffmpeg's pipes were not opened".into()));
+            return Err(MediaError::Internal(
+                "ffmpeg's pipes were not opened".into(),
+            ));
         };
         Ok(VideoDecoder {
             child,
@@ -194,7 +206,9 @@ impl VideoDecoder {
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => {
                     self.done = true;
-                    return Err(MediaError::Internal(format!("reading ffmpeg's frames: {e}")));
+                    return Err(MediaError::Internal(format!(
+                        "reading ffmpeg's frames: {e}"
+                    )));
                 }
             }
         }

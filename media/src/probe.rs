@@ -108,7 +108,9 @@ pub fn probe(source: &MediaSource, name: &str, timeout: Duration) -> Result<Vide
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| MediaError::Internal(format!("cannot run ffprobe (scripts/setup-ffmpeg): {e}")))?;
+        .map_err(|e| {
+            MediaError::Internal(format!("cannot run ffprobe (scripts/setup-ffmpeg): {e}"))
+        })?;
     let mut stderr = child.stderr.take().map(StderrTail::start);
     let stdout = child.stdout.take();
     let reader = std::thread::Builder::new()
@@ -144,12 +146,20 @@ pub fn probe(source: &MediaSource, name: &str, timeout: Duration) -> Result<Vide
     if !status.success() {
         return Err(MediaError::Undecodable(format!(
             "cannot decode `{name}`: {}",
-            if words.is_empty() { status.to_string() } else { words }
+            if words.is_empty() {
+                status.to_string()
+            } else {
+                words
+            }
         )));
     }
-    let info = VideoInfo::parse(&out)
-        .ok_or_else(|| MediaError::Undecodable(format!("cannot decode `{name}`: it has no video stream")))?;
-    if info.width == 0 || info.height == 0 || u64::from(info.width) * u64::from(info.height) > MAX_PIXELS {
+    let info = VideoInfo::parse(&out).ok_or_else(|| {
+        MediaError::Undecodable(format!("cannot decode `{name}`: it has no video stream"))
+    })?;
+    if info.width == 0
+        || info.height == 0
+        || u64::from(info.width) * u64::from(info.height) > MAX_PIXELS
+    {
         return Err(MediaError::Undecodable(format!(
             "cannot decode `{name}`: frame size {}x{} is outside 1..={MAX_PIXELS} pixels",
             info.width, info.height
@@ -165,10 +175,14 @@ mod tests {
 
     #[test]
     fn parses_ffprobe_lines() {
-        let info = VideoInfo::parse("width=640\nheight=480\nr_frame_rate=30/1\navg_frame_rate=30000/1001\n").unwrap();
+        let info = VideoInfo::parse(
+            "width=640\nheight=480\nr_frame_rate=30/1\navg_frame_rate=30000/1001\n",
+        )
+        .unwrap();
         assert_eq!((info.width, info.height), (640, 480));
         assert!((info.fps - 29.97).abs() < 0.01);
-        let info = VideoInfo::parse("width=2\nheight=2\nr_frame_rate=25/1\navg_frame_rate=0/0").unwrap();
+        let info =
+            VideoInfo::parse("width=2\nheight=2\nr_frame_rate=25/1\navg_frame_rate=0/0").unwrap();
         assert_eq!(info.fps, 25.0);
         assert!(VideoInfo::parse("").is_none());
         assert_eq!(rate("1/0"), 0.0);

@@ -22,9 +22,9 @@ impl MediaDir {
     /// The folder, resolved once (its own symlinks followed): names are checked
     /// against this real path.
     pub fn new(root: &Path) -> Result<MediaDir, MediaError> {
-        let root = root.canonicalize().map_err(|e| {
-            MediaError::Internal(format!("media folder {}: {e}", root.display()))
-        })?;
+        let root = root
+            .canonicalize()
+            .map_err(|e| MediaError::Internal(format!("media folder {}: {e}", root.display())))?;
         if !root.is_dir() {
             return Err(MediaError::Internal(format!(
                 "media folder {} is not a folder",
@@ -58,7 +58,10 @@ impl MediaDir {
         }
         let joined = self.root.join(path);
         let real = joined.canonicalize().map_err(|_| {
-            MediaError::NotFound(format!("media `{}` not found in the media folder", shorten(name)))
+            MediaError::NotFound(format!(
+                "media `{}` not found in the media folder",
+                shorten(name)
+            ))
         })?;
         if !real.starts_with(&self.root) {
             return Err(MediaError::Refused(format!(
@@ -217,7 +220,14 @@ mod tests {
         assert!(dir.resolve("a.mp4").unwrap().ends_with("media/a.mp4"));
         assert!(dir.resolve("sub/b.mp4").is_ok());
         assert!(dir.resolve("in.mp4").unwrap().ends_with("media/a.mp4"));
-        for name in ["../secret.mp4", "sub/../a.mp4", "/etc/passwd", "./a.mp4", "", "a\0b"] {
+        for name in [
+            "../secret.mp4",
+            "sub/../a.mp4",
+            "/etc/passwd",
+            "./a.mp4",
+            "",
+            "a\0b",
+        ] {
             assert!(
                 matches!(dir.resolve(name), Err(MediaError::Refused(_))),
                 "{name:?}"
@@ -225,14 +235,20 @@ mod tests {
         }
         let escape = dir.resolve("out.mp4").unwrap_err().to_string();
         assert!(escape.contains("leads out of the media folder"), "{escape}");
-        assert!(matches!(dir.resolve("none.mp4"), Err(MediaError::NotFound(_))));
+        assert!(matches!(
+            dir.resolve("none.mp4"),
+            Err(MediaError::NotFound(_))
+        ));
         assert!(matches!(dir.resolve("sub"), Err(MediaError::NotFound(_))));
     }
 
     #[test]
     fn urls_need_an_allowed_host_and_scheme() {
         let none = UrlPolicy::default();
-        let err = none.check("http://127.0.0.1/a.mp4").unwrap_err().to_string();
+        let err = none
+            .check("http://127.0.0.1/a.mp4")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("allows no host"), "{err}");
         let policy = UrlPolicy::new(&["127.0.0.1", "Cams.Example", "[::1]"]);
         assert!(policy.check("http://127.0.0.1:8080/a.mp4").is_ok());
@@ -248,7 +264,10 @@ mod tests {
             "not a url",
             "http://user@evil.example/",
         ] {
-            assert!(matches!(policy.check(bad), Err(MediaError::Refused(_))), "{bad}");
+            assert!(
+                matches!(policy.check(bad), Err(MediaError::Refused(_))),
+                "{bad}"
+            );
         }
     }
 

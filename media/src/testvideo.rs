@@ -42,8 +42,22 @@ pub fn ensure(dir: &Path) -> Result<PathBuf, MediaError> {
         FIRST_BLANK / FPS
     );
     let blank = |seconds: u32| format!("color=c=white:s={WIDTH}x{HEIGHT}:r={FPS}:d={seconds}");
-    let text_graph = ["-f", "lavfi", "-i", &text, "-f", "lavfi", "-i", &blank((FRAMES - FIRST_BLANK) / FPS)];
-    let concat = ["-filter_complex", "[0:v][1:v]concat=n=2:v=1[v]", "-map", "[v]"];
+    let text_graph = [
+        "-f",
+        "lavfi",
+        "-i",
+        &text,
+        "-f",
+        "lavfi",
+        "-i",
+        &blank((FRAMES - FIRST_BLANK) / FPS),
+    ];
+    let concat = [
+        "-filter_complex",
+        "[0:v][1:v]concat=n=2:v=1[v]",
+        "-map",
+        "[v]",
+    ];
     let text_args: Vec<&str> = text_graph.iter().chain(concat.iter()).copied().collect();
     make(&dir.join(TEXT_VIDEO), &text_args)?;
     let blank_graph = blank(FRAMES / FPS);
@@ -61,11 +75,15 @@ fn make(path: &Path, inputs: &[&str]) -> Result<(), MediaError> {
     let out = Command::new("ffmpeg")
         .args(["-nostdin", "-hide_banner", "-loglevel", "error", "-y"])
         .args(inputs)
-        .args(["-c:v", "libx264", "-preset", "veryfast", "-crf", "18", "-pix_fmt", "yuv420p"])
+        .args([
+            "-c:v", "libx264", "-preset", "veryfast", "-crf", "18", "-pix_fmt", "yuv420p",
+        ])
         .args(["-movflags", "+faststart"])
         .arg(&partial)
         .output()
-        .map_err(|e| MediaError::Internal(format!("cannot run ffmpeg (scripts/setup-ffmpeg): {e}")))?;
+        .map_err(|e| {
+            MediaError::Internal(format!("cannot run ffmpeg (scripts/setup-ffmpeg): {e}"))
+        })?;
     if !out.status.success() {
         let _ = std::fs::remove_file(&partial);
         return Err(MediaError::Internal(format!(

@@ -19,7 +19,13 @@ fn media() -> MediaDir {
 fn open(dir: &MediaDir, name: &str, slots: &DecoderSlots) -> Result<VideoDecoder, MediaError> {
     let source = MediaSource::File(dir.resolve(name)?);
     let permit = slots.try_acquire()?;
-    VideoDecoder::open(&source, name, permit, DecodeOptions::default(), DecodeStop::default())
+    VideoDecoder::open(
+        &source,
+        name,
+        permit,
+        DecodeOptions::default(),
+        DecodeStop::default(),
+    )
 }
 
 fn alive(pid: u32) -> bool {
@@ -66,7 +72,10 @@ fn an_undecodable_file_gives_ffmpegs_reason() {
     let text = err.to_string();
     assert!(matches!(err, MediaError::Undecodable(_)), "{err:?}");
     assert!(text.starts_with("cannot decode `garbage.mp4`: "), "{text}");
-    assert!(text.len() > "cannot decode `garbage.mp4`: ".len() + 5, "{text}");
+    assert!(
+        text.len() > "cannot decode `garbage.mp4`: ".len() + 5,
+        "{text}"
+    );
     assert_eq!(slots.in_use(), 0, "the slot is given back");
 }
 
@@ -75,7 +84,9 @@ fn slots_bound_the_decoders() {
     let dir = media();
     let slots = DecoderSlots::new(1);
     let first = open(&dir, testvideo::BLANK_VIDEO, &slots).unwrap();
-    let err = open(&dir, testvideo::BLANK_VIDEO, &slots).err().expect("busy");
+    let err = open(&dir, testvideo::BLANK_VIDEO, &slots)
+        .err()
+        .expect("busy");
     assert!(matches!(err, MediaError::Busy(1)), "{err:?}");
     drop(first);
     assert!(open(&dir, testvideo::BLANK_VIDEO, &slots).is_ok());

@@ -12,6 +12,7 @@ pub mod grpc;
 pub mod http;
 pub mod log_format;
 pub mod log_settings;
+pub mod media;
 pub mod otlp;
 pub mod stream;
 pub mod tls;

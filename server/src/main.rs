@@ -144,6 +144,8 @@ struct ServeArgs {
     #[command(flatten)]
     stream: kiln_server::stream::StreamArgs,
     #[command(flatten)]
+    media: kiln_server::media::MediaArgs,
+    #[command(flatten)]
     trace: TraceArgs,
 }
 
@@ -441,7 +443,10 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
             sched_batch: args.sched_batch,
             max_connections: http_max_connections,
             tls: http_tls,
-            stream: args.stream.config().map_err(anyhow::Error::msg)?,
+            stream: kiln_server::stream::StreamConfig {
+                sources: Some(args.media.opener().map_err(anyhow::Error::msg)?),
+                ..args.stream.config().map_err(anyhow::Error::msg)?
+            },
         },
     )
     .with_context(|| format!("cannot listen on {}:{}", args.host, args.http_port))?;

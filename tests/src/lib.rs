@@ -5,8 +5,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod browser;
+pub mod file_server;
 pub mod fixtures;
 pub mod golden;
+pub mod media;
 pub mod otlp;
 pub mod pytest;
 pub mod wait;

@@ -166,7 +166,10 @@ mod tests {
         BoxFinder::default().find(&map, (64, 32), (128, 64), &params, &mut out);
         assert_eq!(out.len(), 2, "{out:?}");
         assert_eq!((out[0].x0, out[0].y0, out[0].x1, out[0].y1), (8, 8, 48, 16));
-        assert_eq!((out[1].x0, out[1].y0, out[1].x1, out[1].y1), (60, 40, 120, 56));
+        assert_eq!(
+            (out[1].x0, out[1].y0, out[1].x1, out[1].y1),
+            (60, 40, 120, 56)
+        );
         assert!((out[0].score - 0.9).abs() < 1e-5);
     }
 
@@ -182,8 +185,20 @@ mod tests {
     #[test]
     fn blank_noise_and_weak_regions_give_no_box() {
         let mut finder = BoxFinder::default();
-        let mut out = vec![TextBox { x0: 1, y0: 1, x1: 2, y1: 2, score: 1.0 }];
-        finder.find(&map_with(32, 32, &[]), (32, 32), (32, 32), &BoxParams::default(), &mut out);
+        let mut out = vec![TextBox {
+            x0: 1,
+            y0: 1,
+            x1: 2,
+            y1: 2,
+            score: 1.0,
+        }];
+        finder.find(
+            &map_with(32, 32, &[]),
+            (32, 32),
+            (32, 32),
+            &BoxParams::default(),
+            &mut out,
+        );
         assert!(out.is_empty());
         // 3x3 specks (under min_area) and a faint region (mean under box_threshold).
         let map = map_with(32, 32, &[(2, 2, 5, 5, 0.9), (10, 10, 30, 20, 0.4)]);
@@ -206,8 +221,15 @@ mod tests {
         BoxFinder::default().find(&map, (16, 16), (16, 16), &params, &mut out);
         assert_eq!(out.len(), 1);
         assert_eq!((out[0].x1, out[0].y1), (16, 16));
-        let map = map_with(32, 8, &[(0, 0, 1, 1, 0.9), (4, 0, 5, 1, 0.9), (8, 0, 9, 1, 0.9)]);
-        let capped = BoxParams { max_boxes: 2, ..params };
+        let map = map_with(
+            32,
+            8,
+            &[(0, 0, 1, 1, 0.9), (4, 0, 5, 1, 0.9), (8, 0, 9, 1, 0.9)],
+        );
+        let capped = BoxParams {
+            max_boxes: 2,
+            ..params
+        };
         BoxFinder::default().find(&map, (32, 8), (32, 8), &capped, &mut out);
         assert_eq!(out.len(), 2);
     }

@@ -6,9 +6,11 @@
 
 mod boxes;
 mod resize;
+mod step;
 
 pub use boxes::{BoxFinder, BoxParams, TextBox};
 pub use resize::Preprocessor;
+pub use step::TextDetection;
 
 /// The detector's input name.
 pub const INPUT: &str = "x";

@@ -61,6 +61,10 @@ pub enum Processing {
     /// are sent as they come.
     #[default]
     None,
+    /// Text detection (PP-OCR det, `crate::media::text`): the frame resized to
+    /// multiples of 32 and normalized into FP32 `[3, H, W]`; the probability map
+    /// becomes the result's `boxes`, in the frame's pixels (no tensor is sent).
+    TextBoxes,
 }
 
 impl Processing {
@@ -70,7 +74,10 @@ impl Processing {
             None => Ok(Processing::None),
             Some(Value::String(name)) => match name.as_str() {
                 "none" => Ok(Processing::None),
-                other => Err(format!("unknown processing `{other}` (known: none)")),
+                "text_boxes" => Ok(Processing::TextBoxes),
+                other => Err(format!(
+                    "unknown processing `{other}` (known: none, text_boxes)"
+                )),
             },
             Some(other) => Err(format!("`processing` must be a string, got {other}")),
         }
@@ -93,6 +100,12 @@ impl Processing {
                     data,
                 },
             }),
+            Processing::TextBoxes => match frame {
+                FrameData::Image(rgb) => crate::media::text::input(&rgb, input),
+                FrameData::Tensor { .. } => {
+                    Err("`text_boxes` needs pictures (jpeg, png or a server-side source), not raw tensors".to_owned())
+                }
+            },
         }
     }
 
@@ -104,6 +117,15 @@ impl Processing {
                 outputs,
                 fields: Map::new(),
             }),
+            Processing::TextBoxes => {
+                let size = frame.size.ok_or("`text_boxes` without a picture")?;
+                let mut fields = Map::new();
+                fields.insert("boxes".into(), crate::media::text::boxes(&outputs, size)?);
+                Ok(Processed {
+                    outputs: Vec::new(),
+                    fields,
+                })
+            }
         }
     }
 }
