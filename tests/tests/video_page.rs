@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use kiln_tests::browser::{browser_available, fake_camera_video, Browser};
+use kiln_tests::browser::{browser_available, fake_camera_video, Browser, TEXT_BAND};
 use kiln_tests::Kiln;
 use serde_json::{json, Value};
 
@@ -48,13 +48,7 @@ async fn webcam_frames_come_back_inverted() {
     if !browser_available("webcam_frames_come_back_inverted") {
         return;
     }
-    let repo = kiln_tests::repo_root().join("examples/models");
-    let kiln = Kiln::start(&[
-        "--model-repository",
-        repo.to_str().unwrap(),
-        "--load-model",
-        "invert-video",
-    ]);
+    let kiln = start_kiln("invert-video");
     let browser = Browser::start(&fake_camera_video()).await;
     open_page(&browser, &kiln, "invert-video").await;
     start_webcam(&browser).await;
@@ -68,11 +62,65 @@ async fn webcam_frames_come_back_inverted() {
     // two JPEG encodings (the page's, the server's) change.
     let inverted = pixels["inverted_error"].as_f64().unwrap();
     let same = pixels["same_error"].as_f64().unwrap();
-    assert!(inverted < 20.0, "result is not the inverted frame: {pixels} ({shot:?})");
-    assert!(same > 60.0, "result is too close to the frame itself: {pixels}");
+    assert!(
+        inverted < 20.0,
+        "result is not the inverted frame: {pixels} ({shot:?})"
+    );
+    assert!(
+        same > 60.0,
+        "result is too close to the frame itself: {pixels}"
+    );
     // The page keeps at most the session's max_inflight_frames unanswered, so the
     // server has no frame to drop.
     assert_eq!(shown["dropped"], json!("0"), "{shown}");
+}
+
+/// The page finds text in the camera's frames with PP-OCR det (`ocr-det`, the
+/// `text_boxes` processing it picks for a float image input) and draws the boxes
+/// kiln returns over the frame: a box over the line of text the video draws,
+/// green on the result canvas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webcam_text_gets_boxes() {
+    if !browser_available("webcam_text_gets_boxes") {
+        return;
+    }
+    let kiln = start_kiln("ocr-det");
+    let browser = Browser::start(&fake_camera_video()).await;
+    open_page(&browser, &kiln, "ocr-det").await;
+    start_webcam(&browser).await;
+    wait_for_answers(&browser, &kiln, 5).await;
+    let shot = browser.screenshot("video_page-text.png").await;
+    let drawn = drawn_boxes(&browser).await;
+    browser.close().await;
+    println!("boxes: {drawn}");
+    let boxes = drawn.as_array().expect("the boxes the page drew");
+    // The white band holds `KILN 2026` from x = 30, rows 180 to about 215.
+    let over_text = boxes.iter().find(|b| {
+        let (x0, y0, x1, y1) = (
+            b["x0"].as_u64().unwrap(),
+            b["y0"].as_u64().unwrap(),
+            b["x1"].as_u64().unwrap(),
+            b["y1"].as_u64().unwrap(),
+        );
+        TEXT_BAND.contains(&(((y0 + y1) / 2) as u32)) && x0 <= 45 && x1 >= 220 && y1 - y0 >= 20
+    });
+    let over_text = over_text.unwrap_or_else(|| panic!("no box over the text: {drawn} ({shot:?})"));
+    let green = over_text["green"].as_f64().unwrap();
+    assert!(
+        green > 0.8,
+        "the box over the text is not drawn green: {over_text} ({shot:?})"
+    );
+}
+
+/// Starts kiln with the example repository and its `model` loaded.
+fn start_kiln(model: &str) -> Kiln {
+    let repo = kiln_tests::repo_root().join("examples/models");
+    Kiln::start(&[
+        "--model-repository",
+        repo.to_str().unwrap(),
+        "--load-model",
+        model,
+    ])
 }
 
 /// Opens the page with `model` chosen once the list has it.
@@ -88,7 +136,11 @@ async fn open_page(browser: &Browser, kiln: &Kiln, model: &str) {
             Duration::from_secs(30),
         )
         .await;
-    assert!(listed, "the page does not list {model}: {}", page_text(browser).await);
+    assert!(
+        listed,
+        "the page does not list {model}: {}",
+        page_text(browser).await
+    );
 }
 
 /// Chooses the webcam source and presses Start.
@@ -116,7 +168,10 @@ async fn wait_for_answers(browser: &Browser, kiln: &Kiln, count: u64) {
         )
         .await;
     let error = browser
-        .eval("return document.getElementById('error').textContent;", vec![])
+        .eval(
+            "return document.getElementById('error').textContent;",
+            vec![],
+        )
         .await;
     if !done || error != json!("") {
         browser.screenshot("video_page-failed.png").await;
@@ -171,4 +226,28 @@ async fn compare_canvases(browser: &Browser) -> Value {
     assert!(pixels.get("error").is_none(), "{pixels}");
     assert_eq!(pixels["width"], json!(320), "{pixels}");
     pixels
+}
+
+/// The boxes the page drew for the frame on show (`#boxes`' `data-boxes`), each
+/// with `green`: the share of its top edge's pixels on the result canvas that
+/// are the page's green (read in the same script, so the same frame).
+async fn drawn_boxes(browser: &Browser) -> Value {
+    browser
+        .eval(
+            "const boxes = JSON.parse(document.getElementById('boxes').dataset.boxes || '[]');
+             const c = document.getElementById('result');
+             const px = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+             for (const b of boxes) {
+               let green = 0, n = 0;
+               for (let x = b.x0 + 2; x < b.x1 - 2; x++) {
+                 const i = (b.y0 * c.width + x) * 4;
+                 if (px[i] < 100 && px[i + 1] > 180 && px[i + 2] < 100) green += 1;
+                 n += 1;
+               }
+               b.green = n ? green / n : 0;
+             }
+             return boxes;",
+            vec![],
+        )
+        .await
 }

@@ -27,7 +27,11 @@ pub struct MediaArgs {
     pub media_dir: Option<PathBuf>,
     /// A host whose http, https and rtsp URLs stream sessions may name
     /// (`{"url": ...}`; repeatable; env: `,`-separated); none: URLs refused.
-    #[arg(long = "media-url-allow", env = "KILN_MEDIA_URL_ALLOW", value_delimiter = ',')]
+    #[arg(
+        long = "media-url-allow",
+        env = "KILN_MEDIA_URL_ALLOW",
+        value_delimiter = ','
+    )]
     pub media_url_allow: Vec<String>,
     /// FFmpeg decoders running at once, server-wide; a session beyond is refused.
     #[arg(long, env = "KILN_MEDIA_MAX_DECODERS", default_value_t = DEFAULT_MAX_DECODERS)]

@@ -11,7 +11,8 @@
 
 const $ = (id) => document.getElementById(id);
 const el = {
-  model: $("model"), source: $("source"), file: $("file"), media: $("media"),
+  model: $("model"), processing: $("processing"), source: $("source"), file: $("file"),
+  media: $("media"),
   start: $("start"), stop: $("stop"), status: $("status"), error: $("error"),
   video: $("video"), input: $("input"), result: $("result"),
   fps: $("fps"), latency: $("latency"), serverLatency: $("server-latency"), dropped: $("dropped"),
@@ -47,12 +48,14 @@ async function listModels() {
     option.dataset.state = state;
     el.model.add(option);
   }
-  const preferred = new URLSearchParams(location.search).get("model");
-  if (preferred && names.has(preferred)) el.model.value = preferred;
+  const query = new URLSearchParams(location.search);
+  if (names.has(query.get("model"))) el.model.value = query.get("model");
+  if (query.has("processing")) el.processing.value = query.get("processing");
   el.status.textContent = names.size ? "ready" : "no models";
 }
 
-// Loads the chosen model when it is a repository model not loaded yet.
+// Loads the chosen model when it is a repository model not loaded yet, and
+// returns its metadata.
 async function prepareModel(name) {
   const option = el.model.selectedOptions[0];
   if (option && option.dataset.state !== "READY") {
@@ -64,6 +67,21 @@ async function prepareModel(name) {
     option.dataset.state = "READY";
     option.text = name;
   }
+  const r = await fetch(`/v2/models/${encodeURIComponent(name)}`);
+  if (!r.ok) throw new Error(`${name}: ${(await r.json()).error || r.status}`);
+  return r.json();
+}
+
+// The session's processing (docs/websocket.md, "Processing"): the one chosen, or
+// for "auto" what the model's input asks for: a UINT8 image input takes the
+// decoded frame as it is ("none"); a float [N, 3, H, W] input is a text detector
+// (PP-OCR det), which "text_boxes" resizes and normalizes the frame for and
+// turns the probability map into boxes.
+function processingFor(metadata) {
+  if (el.processing.value !== "auto") return el.processing.value;
+  const input = (metadata.inputs || [])[0];
+  const chw = input && input.shape.length === 4 && input.shape[1] === 3;
+  return input && input.datatype === "FP32" && chw ? "text_boxes" : "none";
 }
 
 // ---- sources ------------------------------------------------------------------
@@ -101,9 +119,11 @@ function closeVideo() {
 // ---- the session --------------------------------------------------------------
 
 class Session {
-  constructor(model, kind) {
+  constructor(model, kind, processing) {
     this.model = model;
     this.kind = kind;
+    this.processing = processing;
+    this.sourceSize = null;    // [width, height], from the first result
     this.maxInflight = 1;      // until the server says
     this.open = false;
     this.sent = 0;             // frames sent (the next one's index)
@@ -126,7 +146,7 @@ class Session {
   // frames, results as binary messages (a JSON header, then the outputs' bytes:
   // an image output is a JPEG the page draws as it is).
   opening() {
-    const message = { encoding: "jpeg", output_format: "binary" };
+    const message = { encoding: "jpeg", output_format: "binary", processing: this.processing };
     if (this.kind === "media") message.source = { media: el.media.value };
     return message;
   }
@@ -142,7 +162,8 @@ class Session {
     if (header.event === "opened") {
       this.maxInflight = Math.max(1, header.max_inflight_frames || 1);
       this.open = true;
-      el.status.textContent = `streaming to ${header.model_name} (session ${header.session})`;
+      el.status.textContent =
+        `streaming to ${header.model_name} (session ${header.session}, processing ${this.processing})`;
       this.pump();
     } else if (header.event === "end") {
       el.status.textContent = `the source ended after ${header.frames} frames`;
@@ -157,6 +178,7 @@ class Session {
   // One frame's answer: its image output (the inverted frame) or the boxes
   // post-processing found, drawn beside the frame that was sent.
   async result(header, body) {
+    if (header.source) this.sourceSize = [header.source.width, header.source.height];
     if (header.dropped) this.dropped = Object.values(header.dropped).reduce((s, n) => s + n, 0);
     const index = header.frame;
     // Results come in the order the frames were sent: a frame before this one
@@ -172,7 +194,7 @@ class Session {
     if (header.error !== undefined) {
       showError(header.error);
     } else {
-      await draw(sent && sent.frame, imageOutput(header, body), header.boxes);
+      await draw(sent && sent.frame, imageOutput(header, body), header.boxes, this.sourceSize);
     }
     if (sent && sent.frame) sent.frame.close();
     this.report();
@@ -271,19 +293,37 @@ async function toJpeg(frame) {
 }
 
 // Draws the frame sent on #input and the result on #result: the returned image,
-// or the frame with the boxes over it. Both are drawn in one task, so the two
-// canvases always show the same frame.
-async function draw(frame, image, boxes) {
+// or the frame with the boxes over it (over a grey field of the source's size
+// when kiln decoded the frame itself and sent only boxes). Both are drawn in one
+// task, so the two canvases always show the same frame.
+async function draw(frame, image, boxes, sourceSize) {
   const picture = image ? await createImageBitmap(new Blob([image], { type: "image/jpeg" })) : null;
   if (frame) paint(el.input, frame);
-  if (picture) { paint(el.result, picture); picture.close(); } else if (frame) paint(el.result, frame);
+  if (picture) {
+    paint(el.result, picture);
+    picture.close();
+  } else if (frame) {
+    paint(el.result, frame);
+  } else if (sourceSize) {
+    blank(el.result, sourceSize);
+  }
   if (boxes) {
+    // Green, 2 px, on the boxes' edges (ends exclusive: x1 - x0 wide).
     const ctx = el.result.getContext("2d");
     ctx.strokeStyle = "#00ff00";
     ctx.lineWidth = 2;
-    for (const b of boxes) ctx.strokeRect(b[0], b[1], b[2] - b[0], b[3] - b[1]);
+    for (const b of boxes) ctx.strokeRect(b.x0, b.y0, b.x1 - b.x0, b.y1 - b.y0);
     el.boxes.textContent = String(boxes.length);
+    el.boxes.dataset.boxes = JSON.stringify(boxes);
   }
+}
+
+function blank(canvas, [width, height]) {
+  canvas.width = width;
+  canvas.height = height;
+  const ctx = canvas.getContext("2d");
+  ctx.fillStyle = "#444";
+  ctx.fillRect(0, 0, width, height);
 }
 
 function paint(canvas, bitmap) {
@@ -306,9 +346,9 @@ async function start(event) {
   const kind = el.source.value;
   el.start.disabled = true;
   try {
-    await prepareModel(model);
+    const metadata = await prepareModel(model);
     if (kind !== "media") await openVideo(kind);
-    session = new Session(model, kind);
+    session = new Session(model, kind, processingFor(metadata));
     el.stop.disabled = false;
     el.status.textContent = `opening a session with ${model}…`;
   } catch (e) {
