@@ -22,6 +22,14 @@ pub const FPS: u32 = 30;
 pub const TEXT_VIDEO: &str = "text-640x480.mp4";
 /// [`FRAMES`] blank (white) frames, same format.
 pub const BLANK_VIDEO: &str = "blank-640x480.mp4";
+/// A short clip for text detection (a CPU detector runs a few frames a second):
+/// [`SHORT_TEXT_FRAMES`] frames at 5 fps of [`TEXT_VIDEO`]'s picture, then
+/// [`SHORT_BLANK_FRAMES`] blank ones.
+pub const SHORT_VIDEO: &str = "text-short-640x480.mp4";
+/// See [`SHORT_VIDEO`].
+pub const SHORT_TEXT_FRAMES: u32 = 10;
+/// See [`SHORT_VIDEO`].
+pub const SHORT_BLANK_FRAMES: u32 = 5;
 
 /// Where [`TEXT_VIDEO`] draws its two lines of text (black on white boxes):
 /// `(x0, y0, x1, y1)` of each box in frame pixels, measured on a decoded frame.
@@ -35,37 +43,51 @@ const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
 pub fn ensure(dir: &Path) -> Result<PathBuf, MediaError> {
     std::fs::create_dir_all(dir)
         .map_err(|e| MediaError::Internal(format!("{}: {e}", dir.display())))?;
-    let text = format!(
-        "testsrc2=s={WIDTH}x{HEIGHT}:r={FPS}:d={},\
-         drawtext=fontfile={FONT}:text='KILN 2026':x=40:y=40:fontsize=64:fontcolor=black:box=1:boxcolor=white:boxborderw=12,\
-         drawtext=fontfile={FONT}:text='video text':x=300:y=380:fontsize=48:fontcolor=black:box=1:boxcolor=white:boxborderw=12",
-        FIRST_BLANK / FPS
-    );
-    let blank = |seconds: u32| format!("color=c=white:s={WIDTH}x{HEIGHT}:r={FPS}:d={seconds}");
-    let text_graph = [
-        "-f",
-        "lavfi",
-        "-i",
-        &text,
-        "-f",
-        "lavfi",
-        "-i",
-        &blank((FRAMES - FIRST_BLANK) / FPS),
-    ];
-    let concat = [
-        "-filter_complex",
-        "[0:v][1:v]concat=n=2:v=1[v]",
-        "-map",
-        "[v]",
-    ];
-    let text_args: Vec<&str> = text_graph.iter().chain(concat.iter()).copied().collect();
-    make(&dir.join(TEXT_VIDEO), &text_args)?;
-    let blank_graph = blank(FRAMES / FPS);
-    make(&dir.join(BLANK_VIDEO), &["-f", "lavfi", "-i", &blank_graph])?;
+    let text = |rate: u32, frames: u32| {
+        format!(
+            "testsrc2=s={WIDTH}x{HEIGHT}:r={rate}:d={},\
+             drawtext=fontfile={FONT}:text='KILN 2026':x=40:y=40:fontsize=64:fontcolor=black:box=1:boxcolor=white:boxborderw=12,\
+             drawtext=fontfile={FONT}:text='video text':x=300:y=380:fontsize=48:fontcolor=black:box=1:boxcolor=white:boxborderw=12",
+            f64::from(frames) / f64::from(rate)
+        )
+    };
+    let blank = |rate: u32, frames: u32| {
+        format!(
+            "color=c=white:s={WIDTH}x{HEIGHT}:r={rate}:d={}",
+            f64::from(frames) / f64::from(rate)
+        )
+    };
+    let inputs = |graphs: &[String]| -> Vec<String> {
+        let mut args = Vec::new();
+        for graph in graphs {
+            args.extend(["-f", "lavfi", "-i", graph].map(str::to_owned));
+        }
+        if graphs.len() == 2 {
+            args.extend(
+                [
+                    "-filter_complex",
+                    "[0:v][1:v]concat=n=2:v=1[v]",
+                    "-map",
+                    "[v]",
+                ]
+                .map(str::to_owned),
+            );
+        }
+        args
+    };
+    make(
+        &dir.join(TEXT_VIDEO),
+        &inputs(&[text(FPS, FIRST_BLANK), blank(FPS, FRAMES - FIRST_BLANK)]),
+    )?;
+    make(
+        &dir.join(SHORT_VIDEO),
+        &inputs(&[text(5, SHORT_TEXT_FRAMES), blank(5, SHORT_BLANK_FRAMES)]),
+    )?;
+    make(&dir.join(BLANK_VIDEO), &inputs(&[blank(FPS, FRAMES)]))?;
     Ok(dir.to_path_buf())
 }
 
-fn make(path: &Path, inputs: &[&str]) -> Result<(), MediaError> {
+fn make(path: &Path, inputs: &[String]) -> Result<(), MediaError> {
     if path.is_file() {
         return Ok(());
     }
