@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use kiln_media::testvideo;
 use kiln_tests::browser::{browser_available, fake_camera_video, Browser, TEXT_BAND};
 use kiln_tests::Kiln;
 use serde_json::{json, Value};
@@ -48,7 +49,7 @@ async fn webcam_frames_come_back_inverted() {
     if !browser_available("webcam_frames_come_back_inverted") {
         return;
     }
-    let kiln = start_kiln("invert-video");
+    let kiln = start_kiln("invert-video", &[]);
     let browser = Browser::start(&fake_camera_video()).await;
     open_page(&browser, &kiln, "invert-video").await;
     start_webcam(&browser).await;
@@ -84,7 +85,7 @@ async fn webcam_text_gets_boxes() {
     if !browser_available("webcam_text_gets_boxes") {
         return;
     }
-    let kiln = start_kiln("ocr-det");
+    let kiln = start_kiln("ocr-det", &[]);
     let browser = Browser::start(&fake_camera_video()).await;
     open_page(&browser, &kiln, "ocr-det").await;
     start_webcam(&browser).await;
@@ -112,15 +113,65 @@ async fn webcam_text_gets_boxes() {
     );
 }
 
-/// Starts kiln with the example repository and its `model` loaded.
-fn start_kiln(model: &str) -> Kiln {
+/// A video file on the server (`--media-dir`, the media tests' generated
+/// `text-640x480.mp4`), chosen by name on the page: kiln decodes it, inverts each
+/// frame and the page draws what comes back. Where the video has a white box with
+/// black text, the result is dark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_media_file_comes_back_inverted() {
+    if !browser_available("server_media_file_comes_back_inverted") {
+        return;
+    }
+    let media = kiln_tests::media::media_dir();
+    let kiln = start_kiln("invert-video", &["--media-dir", media.to_str().unwrap()]);
+    let browser = Browser::start(&fake_camera_video()).await;
+    open_page(&browser, &kiln, "invert-video").await;
+    browser
+        .eval(
+            "document.getElementById('source').value = 'media';
+             document.getElementById('source').dispatchEvent(new Event('change'));
+             document.getElementById('media').value = arguments[0];
+             document.getElementById('start').click();",
+            vec![json!(testvideo::TEXT_VIDEO)],
+        )
+        .await;
+    wait_for_answers(&browser, &kiln, 5).await;
+    let shot = browser.screenshot("video_page-media.png").await;
+    let (x0, y0, x1, y1) = testvideo::TEXT_BOXES[0];
+    let region = browser
+        .eval(
+            "const [x0, y0, x1, y1] = arguments;
+             const c = document.getElementById('result');
+             const d = c.getContext('2d').getImageData(x0, y0, x1 - x0, y1 - y0).data;
+             let sum = 0;
+             for (let i = 0; i < d.length; i += 4) sum += (d[i] + d[i + 1] + d[i + 2]) / 3;
+             return {width: c.width, height: c.height, mean: sum / (d.length / 4)};",
+            vec![json!(x0), json!(y0), json!(x1), json!(y1)],
+        )
+        .await;
+    browser.close().await;
+    println!("text box region of the result: {region}");
+    assert_eq!(region["width"], json!(testvideo::WIDTH), "{region}");
+    assert_eq!(region["height"], json!(testvideo::HEIGHT), "{region}");
+    // White with black text (mostly white) in the video; inverted, mostly black.
+    let mean = region["mean"].as_f64().unwrap();
+    assert!(
+        mean < 80.0,
+        "the text box is not inverted: {region} ({shot:?})"
+    );
+}
+
+/// Starts kiln with the example repository, its `model` loaded, and `args`.
+fn start_kiln(model: &str, args: &[&str]) -> Kiln {
     let repo = kiln_tests::repo_root().join("examples/models");
-    Kiln::start(&[
+    let mut all = vec![
         "--model-repository",
         repo.to_str().unwrap(),
         "--load-model",
         model,
-    ])
+    ];
+    all.extend_from_slice(args);
+    Kiln::start(&all)
 }
 
 /// Opens the page with `model` chosen once the list has it.

@@ -126,6 +126,7 @@ class Session {
     this.sourceSize = null;    // [width, height], from the first result
     this.maxInflight = 1;      // until the server says
     this.open = false;
+    this.ended = false;        // the server-side source has ended
     this.sent = 0;             // frames sent (the next one's index)
     this.pending = new Map();  // index -> {sentAt, frame (ImageBitmap)}
     this.encoding = false;     // a frame is being captured and encoded
@@ -166,6 +167,7 @@ class Session {
         `streaming to ${header.model_name} (session ${header.session}, processing ${this.processing})`;
       this.pump();
     } else if (header.event === "end") {
+      this.ended = true;
       el.status.textContent = `the source ended after ${header.frames} frames`;
     } else if (header.frame === undefined) {
       // A protocol error: the server closes the session next.
@@ -241,7 +243,7 @@ class Session {
 
   closed(event) {
     this.open = false;
-    if (session === this) stop();
+    if (session === this) stop(this.ended ? el.status.textContent : "stopped");
     if (event.code !== 1000 && event.code !== 1005) {
       showError(`stream closed (${event.code}${event.reason ? `: ${event.reason}` : ""})`);
     }
@@ -357,12 +359,12 @@ async function start(event) {
   }
 }
 
-function stop() {
+function stop(status = "stopped") {
   if (session) { const s = session; session = null; s.close(); }
   closeVideo();
   el.start.disabled = false;
   el.stop.disabled = true;
-  el.status.textContent = "stopped";
+  el.status.textContent = status;
 }
 
 // A new video frame makes the next send possible.
@@ -377,7 +379,7 @@ function watchFrames() {
 
 el.source.addEventListener("change", showSourceControls);
 $("controls").addEventListener("submit", start);
-el.stop.addEventListener("click", stop);
+el.stop.addEventListener("click", () => stop());
 showSourceControls();
 watchFrames();
 listModels().catch((e) => showError(`listing the models: ${e.message || e}`));
