@@ -55,7 +55,7 @@ async fn webcam_frames_come_back_inverted() {
     start_webcam(&browser).await;
     wait_for_answers(&browser, &kiln, 10).await;
     let shot = browser.screenshot("video_page.png").await;
-    let pixels = compare_canvases(&browser).await;
+    let pixels = compare_canvases(&browser, 320).await;
     let shown = page_text(&browser).await;
     browser.close().await;
     println!("pixels: {pixels}");
@@ -161,6 +161,49 @@ async fn server_media_file_comes_back_inverted() {
     );
 }
 
+/// A local video file (the media tests' generated H.264 `text-640x480.mp4`),
+/// chosen in the page's file input: played in the page's `<video>`, its frames
+/// sent and answered inverted, as the camera's are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_file_frames_come_back_inverted() {
+    if !browser_available("local_file_frames_come_back_inverted") {
+        return;
+    }
+    let video = kiln_tests::media::media_dir().join(testvideo::TEXT_VIDEO);
+    let kiln = start_kiln("invert-video", &[]);
+    let browser = Browser::start(&fake_camera_video()).await;
+    open_page(&browser, &kiln, "invert-video").await;
+    browser
+        .eval(
+            "document.getElementById('source').value = 'file';
+             document.getElementById('source').dispatchEvent(new Event('change'));",
+            vec![],
+        )
+        .await;
+    let input = browser
+        .client
+        .find(fantoccini::Locator::Id("file"))
+        .await
+        .expect("the file input");
+    input
+        .send_keys(video.to_str().unwrap())
+        .await
+        .expect("choose the file");
+    browser
+        .eval("document.getElementById('start').click();", vec![])
+        .await;
+    wait_for_answers(&browser, &kiln, 5).await;
+    browser.screenshot("video_page-file.png").await;
+    let pixels = compare_canvases(&browser, testvideo::WIDTH).await;
+    browser.close().await;
+    println!("pixels: {pixels}");
+    assert!(
+        pixels["inverted_error"].as_f64().unwrap() < 20.0,
+        "{pixels}"
+    );
+    assert!(pixels["same_error"].as_f64().unwrap() > 60.0, "{pixels}");
+}
+
 /// Starts kiln with the example repository, its `model` loaded, and `args`.
 fn start_kiln(model: &str, args: &[&str]) -> Kiln {
     let repo = kiln_tests::repo_root().join("examples/models");
@@ -251,7 +294,7 @@ async fn page_text(browser: &Browser) -> Value {
 /// both are the same frame, and returns the mean absolute error of the result
 /// against the frame inverted (`inverted_error`) and against the frame itself
 /// (`same_error`), per channel value.
-async fn compare_canvases(browser: &Browser) -> Value {
+async fn compare_canvases(browser: &Browser, width: u32) -> Value {
     let pixels = browser
         .eval(
             "const read = (id) => {
@@ -275,7 +318,7 @@ async fn compare_canvases(browser: &Browser) -> Value {
         )
         .await;
     assert!(pixels.get("error").is_none(), "{pixels}");
-    assert_eq!(pixels["width"], json!(320), "{pixels}");
+    assert_eq!(pixels["width"], json!(width), "{pixels}");
     pixels
 }
 
