@@ -7,6 +7,7 @@
 // Test support: a failed step fails the test loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::path::Path;
 use std::time::Duration;
 
 use kiln_media::testvideo;
@@ -43,36 +44,23 @@ async fn page_files_are_served() {
     assert_eq!(r.status(), 405);
 }
 
-/// The page lists the server's models, starts the (fake) camera and streams it.
+/// The page lists the server's models, starts the (fake) camera and streams it:
+/// each frame comes back inverted, the page reports a frame rate, and since it
+/// keeps at most the session's `max_inflight_frames` unanswered, the server drops
+/// nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webcam_frames_come_back_inverted() {
-    if !browser_available("webcam_frames_come_back_inverted") {
+    let Some((kiln, browser)) = open("webcam_frames_come_back_inverted", "invert-video", &[]).await
+    else {
         return;
-    }
-    let kiln = start_kiln("invert-video", &[]);
-    let browser = Browser::start(&fake_camera_video()).await;
-    open_page(&browser, &kiln, "invert-video").await;
-    start_webcam(&browser).await;
+    };
+    choose_source(&browser, "webcam", "").await;
     wait_for_answers(&browser, &kiln, 10).await;
     let shot = browser.screenshot("video_page.png").await;
     let pixels = compare_canvases(&browser, 320).await;
     let shown = page_text(&browser).await;
     browser.close().await;
-    println!("pixels: {pixels}");
-    // Inverted: each channel of the result is 255 minus the frame's, within what
-    // two JPEG encodings (the page's, the server's) change.
-    let inverted = pixels["inverted_error"].as_f64().unwrap();
-    let same = pixels["same_error"].as_f64().unwrap();
-    assert!(
-        inverted < 20.0,
-        "result is not the inverted frame: {pixels} ({shot:?})"
-    );
-    assert!(
-        same > 60.0,
-        "result is too close to the frame itself: {pixels}"
-    );
-    // The page keeps at most the session's max_inflight_frames unanswered, so the
-    // server has no frame to drop.
+    assert_inverted(&pixels, &shot);
     assert_eq!(shown["dropped"], json!("0"), "{shown}");
 }
 
@@ -82,13 +70,10 @@ async fn webcam_frames_come_back_inverted() {
 /// green on the result canvas.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webcam_text_gets_boxes() {
-    if !browser_available("webcam_text_gets_boxes") {
+    let Some((kiln, browser)) = open("webcam_text_gets_boxes", "ocr-det", &[]).await else {
         return;
-    }
-    let kiln = start_kiln("ocr-det", &[]);
-    let browser = Browser::start(&fake_camera_video()).await;
-    open_page(&browser, &kiln, "ocr-det").await;
-    start_webcam(&browser).await;
+    };
+    choose_source(&browser, "webcam", "").await;
     wait_for_answers(&browser, &kiln, 5).await;
     let shot = browser.screenshot("video_page-text.png").await;
     let drawn = drawn_boxes(&browser).await;
@@ -119,22 +104,16 @@ async fn webcam_text_gets_boxes() {
 /// black text, the result is dark.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_media_file_comes_back_inverted() {
-    if !browser_available("server_media_file_comes_back_inverted") {
+    let test = "server_media_file_comes_back_inverted";
+    if !browser_available(test) {
         return;
     }
     let media = kiln_tests::media::media_dir();
-    let kiln = start_kiln("invert-video", &["--media-dir", media.to_str().unwrap()]);
-    let browser = Browser::start(&fake_camera_video()).await;
-    open_page(&browser, &kiln, "invert-video").await;
-    browser
-        .eval(
-            "document.getElementById('source').value = 'media';
-             document.getElementById('source').dispatchEvent(new Event('change'));
-             document.getElementById('media').value = arguments[0];
-             document.getElementById('start').click();",
-            vec![json!(testvideo::TEXT_VIDEO)],
-        )
-        .await;
+    let args = ["--media-dir", media.to_str().unwrap()];
+    let Some((kiln, browser)) = open(test, "invert-video", &args).await else {
+        return;
+    };
+    choose_source(&browser, "media", testvideo::TEXT_VIDEO).await;
     wait_for_answers(&browser, &kiln, 5).await;
     let shot = browser.screenshot("video_page-media.png").await;
     let (x0, y0, x1, y1) = testvideo::TEXT_BOXES[0];
@@ -166,42 +145,46 @@ async fn server_media_file_comes_back_inverted() {
 /// sent and answered inverted, as the camera's are.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_file_frames_come_back_inverted() {
-    if !browser_available("local_file_frames_come_back_inverted") {
+    let test = "local_file_frames_come_back_inverted";
+    let Some((kiln, browser)) = open(test, "invert-video", &[]).await else {
         return;
-    }
+    };
     let video = kiln_tests::media::media_dir().join(testvideo::TEXT_VIDEO);
-    let kiln = start_kiln("invert-video", &[]);
-    let browser = Browser::start(&fake_camera_video()).await;
-    open_page(&browser, &kiln, "invert-video").await;
-    browser
-        .eval(
-            "document.getElementById('source').value = 'file';
-             document.getElementById('source').dispatchEvent(new Event('change'));",
-            vec![],
-        )
-        .await;
-    let input = browser
-        .client
-        .find(fantoccini::Locator::Id("file"))
-        .await
-        .expect("the file input");
-    input
-        .send_keys(video.to_str().unwrap())
-        .await
-        .expect("choose the file");
-    browser
-        .eval("document.getElementById('start').click();", vec![])
-        .await;
+    choose_source(&browser, "file", video.to_str().unwrap()).await;
     wait_for_answers(&browser, &kiln, 5).await;
-    browser.screenshot("video_page-file.png").await;
+    let shot = browser.screenshot("video_page-file.png").await;
     let pixels = compare_canvases(&browser, testvideo::WIDTH).await;
     browser.close().await;
+    assert_inverted(&pixels, &shot);
+}
+
+/// Each channel of the result is 255 minus the frame's, within what two JPEG
+/// encodings (the page's, the server's) change; and far from the frame itself.
+fn assert_inverted(pixels: &Value, shot: &Path) {
     println!("pixels: {pixels}");
+    let inverted = pixels["inverted_error"].as_f64().unwrap();
+    let same = pixels["same_error"].as_f64().unwrap();
     assert!(
-        pixels["inverted_error"].as_f64().unwrap() < 20.0,
-        "{pixels}"
+        inverted < 20.0,
+        "result is not the inverted frame: {pixels} ({shot:?})"
     );
-    assert!(pixels["same_error"].as_f64().unwrap() > 60.0, "{pixels}");
+    assert!(
+        same > 60.0,
+        "result is too close to the frame itself: {pixels} ({shot:?})"
+    );
+}
+
+/// Unless the browser is missing (then `None`, the test skipped, but under CI):
+/// kiln started with the example repository, `model` loaded and `args`, and the
+/// page open in headless Chromium with `model` chosen.
+async fn open(test: &str, model: &str, args: &[&str]) -> Option<(Kiln, Browser)> {
+    if !browser_available(test) {
+        return None;
+    }
+    let kiln = start_kiln(model, args);
+    let browser = Browser::start(&fake_camera_video()).await;
+    open_page(&browser, &kiln, model).await;
+    Some((kiln, browser))
 }
 
 /// Starts kiln with the example repository, its `model` loaded, and `args`.
@@ -237,15 +220,27 @@ async fn open_page(browser: &Browser, kiln: &Kiln, model: &str) {
     );
 }
 
-/// Chooses the webcam source and presses Start.
-async fn start_webcam(browser: &Browser) {
+/// Chooses the source `kind` (`webcam`, `file`: `value` is the file's path,
+/// `media`: the name on the server) and presses Start.
+async fn choose_source(browser: &Browser, kind: &str, value: &str) {
     browser
         .eval(
-            "document.getElementById('source').value = 'webcam';
-             document.getElementById('source').dispatchEvent(new Event('change'));
-             document.getElementById('start').click();",
-            vec![],
+            "const [kind, value] = arguments;
+             const source = document.getElementById('source');
+             source.value = kind;
+             source.dispatchEvent(new Event('change'));
+             if (kind === 'media') document.getElementById('media').value = value;",
+            vec![json!(kind), json!(value)],
         )
+        .await;
+    if kind == "file" {
+        // A file input takes a path only from the user: WebDriver types it.
+        let input = browser.client.find(fantoccini::Locator::Id("file")).await;
+        let input = input.expect("the file input");
+        input.send_keys(value).await.expect("choose the file");
+    }
+    browser
+        .eval("document.getElementById('start').click();", vec![])
         .await;
 }
 
