@@ -4,6 +4,7 @@
 //! (FFmpeg and the font it draws text with through `scripts/setup-ffmpeg`).
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -107,7 +108,10 @@ impl Browser {
     /// granted, the camera playing `camera`), and nothing that reaches out to the
     /// network (this machine has none).
     pub async fn start(camera: &Path) -> Browser {
+        // A process group of its own, which the Chromium it starts joins: a test
+        // that fails before closing its session still ends every process of it.
         let mut driver = Command::new(CHROMEDRIVER)
+            .process_group(0)
             .arg("--port=0")
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -197,8 +201,13 @@ impl Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
-        // ChromeDriver ends the Chromium it started when it exits.
-        let _ = self.driver.kill();
+        // ChromeDriver, and the Chromium processes in its group (a closed session
+        // has ended them already).
+        if let Ok(group) = i32::try_from(self.driver.id()) {
+            // SAFETY: kill(2) with a negative pid signals that process group: the
+            // one made for ChromeDriver at spawn, which is still ours to reap.
+            unsafe { libc::kill(-group, libc::SIGKILL) };
+        }
         let _ = self.driver.wait();
         let _ = std::fs::remove_dir_all(&self.profile);
     }
