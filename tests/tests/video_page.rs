@@ -45,13 +45,14 @@ async fn page_files_are_served() {
 }
 
 /// The page lists the server's models, starts the (fake) camera and streams it:
-/// each frame comes back inverted, the page reports a frame rate, and since it
-/// keeps at most the session's `max_inflight_frames` unanswered, the server drops
-/// nothing.
+/// each frame comes back inverted and the page reports a frame rate. Asked for
+/// one frame in flight (`?inflight=1`), it sends the next frame only once the last
+/// is answered: the camera's 15 frames a second come faster than a debug build
+/// answers them, so a page that sent them all would have the server drop some.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webcam_frames_come_back_inverted() {
-    let Some((kiln, browser)) = open("webcam_frames_come_back_inverted", "invert-video", &[]).await
-    else {
+    let test = "webcam_frames_come_back_inverted";
+    let Some((kiln, browser)) = open(test, "invert-video", "&inflight=1", &[]).await else {
         return;
     };
     choose_source(&browser, "webcam", "").await;
@@ -62,6 +63,7 @@ async fn webcam_frames_come_back_inverted() {
     browser.close().await;
     assert_inverted(&pixels, &shot);
     assert_eq!(shown["dropped"], json!("0"), "{shown}");
+    assert_eq!(shown["peak_inflight"], json!("1"), "{shown}");
 }
 
 /// The page finds text in the camera's frames with PP-OCR det (`ocr-det`, the
@@ -70,7 +72,7 @@ async fn webcam_frames_come_back_inverted() {
 /// green on the result canvas.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webcam_text_gets_boxes() {
-    let Some((kiln, browser)) = open("webcam_text_gets_boxes", "ocr-det", &[]).await else {
+    let Some((kiln, browser)) = open("webcam_text_gets_boxes", "ocr-det", "", &[]).await else {
         return;
     };
     choose_source(&browser, "webcam", "").await;
@@ -110,7 +112,7 @@ async fn server_media_file_comes_back_inverted() {
     }
     let media = kiln_tests::media::media_dir();
     let args = ["--media-dir", media.to_str().unwrap()];
-    let Some((kiln, browser)) = open(test, "invert-video", &args).await else {
+    let Some((kiln, browser)) = open(test, "invert-video", "", &args).await else {
         return;
     };
     choose_source(&browser, "media", testvideo::TEXT_VIDEO).await;
@@ -146,7 +148,7 @@ async fn server_media_file_comes_back_inverted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_file_frames_come_back_inverted() {
     let test = "local_file_frames_come_back_inverted";
-    let Some((kiln, browser)) = open(test, "invert-video", &[]).await else {
+    let Some((kiln, browser)) = open(test, "invert-video", "", &[]).await else {
         return;
     };
     let video = kiln_tests::media::media_dir().join(testvideo::TEXT_VIDEO);
@@ -176,14 +178,15 @@ fn assert_inverted(pixels: &Value, shot: &Path) {
 
 /// Unless the browser is missing (then `None`, the test skipped, but under CI):
 /// kiln started with the example repository, `model` loaded and `args`, and the
-/// page open in headless Chromium with `model` chosen.
-async fn open(test: &str, model: &str, args: &[&str]) -> Option<(Kiln, Browser)> {
+/// page open in headless Chromium with `model` chosen (and `query` added to its
+/// URL: `&name=value...`).
+async fn open(test: &str, model: &str, query: &str, args: &[&str]) -> Option<(Kiln, Browser)> {
     if !browser_available(test) {
         return None;
     }
     let kiln = start_kiln(model, args);
     let browser = Browser::start(&fake_camera_video()).await;
-    open_page(&browser, &kiln, model).await;
+    open_page(&browser, &kiln, model, query).await;
     Some((kiln, browser))
 }
 
@@ -200,11 +203,12 @@ fn start_kiln(model: &str, args: &[&str]) -> Kiln {
     Kiln::start(&all)
 }
 
-/// Opens the page with `model` chosen once the list has it.
-async fn open_page(browser: &Browser, kiln: &Kiln, model: &str) {
+/// Opens the page (`query` added to its URL), waiting until its list has `model`,
+/// chosen.
+async fn open_page(browser: &Browser, kiln: &Kiln, model: &str, query: &str) {
     browser
         .client
-        .goto(&format!("{}/ui/video?model={model}", kiln.url))
+        .goto(&format!("{}/ui/video?model={model}{query}", kiln.url))
         .await
         .expect("open /ui/video");
     let listed = browser
@@ -279,6 +283,8 @@ async fn page_text(browser: &Browser) -> Value {
             "const t = (id) => document.getElementById(id).textContent;
              return {status: t('status'), error: t('error'), fps: t('fps'),
                      latency: t('latency'), dropped: t('dropped'), answered: t('answered'),
+                     inflight: t('inflight'),
+                     peak_inflight: document.getElementById('inflight').dataset.peak,
                      models: [...document.getElementById('model').options].map(o => o.value)};",
             vec![],
         )

@@ -129,6 +129,7 @@ class Session {
     this.ended = false;        // the server-side source has ended
     this.sent = 0;             // frames sent (the next one's index)
     this.pending = new Map();  // index -> {sentAt, frame (ImageBitmap)}
+    this.peak = 0;             // the most frames that were in flight at once
     this.encoding = false;     // a frame is being captured and encoded
     this.freshFrame = false;   // the video has a frame not sent yet
     this.answers = [];         // [{at, latency}] within WINDOW_MS
@@ -148,6 +149,9 @@ class Session {
   // an image output is a JPEG the page draws as it is).
   opening() {
     const message = { encoding: "jpeg", output_format: "binary", processing: this.processing };
+    // `?inflight=N` in the page's URL asks for N frames in flight (else the server's default).
+    const inflight = Number(new URLSearchParams(location.search).get("inflight"));
+    if (inflight > 0) message.max_inflight_frames = inflight;
     if (this.kind === "media") message.source = { media: el.media.value };
     return message;
   }
@@ -212,13 +216,11 @@ class Session {
     this.encoding = true;
     this.freshFrame = false;
     try {
-      const canvas = new OffscreenCanvas(video.videoWidth, video.videoHeight);
-      canvas.getContext("2d").drawImage(video, 0, 0);
-      const frame = canvas.transferToImageBitmap();
-      const jpeg = await toJpeg(frame);
+      const [frame, jpeg] = await capture(video);
       if (!this.open) { frame.close(); return; }
       const index = this.sent++;
       this.pending.set(index, { sentAt: performance.now(), frame });
+      this.peak = Math.max(this.peak, this.pending.size);
       this.ws.send(jpeg);
       this.report();
     } finally {
@@ -239,6 +241,7 @@ class Session {
     el.dropped.textContent = String(this.dropped);
     el.answered.textContent = String(this.answered);
     el.inflight.textContent = `${this.pending.size} (${this.maxInflight})`;
+    el.inflight.dataset.peak = String(this.peak);
   }
 
   closed(event) {
@@ -284,14 +287,19 @@ function imageOutput(header, body) {
   return null;
 }
 
-// A frame as JPEG bytes.
-async function toJpeg(frame) {
-  const canvas = document.createElement("canvas");
-  canvas.width = frame.width;
-  canvas.height = frame.height;
-  canvas.getContext("2d").drawImage(frame, 0, 0);
-  const blob = await new Promise((resolve) => canvas.toBlob(resolve, "image/jpeg", JPEG_QUALITY));
-  return blob.arrayBuffer();
+// The canvas each frame is captured on (one, reused).
+const captureCanvas = document.createElement("canvas");
+
+// The video's current frame: a copy to draw beside its result, and its JPEG
+// bytes. Both calls take the canvas as it is when they are made.
+async function capture(video) {
+  const canvas = captureCanvas;
+  if (canvas.width !== video.videoWidth) canvas.width = video.videoWidth;
+  if (canvas.height !== video.videoHeight) canvas.height = video.videoHeight;
+  canvas.getContext("2d").drawImage(video, 0, 0);
+  const frame = createImageBitmap(canvas);
+  const blob = new Promise((resolve) => canvas.toBlob(resolve, "image/jpeg", JPEG_QUALITY));
+  return Promise.all([frame, blob.then((b) => b.arrayBuffer())]);
 }
 
 // Draws the frame sent on #input and the result on #result: the returned image,
