@@ -1,6 +1,7 @@
 //! kiln-client: talk to kiln over HTTP (KServe v2 JSON, or binary tensors with
 //! [`HttpClient::infer_binary`]), over gRPC ([`GrpcClient`], unary or one stream)
-//! or in-process (`NativeClient`, with the `embedded` feature), with one API.
+//! or in-process (`NativeClient`, with the `embedded` feature), with one API; and
+//! over a WebSocket stream, frame by frame ([`stream::StreamClient`]).
 //!
 //! The codecs are [`kiln_protocol`]'s: without the `embedded` feature the client
 //! does not depend on the server (no actix-web, no plugin loader).
@@ -23,6 +24,7 @@ mod grpc;
 mod http;
 #[cfg(feature = "embedded")]
 mod native;
+pub mod stream;
 
 pub use grpc::{GrpcClient, InferStream};
 pub use http::HttpClient;

@@ -324,6 +324,7 @@ impl Metrics {
         }
         self.busy_seconds.remove(&m);
         self.busy_fraction.remove(&m);
+        self.stream.remove(model);
     }
 
     /// The Prometheus text exposition (format 0.0.4) of everything.

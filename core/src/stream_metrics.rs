@@ -135,6 +135,24 @@ impl StreamMetrics {
         metrics
     }
 
+    /// Drops every stream series of `model` (after it is unloaded).
+    pub fn remove(&self, model: &str) {
+        let m = ModelLabels {
+            model: model.to_owned(),
+        };
+        self.sessions.remove(&m);
+        self.opened.remove(&m);
+        self.frames.remove(&m);
+        self.errors.remove(&m);
+        self.latency.remove(&m);
+        for reason in DropReason::ALL {
+            self.dropped.remove(&DropLabels {
+                model: model.to_owned(),
+                reason: reason.as_str().to_owned(),
+            });
+        }
+    }
+
     /// The handles for `model`, created on first use.
     pub fn model(&self, model: &str) -> ModelStreamMetrics {
         let m = ModelLabels {

@@ -11,6 +11,7 @@ pub mod golden;
 pub mod media;
 pub mod otlp;
 pub mod pytest;
+pub mod stream;
 pub mod wait;
 
 use std::io::{BufRead, BufReader, Read};

@@ -33,6 +33,9 @@
 //! is then encoded on its own: over HTTP the body is encoded per call, over gRPC
 //! the calls go through the tonic client.
 //!
+//! `--stream` drives WebSocket sessions instead (`kiln_load/stream.rs`): frames
+//! per second and latency per frame at `--concurrency` sessions.
+//!
 //! The server's CPU per request: `--server-pid PID` reads the user + system time of
 //! the server process from `/proc/PID/stat` when the measured window opens (after
 //! the warm-up) and when it closes, and reports that time divided by the requests
@@ -71,6 +74,8 @@ mod http1;
 mod io;
 #[path = "kiln_load/server_cpu.rs"]
 mod server_cpu;
+#[path = "kiln_load/stream.rs"]
+mod stream;
 
 use grpc::Grpc;
 use http1::Http1;
@@ -104,7 +109,7 @@ struct Args {
     #[arg(long, default_value = "echo")]
     model: String,
     /// Input NAME:DATATYPE:SHAPE, shape as 1x16 (repeatable).
-    #[arg(long = "input", required = true)]
+    #[arg(long = "input", required_unless_present = "stream")]
     inputs: Vec<String>,
     /// Closed loop: clients, one run per value (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "1")]
@@ -143,6 +148,17 @@ struct Args {
     /// instead of the load generator's own HTTP/2 client.
     #[arg(long, requires = "grpc")]
     tonic: bool,
+    /// WebSocket streams (docs/websocket.md): `--concurrency` sessions, each
+    /// streaming JPEG frames of `--frame-size` and keeping `--stream-window`
+    /// unanswered; frames per second and latency per frame.
+    #[arg(long, conflicts_with_all = ["grpc", "in_process", "rate", "binary"])]
+    stream: bool,
+    /// `--stream`: the frames' WIDTHxHEIGHT.
+    #[arg(long, default_value = "640x480", requires = "stream")]
+    frame_size: String,
+    /// `--stream`: frames a session keeps unanswered (its `max_inflight_frames`).
+    #[arg(long, default_value_t = 4, requires = "stream")]
+    stream_window: usize,
     /// Stateful models: each client runs sequences of this many requests.
     #[arg(long)]
     sequence_length: Option<u64>,
@@ -692,6 +708,9 @@ async fn in_process(_: &Args, _: InferRequest) -> anyhow::Result<Target> {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if args.stream {
+        return run_stream(&args);
+    }
     let inputs = args
         .inputs
         .iter()
@@ -773,6 +792,59 @@ fn main() -> anyhow::Result<()> {
         #[cfg(feature = "embedded")]
         if let Target::Native { client, .. } = &*target {
             client.shutdown().await;
+        }
+        anyhow::Ok(())
+    })
+}
+
+/// `kiln-load --stream`: one run per `--concurrency` value (`kiln_load/stream.rs`).
+fn run_stream(args: &Args) -> anyhow::Result<()> {
+    let (width, height) = stream::parse_size(&args.frame_size)?;
+    let load = stream::StreamLoad {
+        url: args.url.clone(),
+        model: args.model.clone(),
+        width,
+        height,
+        window: args.stream_window.max(1),
+        warmup: Duration::from_secs_f64(args.warmup),
+        duration: Duration::from_secs_f64(args.duration),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.threads.max(1))
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        for &sessions in &args.concurrency {
+            let stats = stream::run(&load, sessions.max(1)).await?;
+            let fps = stats.frames as f64 / args.duration;
+            let q = |p: f64| stats.latency.value_at_quantile(p) as f64 / 1000.0;
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "mode": "stream", "model": args.model, "sessions": sessions,
+                        "frame_size": args.frame_size, "window": load.window,
+                        "frames": stats.frames, "fps": fps,
+                        "fps_per_session": fps / sessions.max(1) as f64,
+                        "p50_ms": q(0.5), "p99_ms": q(0.99), "errors": stats.errors,
+                        "dropped": stats.dropped, "mean_batch": stats.mean_batch,
+                    })
+                );
+            } else {
+                println!(
+                    "stream model={} sessions={sessions} frame={} window={} frames={} fps={fps:.1} fps/session={:.1} p50={:.2}ms p99={:.2}ms errors={} dropped={}{}",
+                    args.model,
+                    args.frame_size,
+                    load.window,
+                    stats.frames,
+                    fps / sessions.max(1) as f64,
+                    q(0.5),
+                    q(0.99),
+                    stats.errors,
+                    stats.dropped,
+                    stats.mean_batch.map(|b| format!(" batch={b:.1}")).unwrap_or_default(),
+                );
+            }
         }
         anyhow::Ok(())
     })

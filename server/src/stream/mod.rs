@@ -134,18 +134,18 @@ pub async fn open(
     payload: web::Payload,
     group: Arc<WorkerGroup>,
 ) -> Result<HttpResponse, HttpError> {
+    let (response, ws, messages) = match actix_ws::handle(req, payload) {
+        Ok(upgrade) => upgrade,
+        Err(e) => {
+            let status = e.error_response().status();
+            return Ok(HttpResponse::build(status).json(json!({"error": e.to_string()})));
+        }
+    };
     let Some(slot) = streams.admit() else {
         return Err(HttpError(crate::ServerError::Exhausted(format!(
             "{} WebSocket sessions are open: the server's --stream-max-sessions",
             streams.config.max_sessions
         ))));
-    };
-    let (response, ws, messages) = match actix_ws::handle(req, payload) {
-        Ok(upgrade) => upgrade,
-        Err(e) => {
-            let status = e.as_response_error().status_code();
-            return Ok(HttpResponse::build(status).json(json!({"error": e.to_string()})));
-        }
     };
     let max = streams.config.max_message_bytes;
     let messages = messages

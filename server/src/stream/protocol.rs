@@ -265,7 +265,7 @@ pub fn parse_raw(message: &bytes::Bytes) -> Result<(DataType, Vec<i64>, bytes::B
         })
         .ok_or_else(|| format!("bad shape {:?}", header.shape))?;
     let data = message.slice(4 + len..);
-    let want = elements.checked_mul(size).unwrap_or(usize::MAX);
+    let want = elements.saturating_mul(size);
     if data.len() != want {
         return Err(format!(
             "a raw frame of {} {:?} holds {want} bytes, not {}",
