@@ -113,6 +113,8 @@ pub struct VideoDecoder {
     stderr: StderrTail,
     info: VideoInfo,
     name: String,
+    /// FFmpeg's input argument, replaced by `name` in its messages.
+    input: String,
     stop: DecodeStop,
     done: bool,
     _permit: DecoderPermit,
@@ -174,6 +176,7 @@ impl VideoDecoder {
             stderr: StderrTail::start(stderr),
             info,
             name: name.to_owned(),
+            input: source.ffmpeg_input(),
             stop,
             done: false,
             _permit: permit,
@@ -217,7 +220,7 @@ impl VideoDecoder {
         }
         self.done = true;
         let status = self.reap();
-        let words = self.stderr.finish();
+        let words = self.stderr.finish().replace(&self.input, &self.name);
         match status {
             Some(status) if status.success() && filled == 0 => Ok(false),
             _ => Err(MediaError::Undecodable(format!(

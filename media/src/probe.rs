@@ -137,6 +137,8 @@ pub fn probe(source: &MediaSource, name: &str, timeout: Duration) -> Result<Vide
     };
     let out = reader.join().unwrap_or_default();
     let words = stderr.as_mut().map(StderrTail::finish).unwrap_or_default();
+    // FFmpeg names its input by the server's path: the client knows it by its name.
+    let words = words.replace(&source.ffmpeg_input(), name);
     let Some(status) = status else {
         return Err(MediaError::Undecodable(format!(
             "cannot decode `{name}`: ffprobe gave no answer in {} s",
