@@ -357,6 +357,8 @@ async function start(event) {
   el.start.disabled = true;
   try {
     const metadata = await prepareModel(model);
+    // A server-side source sends no frame from here: only the result is shown.
+    $("input-figure").hidden = kind === "media";
     if (kind !== "media") await openVideo(kind);
     session = new Session(model, kind, processingFor(metadata));
     el.stop.disabled = false;
