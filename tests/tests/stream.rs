@@ -221,46 +221,25 @@ async fn a_bad_frame_gets_an_error_and_the_session_goes_on() {
     );
 }
 
-#[tokio::test]
-async fn a_slow_client_sees_drops_counted_and_memory_bounded() {
-    let kiln = invert_video(&[]);
-    let mut s = session(&kiln, json!({"encoding": "raw", "max_inflight_frames": 2})).await;
-    let rss_before = rss_bytes(kiln.pid());
-    // 300 raw 640x480 frames (264 MiB), sent without reading a result: far
-    // faster than the model (and the server's JPEG encoding) keeps up with.
-    let (w, h) = (640, 480);
-    let frames = 300;
-    let data: Vec<Vec<u8>> = (0..4)
-        .map(|i| raw_frame(DataType::Uint8, &[h, w, 3], &frame(i, 640, 480)))
-        .collect();
-    for i in 0..frames {
-        s.send_frame(data[i % 4].clone()).await.unwrap();
-    }
-    let rss_after = rss_bytes(kiln.pid());
-    // Now read everything until the last frame's result.
-    let (mut results, mut last) = (0u64, None);
-    while last.is_none() {
-        match next(&mut s).await {
+/// Reads `s` until the result of frame `last` (the newest result is never the
+/// one dropped); returns the results read.
+async fn drain_until(s: &mut StreamClient, last: u64) -> u64 {
+    let mut results = 0;
+    loop {
+        match next(s).await {
             Event::Result(r) => {
                 results += 1;
-                if r.frame == frames as u64 - 1 {
-                    last = Some(r);
+                if r.frame == last {
+                    return results;
                 }
             }
             other => panic!("only results expected, got {other:?}"),
         }
     }
-    let last = last.unwrap();
-    let (overrun, slow) = (last.dropped("overrun"), last.dropped("slow_reader"));
-    assert!(
-        overrun > 0,
-        "frames sent faster than the model runs are dropped"
-    );
-    // Every frame is answered or counted dropped, once.
-    assert_eq!(results + overrun + slow, frames as u64, "{}", last.header);
-    let grown = rss_after.saturating_sub(rss_before);
-    assert!(grown < 128 << 20, "the server grew by {} MiB", grown >> 20);
+}
 
+/// The server's drop counts of invert-video: (`overrun`, `slow_reader`).
+async fn drops(kiln: &Kiln) -> (u64, u64) {
     let text = kiln.client.metrics().await.unwrap();
     let dropped = |reason| {
         metric(
@@ -268,9 +247,82 @@ async fn a_slow_client_sees_drops_counted_and_memory_bounded() {
             "kiln_stream_frames_dropped_total",
             &[("model", "invert-video"), ("reason", reason)],
         )
+        .unwrap_or(0.0) as u64
     };
-    assert_eq!(dropped("overrun"), Some(overrun as f64));
-    assert_eq!(dropped("slow_reader"), Some(slow as f64));
+    (dropped("overrun"), dropped("slow_reader"))
+}
+
+#[tokio::test]
+async fn a_slow_client_sees_drops_counted_and_memory_bounded() {
+    let kiln = invert_video(&[]);
+    let (w, h) = (640, 480);
+    let data: Vec<Vec<u8>> = (0..4)
+        .map(|i| raw_frame(DataType::Uint8, &[h, w, 3], &frame(i, 640, 480)))
+        .collect();
+    let rss_before = rss_bytes(kiln.pid());
+
+    // A client sending faster than the model runs: 300 raw 640x480 frames
+    // (264 MiB) sent without reading a result.
+    let mut s = session(&kiln, json!({"encoding": "raw", "max_inflight_frames": 2})).await;
+    let frames = 300;
+    for i in 0..frames {
+        s.send_frame(data[i % 4].clone()).await.unwrap();
+    }
+    let rss_fast = rss_bytes(kiln.pid());
+    let results = drain_until(&mut s, frames as u64 - 1).await;
+    let (overrun, slow) = drops(&kiln).await;
+    assert!(
+        overrun > 0,
+        "frames sent faster than the model runs are dropped"
+    );
+    // Every frame is answered or counted dropped, once.
+    assert_eq!(results + overrun + slow, frames as u64);
+
+    // A client reading slower than results come: frames sent no faster than the
+    // server answers them (as its metrics tell), results of 900 KiB (raw,
+    // binary) not read until the end. Behind the session's queue of 2 are
+    // actix-ws' channel of 32 messages and the socket's buffers: 80 results
+    // overflow them.
+    let mut s = session(
+        &kiln,
+        json!({"encoding": "raw", "image_format": "raw", "output_format": "binary",
+               "max_inflight_frames": 2}),
+    )
+    .await;
+    let answered = |text: &str| {
+        let m = [("model", "invert-video")];
+        metric(text, "kiln_stream_frame_duration_seconds_count", &m).unwrap_or(0.0)
+    };
+    let base = answered(&kiln.client.metrics().await.unwrap());
+    let frames = 80;
+    for i in 0..frames {
+        s.send_frame(data[i % 4].clone()).await.unwrap();
+        let deadline = std::time::Instant::now() + BOUND;
+        while answered(&kiln.client.metrics().await.unwrap()) < base + i as f64 + 1.0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "frame {i} never answered"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    let rss_slow = rss_bytes(kiln.pid());
+    let results = drain_until(&mut s, frames as u64 - 1).await;
+    let (overrun_after, slow_after) = drops(&kiln).await;
+    assert_eq!(
+        overrun_after, overrun,
+        "frames were sent no faster than answered"
+    );
+    assert!(
+        slow_after > slow,
+        "results the client does not read are dropped"
+    );
+    assert_eq!(results + slow_after - slow, frames as u64);
+
+    for rss in [rss_fast, rss_slow] {
+        let grown = rss.saturating_sub(rss_before);
+        assert!(grown < 160 << 20, "the server grew by {} MiB", grown >> 20);
+    }
 }
 
 #[tokio::test]
@@ -423,4 +475,56 @@ async fn unknown_models_and_versions_are_refused_before_the_upgrade() {
     )
     .await;
     assert_eq!(status, 400, "{body}");
+}
+
+/// The frames a raw socket read until the server closed it: (opcode, payload).
+async fn raw_frames(tcp: &mut tokio::net::TcpStream) -> Vec<(u8, Vec<u8>)> {
+    use tokio::io::AsyncReadExt;
+    let mut bytes = Vec::new();
+    let _ = tokio::time::timeout(BOUND, tcp.read_to_end(&mut bytes)).await;
+    let mut frames = Vec::new();
+    let mut rest = &bytes[..];
+    while rest.len() >= 2 {
+        let (opcode, mut len, mut at) = (rest[0] & 0x0f, (rest[1] & 0x7f) as usize, 2);
+        if len == 126 {
+            len = u16::from_be_bytes([rest[2], rest[3]]) as usize;
+            at = 4;
+        }
+        frames.push((opcode, rest[at..at + len].to_vec()));
+        rest = &rest[at + len..];
+    }
+    frames
+}
+
+#[tokio::test]
+async fn a_websocket_protocol_violation_closes_with_1002() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let kiln = invert_video(&[]);
+    let mut tcp = tokio::net::TcpStream::connect(kiln.url.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    tcp.write_all(
+        b"GET /v2/models/invert-video/stream HTTP/1.1\r\nHost: kiln\r\nUpgrade: websocket\r\n\
+          Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+          Sec-WebSocket-Version: 13\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        tcp.read_exact(&mut byte).await.unwrap();
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 101"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    // A client's frame must be masked (RFC 6455, 5.1): this one is not.
+    tcp.write_all(&[0x81, 0x02, b'{', b'}']).await.unwrap();
+    let frames = raw_frames(&mut tcp).await;
+    let (opcode, payload) = frames.last().expect("a close frame");
+    assert_eq!(*opcode, 0x8, "{frames:?}");
+    assert_eq!(u16::from_be_bytes([payload[0], payload[1]]), 1002);
 }
