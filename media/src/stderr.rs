@@ -52,10 +52,11 @@ impl StderrTail {
     pub(crate) fn text(&self) -> String {
         let tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
         let text = String::from_utf8_lossy(&tail);
-        let lines: Vec<&str> = text
+        let lines: Vec<String> = text
             .lines()
             .map(str::trim)
             .filter(|l| !l.is_empty())
+            .map(tidy)
             .collect();
         let start = lines.len().saturating_sub(3);
         lines[start..].join("; ")
@@ -67,5 +68,30 @@ impl Drop for StderrTail {
         if let Some(reader) = self.reader.take() {
             let _ = reader.join();
         }
+    }
+}
+
+/// `[mov,mp4 @ 0x55d0c0] moov atom not found` → `mov,mp4: moov atom not found`
+/// (a memory address tells a client nothing).
+fn tidy(line: &str) -> String {
+    if let Some(rest) = line.strip_prefix('[') {
+        if let (Some(at), Some(end)) = (rest.find(" @ 0x"), rest.find("] ")) {
+            if at < end {
+                return format!("{}: {}", &rest[..at], &rest[end + 2..]);
+            }
+        }
+    }
+    line.to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn component_addresses_are_left_out() {
+        assert_eq!(
+            super::tidy("[mov,mp4,m4a @ 0x559a4b5ab980] moov atom not found"),
+            "mov,mp4,m4a: moov atom not found"
+        );
+        assert_eq!(super::tidy("x.mp4: Invalid data"), "x.mp4: Invalid data");
     }
 }

@@ -402,12 +402,12 @@ async fn protocol_errors_close_with_their_codes() {
         (
             Ok(r#"{"source": {"media": "clip.mp4"}}"#.into()),
             1008,
-            "server-side sources are not enabled",
+            "no media folder (--media-dir)",
         ),
         (
             Ok(r#"{"source": {"url": "http://127.0.0.1/v.mp4"}}"#.into()),
             1008,
-            "server-side sources are not enabled",
+            "allows no host (--media-url-allow)",
         ),
         (
             Ok(r#"{"source": {"file": "/etc/passwd"}}"#.into()),

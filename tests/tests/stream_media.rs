@@ -252,6 +252,7 @@ fn odd_folder(name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     let video = media_dir().join(testvideo::TEXT_VIDEO);
     std::fs::copy(&video, base.join("outside.mp4")).unwrap();
+    std::fs::copy(&video, dir.join("ok.mp4")).unwrap();
     std::os::unix::fs::symlink(base.join("outside.mp4"), dir.join("escape.mp4")).unwrap();
     std::fs::write(
         dir.join("garbage.mp4"),
@@ -268,7 +269,7 @@ fn path_arg(path: &Path) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn media_names_outside_the_folder_are_refused_and_undecodable_files_explained() {
     let dir = odd_folder("refusals");
-    let kiln = start(&["--media-dir", &path_arg(&dir)]);
+    let kiln = start(&["--media-dir", &path_arg(&dir), "--media-max-decoders", "1"]);
     for (name, needle) in [
         (
             "../outside.mp4",
@@ -287,11 +288,40 @@ async fn media_names_outside_the_folder_are_refused_and_undecodable_files_explai
     refused(
         &kiln,
         json!({"media": "garbage.mp4"}),
-        "cannot decode `garbage.mp4`: garbage.mp4: Invalid data found",
+        "garbage.mp4: Invalid data found when processing input",
         1011,
     )
     .await;
     until(|| decoder_children(kiln.pid()) == 0, "no decoder left");
+    // One decoder at most: a second session is refused while the first decodes,
+    // and opens once it has left.
+    let (first, opened) = session(
+        &kiln,
+        "invert-video",
+        open_video(json!({"media": "ok.mp4"})),
+    )
+    .await;
+    assert_eq!(opened["event"], "opened", "{opened}");
+    refused(
+        &kiln,
+        json!({"media": "ok.mp4"}),
+        "all 1 media decoders are busy",
+        1008,
+    )
+    .await;
+    first.close().await.unwrap();
+    until(
+        || decoder_children(kiln.pid()) == 0,
+        "the first session's decoder is reaped",
+    );
+    let (second, opened) = session(
+        &kiln,
+        "invert-video",
+        open_video(json!({"media": "ok.mp4"})),
+    )
+    .await;
+    assert_eq!(opened["event"], "opened", "{opened}");
+    second.close().await.unwrap();
     // Without --media-dir every media name is refused.
     let bare = start(&[]);
     refused(
