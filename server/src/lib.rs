@@ -3,7 +3,8 @@
 //! The embeddable server is kiln-core's, re-exported here whole ([`Server`] and
 //! every module of [`kiln_core`]), so `kiln_server::Server` is the in-process API.
 //! [`http`] serves it over REST (KServe v2), [`grpc`] over gRPC (Triton's
-//! `GRPCInferenceService`), [`stream`] over WebSocket (frame by frame).
+//! `GRPCInferenceService`), [`stream`] over WebSocket (frame by frame); [`ui`] is
+//! the video page.
 
 pub use kiln_core::*;
 
@@ -15,3 +16,4 @@ pub mod media;
 pub mod otlp;
 pub mod stream;
 pub mod tls;
+pub mod ui;

@@ -16,6 +16,7 @@ use crate::group::WorkerGroup;
 use crate::restricted::{Category, Restrictions};
 use crate::serve;
 use crate::trace::Trace;
+use crate::ui;
 
 type Reply = Result<HttpResponse, HttpError>;
 
@@ -99,6 +100,11 @@ pub fn configure(cfg: &mut web::ServiceConfig, restrictions: &Restrictions) {
         SharedMemory,
         post("/v2/systemsharedmemory/unregister", shm::unregister_all),
     );
+    // The video page (crate::ui): static files, in no Triton category. What the
+    // page does goes through the routes above and the model's stream route.
+    cfg.service(get("/ui/video", ui::video_page));
+    cfg.service(get("/ui/video.js", ui::video_script));
+    cfg.service(get("/ui/video.css", ui::video_style));
 }
 
 fn get<F, Args>(path: &str, handler: F) -> actix_web::Resource
