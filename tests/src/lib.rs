@@ -8,6 +8,7 @@ pub mod fixtures;
 pub mod golden;
 pub mod otlp;
 pub mod pytest;
+pub mod redis;
 pub mod wait;
 
 use std::io::{BufRead, BufReader, Read};
