@@ -175,7 +175,8 @@ impl Budget {
         let budget = if d <= 0.0 || self.overload_since.is_some() {
             0
         } else {
-            (max_sys * d.min(self.config.cap)).floor() as usize
+            // The epsilon keeps 100 × 0.45 from flooring to 44.
+            (max_sys * d.min(self.config.cap) + 1e-9).floor() as usize
         };
         self.figures = Figures {
             f_sys,
