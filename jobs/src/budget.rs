@@ -106,7 +106,10 @@ impl BudgetConfig {
             ));
         }
         if !(self.cap > 0.0 && self.cap < 1.0) {
-            return Err(format!("the jobs cap u must be in (0, 1), got {}", self.cap));
+            return Err(format!(
+                "the jobs cap u must be in (0, 1), got {}",
+                self.cap
+            ));
         }
         if let Some(m) = self.max_sys {
             if !(m.is_finite() && m >= 1.0) {
@@ -245,7 +248,11 @@ mod tests {
         let mut b = Budget::new(BudgetConfig::default());
         let before = reading(0.0, 0.0, 10.0);
         b.on_overload();
-        assert_eq!(b.update(before, 0).budget, 0, "a reading from before the 429");
+        assert_eq!(
+            b.update(before, 0).budget,
+            0,
+            "a reading from before the 429"
+        );
         assert_eq!(b.update(reading(0.0, 0.0, 10.0), 0).budget, 8);
     }
 

@@ -90,7 +90,8 @@ fn encode(record: &Record) -> Result<Vec<u8>> {
 }
 
 fn decode(bytes: &[u8]) -> Result<Record> {
-    serde_json::from_slice(bytes).map_err(|e| JobsError::Store(format!("a damaged job record: {e}")))
+    serde_json::from_slice(bytes)
+        .map_err(|e| JobsError::Store(format!("a damaged job record: {e}")))
 }
 
 fn count_key(state: JobState) -> &'static str {
@@ -111,11 +112,18 @@ fn recount(
 ) -> Result<()> {
     let mut meta = txn.open_table(META).map_err(store)?;
     if let Some(from) = from {
-        let c = meta.get(count_key(from)).map_err(store)?.map_or(0, |v| v.value());
-        meta.insert(count_key(from), c.saturating_sub(n)).map_err(store)?;
+        let c = meta
+            .get(count_key(from))
+            .map_err(store)?
+            .map_or(0, |v| v.value());
+        meta.insert(count_key(from), c.saturating_sub(n))
+            .map_err(store)?;
     }
     if let Some(to) = to {
-        let c = meta.get(count_key(to)).map_err(store)?.map_or(0, |v| v.value());
+        let c = meta
+            .get(count_key(to))
+            .map_err(store)?
+            .map_or(0, |v| v.value());
         meta.insert(count_key(to), c + n).map_err(store)?;
     }
     Ok(())
@@ -126,7 +134,10 @@ impl EmbeddedQueue {
     /// job a previous process left running back in the queue.
     pub fn open(dir: &Path) -> Result<EmbeddedQueue> {
         std::fs::create_dir_all(dir).map_err(|e| {
-            JobsError::Config(format!("cannot create the jobs folder {}: {e}", dir.display()))
+            JobsError::Config(format!(
+                "cannot create the jobs folder {}: {e}",
+                dir.display()
+            ))
         })?;
         let path = dir.join("jobs.redb");
         let db = Database::create(&path).map_err(|e| {
@@ -169,7 +180,11 @@ impl EmbeddedQueue {
                 .map(|e| e.map(|(k, _)| k.value()).map_err(store))
                 .collect::<Result<_>>()?;
             for id in ids {
-                let Some(mut record) = jobs.get(id).map_err(store)?.map(|v| decode(v.value())).transpose()?
+                let Some(mut record) = jobs
+                    .get(id)
+                    .map_err(store)?
+                    .map(|v| decode(v.value()))
+                    .transpose()?
                 else {
                     running.remove(id).map_err(store)?;
                     continue;
@@ -181,7 +196,8 @@ impl EmbeddedQueue {
                 record.state = JobState::Queued;
                 record.consumer = None;
                 record.claimed_ms = None;
-                jobs.insert(id, encode(&record)?.as_slice()).map_err(store)?;
+                jobs.insert(id, encode(&record)?.as_slice())
+                    .map_err(store)?;
                 queue.insert((record.priority, id), ()).map_err(store)?;
                 moved += 1;
             }
@@ -208,7 +224,10 @@ impl EmbeddedQueue {
                     .map_err(store)?;
             }
             JobState::Running => {
-                txn.open_table(RUNNING).map_err(store)?.remove(id).map_err(store)?;
+                txn.open_table(RUNNING)
+                    .map_err(store)?
+                    .remove(id)
+                    .map_err(store)?;
             }
             _ => {}
         }
@@ -221,7 +240,10 @@ impl EmbeddedQueue {
             .map_err(store)?
             .insert(id, encode(&record)?.as_slice())
             .map_err(store)?;
-        txn.open_table(REQUESTS).map_err(store)?.remove(id).map_err(store)?;
+        txn.open_table(REQUESTS)
+            .map_err(store)?
+            .remove(id)
+            .map_err(store)?;
         txn.open_table(FINISHED)
             .map_err(store)?
             .insert((now, id), ())
@@ -263,7 +285,8 @@ impl JobQueue for EmbeddedQueue {
                     consumer: None,
                     claimed_ms: None,
                 };
-                jobs.insert(id, encode(&record)?.as_slice()).map_err(store)?;
+                jobs.insert(id, encode(&record)?.as_slice())
+                    .map_err(store)?;
                 requests.insert(id, job.request.as_slice()).map_err(store)?;
                 queue.insert((record.priority, id), ()).map_err(store)?;
                 ids.push(JobId(id.to_string()));
@@ -294,7 +317,11 @@ impl JobQueue for EmbeddedQueue {
                 };
                 let (_, id) = key.value();
                 drop(key);
-                let Some(mut record) = jobs.get(id).map_err(store)?.map(|v| decode(v.value())).transpose()?
+                let Some(mut record) = jobs
+                    .get(id)
+                    .map_err(store)?
+                    .map(|v| decode(v.value()))
+                    .transpose()?
                 else {
                     continue;
                 };
@@ -307,7 +334,8 @@ impl JobQueue for EmbeddedQueue {
                 record.attempts += 1;
                 record.consumer = Some(consumer.to_string());
                 record.claimed_ms = Some(now);
-                jobs.insert(id, encode(&record)?.as_slice()).map_err(store)?;
+                jobs.insert(id, encode(&record)?.as_slice())
+                    .map_err(store)?;
                 running.insert(id, ()).map_err(store)?;
                 claimed.push(ClaimedJob {
                     id: JobId(id.to_string()),
@@ -317,7 +345,12 @@ impl JobQueue for EmbeddedQueue {
                 });
             }
         }
-        recount(&txn, Some(JobState::Queued), Some(JobState::Running), claimed.len() as u64)?;
+        recount(
+            &txn,
+            Some(JobState::Queued),
+            Some(JobState::Running),
+            claimed.len() as u64,
+        )?;
         txn.commit().map_err(store)?;
         Ok(claimed)
     }
@@ -334,7 +367,11 @@ impl JobQueue for EmbeddedQueue {
                 if running.remove(id).map_err(store)?.is_none() {
                     continue;
                 }
-                let Some(mut record) = jobs.get(id).map_err(store)?.map(|v| decode(v.value())).transpose()?
+                let Some(mut record) = jobs
+                    .get(id)
+                    .map_err(store)?
+                    .map(|v| decode(v.value()))
+                    .transpose()?
                 else {
                     continue;
                 };
@@ -342,7 +379,8 @@ impl JobQueue for EmbeddedQueue {
                 record.attempts = record.attempts.saturating_sub(1);
                 record.consumer = None;
                 record.claimed_ms = None;
-                jobs.insert(id, encode(&record)?.as_slice()).map_err(store)?;
+                jobs.insert(id, encode(&record)?.as_slice())
+                    .map_err(store)?;
                 queue.insert((record.priority, id), ()).map_err(store)?;
                 moved += 1;
             }
@@ -351,13 +389,13 @@ impl JobQueue for EmbeddedQueue {
         txn.commit().map_err(store)
     }
 
-    fn complete(&self, results: Vec<(JobId, Outcome)>) -> Result<()> {
+    fn complete(&self, results: &[(JobId, Outcome)]) -> Result<()> {
         if results.is_empty() {
             return Ok(());
         }
         let txn = self.db.begin_write().map_err(store)?;
         for (id, outcome) in results {
-            let Some(id) = parse_id(&id) else { continue };
+            let Some(id) = parse_id(id) else { continue };
             let Some(record) = Self::record(&txn, id)? else {
                 continue;
             };
@@ -374,7 +412,7 @@ impl JobQueue for EmbeddedQueue {
                     Self::finish(&txn, id, record, JobState::Done, None)?;
                 }
                 Outcome::Failed(error) => {
-                    Self::finish(&txn, id, record, JobState::Failed, Some(error))?;
+                    Self::finish(&txn, id, record, JobState::Failed, Some(error.clone()))?;
                 }
             }
         }
@@ -403,7 +441,12 @@ impl JobQueue for EmbeddedQueue {
         };
         let txn = self.db.begin_read().map_err(store)?;
         let jobs = txn.open_table(JOBS).map_err(store)?;
-        let Some(record) = jobs.get(id).map_err(store)?.map(|v| decode(v.value())).transpose()? else {
+        let Some(record) = jobs
+            .get(id)
+            .map_err(store)?
+            .map(|v| decode(v.value()))
+            .transpose()?
+        else {
             return Ok(None);
         };
         let response = match record.state {
@@ -450,7 +493,11 @@ impl JobQueue for EmbeddedQueue {
         }
         Ok(Page {
             jobs,
-            next: if more { last.map(|id| id.to_string()) } else { None },
+            next: if more {
+                last.map(|id| id.to_string())
+            } else {
+                None
+            },
         })
     }
 
@@ -500,7 +547,10 @@ impl JobQueue for EmbeddedQueue {
         let txn = self.db.begin_read().map_err(store)?;
         let meta = txn.open_table(META).map_err(store)?;
         let get = |s: JobState| -> Result<u64> {
-            Ok(meta.get(count_key(s)).map_err(store)?.map_or(0, |v| v.value()))
+            Ok(meta
+                .get(count_key(s))
+                .map_err(store)?
+                .map_or(0, |v| v.value()))
         };
         Ok(StateCounts {
             queued: get(JobState::Queued)?,

@@ -15,11 +15,16 @@
 
 pub mod backend;
 pub mod budget;
+pub mod dispatcher;
 pub mod embedded;
+pub mod local;
+pub mod metrics;
 pub mod queue;
 
 pub use backend::BackendUrl;
 pub use budget::{Budget, BudgetConfig, DispatchTarget, Dispatched, Reading};
+pub use dispatcher::{Dispatcher, DispatcherConfig};
+pub use metrics::DispatchMetrics;
 pub use queue::{
     CancelResult, ClaimedJob, Job, JobId, JobQueue, JobState, JobsError, ListFilter, NewJob,
     Outcome, Page, StateCounts,

@@ -82,7 +82,10 @@ impl JobState {
 
     /// Done, failed or cancelled: nothing more happens to it but expiry.
     pub fn is_finished(self) -> bool {
-        matches!(self, JobState::Done | JobState::Failed | JobState::Cancelled)
+        matches!(
+            self,
+            JobState::Done | JobState::Failed | JobState::Cancelled
+        )
     }
 }
 
@@ -231,8 +234,9 @@ pub trait JobQueue: Send + Sync {
 
     /// Stores each job's result, idempotently by id: a job already finished keeps
     /// its first result (and a cancelled one stays cancelled); then acknowledges
-    /// the job. Unknown ids (expired) are skipped.
-    fn complete(&self, results: Vec<(JobId, Outcome)>) -> Result<()>;
+    /// the job. Unknown ids (expired) are skipped. On an error the caller keeps
+    /// the results and calls again.
+    fn complete(&self, results: &[(JobId, Outcome)]) -> Result<()>;
 
     /// Cancels a queued job.
     fn cancel(&self, id: &JobId) -> Result<CancelResult>;

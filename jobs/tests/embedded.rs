@@ -32,25 +32,45 @@ fn claims_by_priority_then_order_and_results_are_idempotent() {
     assert_eq!(claimed[1].id, ids[0]);
     assert_eq!(claimed[1].request, b"{\"n\":1}");
     assert_eq!(q.get(&ids[0]).unwrap().unwrap().state, JobState::Running);
-    q.complete(vec![(ids[0].clone(), Outcome::Done(b"first".to_vec()))]).unwrap();
-    q.complete(vec![(ids[0].clone(), Outcome::Done(b"second".to_vec()))]).unwrap();
+    q.complete(&[(ids[0].clone(), Outcome::Done(b"first".to_vec()))])
+        .unwrap();
+    q.complete(&[(ids[0].clone(), Outcome::Done(b"second".to_vec()))])
+        .unwrap();
     let done = q.get(&ids[0]).unwrap().unwrap();
     assert_eq!(done.state, JobState::Done);
     assert_eq!(done.response.as_deref(), Some(&b"first"[..]));
-    q.complete(vec![(ids[1].clone(), Outcome::Failed("boom".into()))]).unwrap();
-    assert_eq!(q.get(&ids[1]).unwrap().unwrap().error.as_deref(), Some("boom"));
+    q.complete(&[(ids[1].clone(), Outcome::Failed("boom".into()))])
+        .unwrap();
+    assert_eq!(
+        q.get(&ids[1]).unwrap().unwrap().error.as_deref(),
+        Some("boom")
+    );
     let counts = q.counts().unwrap();
-    assert_eq!((counts.queued, counts.running, counts.done, counts.failed), (1, 0, 1, 1));
+    assert_eq!(
+        (counts.queued, counts.running, counts.done, counts.failed),
+        (1, 0, 1, 1)
+    );
 }
 
 #[test]
 fn a_bad_job_stores_nothing() {
     let dir = folder("atomic");
     let q = EmbeddedQueue::open(&dir).unwrap();
-    let mut input = [job("a", 5, 1), Err(JobsError::Invalid("line 2: bad".into()))].into_iter();
-    assert_eq!(q.enqueue(&mut input), Err(JobsError::Invalid("line 2: bad".into())));
+    let mut input = [
+        job("a", 5, 1),
+        Err(JobsError::Invalid("line 2: bad".into())),
+    ]
+    .into_iter();
+    assert_eq!(
+        q.enqueue(&mut input),
+        Err(JobsError::Invalid("line 2: bad".into()))
+    );
     assert_eq!(q.counts().unwrap().queued, 0);
-    assert!(q.list(&ListFilter::default(), None, 10).unwrap().jobs.is_empty());
+    assert!(q
+        .list(&ListFilter::default(), None, 10)
+        .unwrap()
+        .jobs
+        .is_empty());
 }
 
 #[test]
@@ -61,11 +81,20 @@ fn cancel_release_list_and_expire() {
         .enqueue(&mut (0..10).map(|n| job(if n % 2 == 0 { "even" } else { "odd" }, 5, n)))
         .unwrap();
     assert_eq!(q.cancel(&ids[0]).unwrap(), CancelResult::Cancelled);
-    assert_eq!(q.cancel(&ids[0]).unwrap(), CancelResult::NotQueued(JobState::Cancelled));
-    assert_eq!(q.cancel(&JobId("999".into())).unwrap(), CancelResult::NotFound);
+    assert_eq!(
+        q.cancel(&ids[0]).unwrap(),
+        CancelResult::NotQueued(JobState::Cancelled)
+    );
+    assert_eq!(
+        q.cancel(&JobId("999".into())).unwrap(),
+        CancelResult::NotFound
+    );
     let claimed = q.claim("c", 1).unwrap();
     assert_eq!(claimed[0].id, ids[1]);
-    assert_eq!(q.cancel(&ids[1]).unwrap(), CancelResult::NotQueued(JobState::Running));
+    assert_eq!(
+        q.cancel(&ids[1]).unwrap(),
+        CancelResult::NotQueued(JobState::Running)
+    );
     q.release(&[ids[1].clone()]).unwrap();
     assert_eq!(q.get(&ids[1]).unwrap().unwrap().state, JobState::Queued);
 
@@ -91,8 +120,16 @@ fn cancel_release_list_and_expire() {
     };
     assert_eq!(q.list(&cancelled, None, 100).unwrap().jobs.len(), 1);
 
-    assert_eq!(q.expire(SystemTime::now() - Duration::from_secs(60)).unwrap(), 0);
-    assert_eq!(q.expire(SystemTime::now() + Duration::from_secs(1)).unwrap(), 1);
+    assert_eq!(
+        q.expire(SystemTime::now() - Duration::from_secs(60))
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        q.expire(SystemTime::now() + Duration::from_secs(1))
+            .unwrap(),
+        1
+    );
     assert!(q.get(&ids[0]).unwrap().is_none());
     assert_eq!(q.counts().unwrap().cancelled, 0);
 }
@@ -124,8 +161,16 @@ fn reclaim_takes_back_other_consumers_idle_jobs() {
     q.enqueue(&mut (0..2).map(|n| job("a", 5, n))).unwrap();
     q.claim("other", 1).unwrap();
     q.claim("me", 1).unwrap();
-    assert_eq!(q.reclaim("me", Duration::from_secs(3600)).unwrap(), 0, "not idle long enough");
-    assert_eq!(q.reclaim("me", Duration::ZERO).unwrap(), 1, "only the other's");
+    assert_eq!(
+        q.reclaim("me", Duration::from_secs(3600)).unwrap(),
+        0,
+        "not idle long enough"
+    );
+    assert_eq!(
+        q.reclaim("me", Duration::ZERO).unwrap(),
+        1,
+        "only the other's"
+    );
     let counts = q.counts().unwrap();
     assert_eq!((counts.queued, counts.running), (1, 1));
 }
