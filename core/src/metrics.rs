@@ -316,6 +316,11 @@ impl Metrics {
         self.busy_fraction.remove(&m);
     }
 
+    /// Registers more families (another crate's metrics) in the registry.
+    pub fn register(&self, register: impl FnOnce(&mut Registry)) {
+        register(&mut self.registry.lock());
+    }
+
     /// The Prometheus text exposition (format 0.0.4) of everything.
     pub fn encode(&self) -> String {
         let mut out = String::new();
