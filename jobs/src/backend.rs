@@ -46,9 +46,7 @@ impl BackendUrl {
     pub fn open(&self) -> Result<Arc<dyn JobQueue>> {
         match self {
             BackendUrl::File(path) => Ok(Arc::new(crate::embedded::EmbeddedQueue::open(path)?)),
-            BackendUrl::Redis(url) => Err(JobsError::Config(format!(
-                "--jobs {url}: the Redis Streams backend is not built into this kiln yet; use file:PATH"
-            ))),
+            BackendUrl::Redis(url) => Ok(Arc::new(crate::redis_streams::RedisQueue::open(url)?)),
         }
     }
 }

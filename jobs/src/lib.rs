@@ -3,6 +3,7 @@
 //! - [`queue`]: the backend abstraction ([`JobQueue`]) and its semantics
 //!   (durable acceptance, at-least-once execution, exactly-once visible result);
 //! - [`embedded`]: the default backend, a redb database in a local folder;
+//! - [`redis_streams`]: Redis Streams, one queue shared by several servers;
 //! - [`backend`]: `--jobs URL`, which backend;
 //! - [`budget`]: the dispatch budget `D = 1 − (F_sys + F_q + B)` and the
 //!   [`DispatchTarget`] it reads;
@@ -20,6 +21,7 @@ pub mod embedded;
 pub mod local;
 pub mod metrics;
 pub mod queue;
+pub mod redis_streams;
 
 pub use backend::BackendUrl;
 pub use budget::{Budget, BudgetConfig, DispatchTarget, Dispatched, Reading};

@@ -22,9 +22,8 @@ impl RedisServer {
     /// operator who wants an accepted job to survive a Redis crash), and its files
     /// in a folder of its own. Waits until it answers `PING`.
     pub fn start() -> RedisServer {
-        let binary = which("redis-server").expect(
-            "redis-server is not installed: run scripts/setup-redis (scripts/test does)",
-        );
+        let binary = which("redis-server")
+            .expect("redis-server is not installed: run scripts/setup-redis (scripts/test does)");
         // A free port: bind port 0, read it, let it go. A race with another
         // process taking it in between shows as a failed start below.
         let port = TcpListener::bind("127.0.0.1:0")
@@ -38,7 +37,14 @@ impl RedisServer {
         let child = Command::new(binary)
             .current_dir(&dir)
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "yes", "--appendfsync", "always"])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            ])
             .args(["--daemonize", "no", "--protected-mode", "yes"])
             .arg("--dir")
             .arg(&dir)
@@ -67,6 +73,11 @@ impl RedisServer {
     /// Sends one command (inline protocol) and returns the first line of the
     /// answer (`+PONG`, `:3`, `$5` ...), `None` when the server cannot be reached.
     pub fn command(&self, args: &[&str]) -> Option<String> {
+        self.lines(args, 1).map(|mut lines| lines.remove(0))
+    }
+
+    /// The first `n` lines of the answer to one command.
+    pub fn lines(&self, args: &[&str], n: usize) -> Option<Vec<String>> {
         let mut stream = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
         stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
         let mut request = format!("*{}\r\n", args.len());
@@ -74,9 +85,25 @@ impl RedisServer {
             request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
         }
         stream.write_all(request.as_bytes()).ok()?;
-        let mut line = String::new();
-        BufReader::new(stream).read_line(&mut line).ok()?;
-        Some(line.trim_end().to_owned())
+        let mut reader = BufReader::new(stream);
+        let mut lines = Vec::with_capacity(n);
+        for _ in 0..n {
+            let mut line = String::new();
+            reader.read_line(&mut line).ok()?;
+            lines.push(line.trim_end().to_owned());
+        }
+        Some(lines)
+    }
+
+    /// Entries read and not acknowledged in `stream`'s group `group` (`XPENDING`).
+    pub fn pending(&self, stream: &str, group: &str) -> i64 {
+        let lines = self
+            .lines(&["XPENDING", stream, group], 2)
+            .expect("redis answers");
+        lines[1]
+            .strip_prefix(':')
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("XPENDING answered {lines:?}"))
     }
 
     /// An integer answer (`XLEN`, `XPENDING`'s count ...); panics on anything else.
