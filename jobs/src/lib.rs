@@ -10,7 +10,8 @@
 //! - [`local`]: the local server as a target (its own gauges, in process);
 //! - [`dispatcher`]: the thread that claims jobs within the budget, runs them on
 //!   the target and stores their results;
-//! - [`metrics`]: `kiln_dispatch_*` and `kiln_jobs`.
+//! - [`metrics`]: `kiln_dispatch_*` and `kiln_jobs`;
+//! - [`split`], [`spool`]: a submission read as it arrives, held until stored.
 //!
 //! See `docs/jobs.md`.
 
@@ -22,6 +23,8 @@ pub mod local;
 pub mod metrics;
 pub mod queue;
 pub mod redis_streams;
+pub mod split;
+pub mod spool;
 
 pub use backend::BackendUrl;
 pub use budget::{Budget, BudgetConfig, DispatchTarget, Dispatched, Reading};

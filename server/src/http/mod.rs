@@ -8,6 +8,7 @@ mod body;
 mod compress;
 mod encoded;
 mod error;
+mod jobs;
 mod logging;
 mod model_routes;
 mod offload;
@@ -53,12 +54,15 @@ pub struct HttpConfig {
     pub max_connections: usize,
     /// TLS ([`crate::tls`]); `None`: plain HTTP.
     pub tls: Option<rustls::ServerConfig>,
+    /// The job store and dispatcher (`None`: the job routes answer 503).
+    pub jobs: Option<std::sync::Arc<crate::jobs::Jobs>>,
 }
 
 /// Shared by every handler.
 pub struct State {
     pub server: Server,
     pub max_body_bytes: usize,
+    pub jobs: Option<std::sync::Arc<crate::jobs::Jobs>>,
 }
 
 /// Binds and returns the running HTTP server (await it) and the bound addresses.
@@ -70,6 +74,7 @@ pub fn serve(
     let state = web::Data::new(State {
         server,
         max_body_bytes: config.max_body_bytes,
+        jobs: config.jobs.clone(),
     });
     let sched_batch = config.sched_batch;
     // actix-web calls this once on each worker thread as it starts.
