@@ -577,6 +577,7 @@ impl WorkerGroup {
         m.pool_free
             .set(self.pool.size().saturating_sub(in_use) as i64);
         m.queue_depth.set(self.admission.queued() as i64);
+        m.capacity.set(self.load().capacity as i64);
         let instances = self.context.healthy.load(Ordering::SeqCst);
         m.instances.set(instances as i64);
         // Read under the lock: concurrent scrapes each count a part once.

@@ -70,7 +70,8 @@ impl Dispatcher {
     ) -> std::io::Result<Dispatcher> {
         let stop = Arc::new((AtomicBool::new(false), Notify::new()));
         let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
+            // I/O too: a remote target scrapes and posts over HTTP.
+            .enable_all()
             .build()?;
         let flag = stop.clone();
         let thread = std::thread::Builder::new()

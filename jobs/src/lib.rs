@@ -8,6 +8,8 @@
 //! - [`budget`]: the dispatch budget `D = 1 − (F_sys + F_q + B)` and the
 //!   [`DispatchTarget`] it reads;
 //! - [`local`]: the local server as a target (its own gauges, in process);
+//! - [`remote`]: a KServe v2 server over HTTP as a target (its `/metrics`,
+//!   read with [`prom_text`]);
 //! - [`dispatcher`]: the thread that claims jobs within the budget, runs them on
 //!   the target and stores their results;
 //! - [`metrics`]: `kiln_dispatch_*` and `kiln_jobs`;
@@ -21,8 +23,10 @@ pub mod dispatcher;
 pub mod embedded;
 pub mod local;
 pub mod metrics;
+pub mod prom_text;
 pub mod queue;
 pub mod redis_streams;
+pub mod remote;
 pub mod split;
 pub mod spool;
 

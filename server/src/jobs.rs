@@ -12,8 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
+use kiln_jobs::remote::{RemoteConfig, RemoteTarget};
 use kiln_jobs::{
-    BackendUrl, BudgetConfig, DispatchMetrics, Dispatcher, DispatcherConfig, JobQueue, JobsError,
+    BackendUrl, BudgetConfig, DispatchMetrics, DispatchTarget, Dispatcher, DispatcherConfig,
+    JobQueue, JobsError,
 };
 use parking_lot::Mutex;
 
@@ -41,6 +43,25 @@ pub struct JobsArgs {
     /// The budget's cap u: at most floor(max_sys × min(D, u)) jobs in flight.
     #[arg(long, env = "KILN_JOBS_CAP", default_value_t = 0.8)]
     pub jobs_cap: f64,
+    /// Feed the jobs to this KServe v2 server (`http://HOST:PORT`), reading its
+    /// `/metrics` for the budget, instead of to this server's own models.
+    #[arg(long, env = "KILN_JOBS_TARGET")]
+    pub jobs_target: Option<String>,
+    /// The `priority` parameter jobs carry to `--jobs-target` (its lowest level;
+    /// default: none, the target's default level).
+    #[arg(long, env = "KILN_JOBS_TARGET_PRIORITY")]
+    pub jobs_target_priority: Option<u32>,
+    /// Seconds between two scrapes of `--jobs-target`'s `/metrics`.
+    #[arg(long, env = "KILN_JOBS_TARGET_SCRAPE_INTERVAL", default_value_t = 0.1)]
+    pub jobs_target_scrape_interval: f64,
+    /// This server's name as a consumer of a shared (Redis) queue: unique among
+    /// the replicas, and best stable across restarts (default: HOSTNAME-PID).
+    #[arg(long, env = "KILN_JOBS_CONSUMER")]
+    pub jobs_consumer: Option<String>,
+    /// Seconds a job may stay claimed by a replica that does not answer for it
+    /// before another replica takes it back (Redis: XAUTOCLAIM's min-idle-time).
+    #[arg(long, env = "KILN_JOBS_CLAIM_TIMEOUT", default_value_t = 300.0)]
+    pub jobs_claim_timeout: f64,
 }
 
 impl JobsArgs {
@@ -63,22 +84,59 @@ impl JobsArgs {
                 self.jobs_result_ttl
             )
         })?;
+        let secs = |flag: &str, v: f64| {
+            Duration::try_from_secs_f64(v)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| format!("--{flag} {v}: not a positive number of seconds"))
+        };
+        let reclaim_after = secs("jobs-claim-timeout", self.jobs_claim_timeout)?;
+        let target = match &self.jobs_target {
+            None => None,
+            Some(url) => Some(RemoteConfig {
+                scrape_interval: secs(
+                    "jobs-target-scrape-interval",
+                    self.jobs_target_scrape_interval,
+                )?,
+                priority: self.jobs_target_priority,
+                ..RemoteConfig::new(url)
+            }),
+        };
+        let consumer = self.jobs_consumer.clone().unwrap_or_else(default_consumer);
+        if consumer.is_empty() || consumer.len() > 200 {
+            return Err(format!("--jobs-consumer `{consumer}`: 1 to 200 characters"));
+        }
         Ok(JobsConfig {
             url,
             explicit,
+            target,
             dispatcher: DispatcherConfig {
                 budget,
                 result_ttl,
+                consumer,
+                reclaim_after,
                 ..DispatcherConfig::default()
             },
         })
     }
 }
 
+/// `HOSTNAME-PID`: unique among replicas on different hosts and processes.
+fn default_consumer() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "kiln".into());
+    format!("{host}-{}", std::process::id())
+}
+
 /// The jobs settings.
 #[derive(Debug, Clone)]
 pub struct JobsConfig {
     pub url: BackendUrl,
+    /// A remote server to feed (`--jobs-target`); `None`: this server.
+    pub target: Option<RemoteConfig>,
     /// Named by the operator (opened at start) rather than the default.
     pub explicit: bool,
     pub dispatcher: DispatcherConfig,
@@ -147,7 +205,10 @@ impl Jobs {
             return Ok(None);
         }
         let queue = self.config.url.open()?;
-        let target = Arc::new(kiln_jobs::local::LocalTarget::new(self.server.clone()));
+        let target: Arc<dyn DispatchTarget> = match &self.config.target {
+            Some(remote) => Arc::new(RemoteTarget::new(remote.clone()).map_err(JobsError::Config)?),
+            None => Arc::new(kiln_jobs::local::LocalTarget::new(self.server.clone())),
+        };
         let dispatcher = Dispatcher::start(
             queue.clone(),
             target,
@@ -155,7 +216,15 @@ impl Jobs {
             self.metrics.clone(),
         )
         .map_err(|e| JobsError::Store(format!("cannot start the dispatcher: {e}")))?;
-        spdlog::info!("jobs: store {:?} open, dispatcher started", self.config.url);
+        spdlog::info!(
+            "jobs: store {:?} open, dispatcher started (consumer `{}`, target {})",
+            self.config.url,
+            self.config.dispatcher.consumer,
+            self.config
+                .target
+                .as_ref()
+                .map_or("this server", |t| t.url.as_str())
+        );
         *open = Some(Open {
             queue: queue.clone(),
             dispatcher: Some(dispatcher),
