@@ -325,11 +325,9 @@ impl JobQueue for RedisQueue {
         if staged.is_empty() {
             return Ok(Vec::new());
         }
-        if let Err(e) = self.publish(&staged) {
-            // MULTI/EXEC: none of it applied, or (the answer lost) all of it; the
-            // staged hashes expire in the first case.
-            return Err(e);
-        }
+        // MULTI/EXEC: none of it applied (the staged hashes expire), or all of it
+        // (and only the answer was lost).
+        self.publish(&staged)?;
         Ok(staged
             .into_iter()
             .map(|(id, _)| JobId(id.to_string()))
