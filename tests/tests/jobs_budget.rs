@@ -8,6 +8,8 @@
 //! realtime's level 1. Twelve realtime callers keep at least 4 requests in it
 //! (F_sys + F_q ≥ 1, so D < 0).
 
+#![allow(clippy::unwrap_used)]
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -341,9 +341,8 @@ impl JobQueue for EmbeddedQueue {
         let table = txn.open_table(JOBS).map_err(store)?;
         let mut jobs = Vec::new();
         let mut last = None;
-        let mut scanned = 0;
         let mut more = false;
-        for entry in table.range(start..).map_err(store)? {
+        for (scanned, entry) in table.range(start..).map_err(store)?.enumerate() {
             if jobs.len() >= limit || scanned >= MAX_SCAN {
                 more = true;
                 break;
@@ -351,7 +350,6 @@ impl JobQueue for EmbeddedQueue {
             let (k, v) = entry.map_err(store)?;
             let id = k.value();
             let record = decode(v.value())?;
-            scanned += 1;
             last = Some(id);
             let wanted = filter.model.as_ref().is_none_or(|m| *m == record.model)
                 && filter.state.is_none_or(|s| s == record.state);
