@@ -179,43 +179,16 @@ impl EmbeddedQueue {
 
     /// Running jobs whose record `pick` chooses go back to the queue.
     fn requeue_running(&self, pick: impl Fn(&Record) -> bool) -> Result<u64> {
-        let txn = self.db.begin_write().map_err(store)?;
-        let mut moved = 0;
-        {
-            let mut jobs = txn.open_table(JOBS).map_err(store)?;
-            let mut running = txn.open_table(RUNNING).map_err(store)?;
-            let mut queue = txn.open_table(QUEUE).map_err(store)?;
-            let ids: Vec<u64> = running
+        self.write(|txn| {
+            let ids: Vec<u64> = txn
+                .open_table(RUNNING)
+                .map_err(store)?
                 .iter()
                 .map_err(store)?
                 .map(|e| e.map(|(k, _)| k.value()).map_err(store))
                 .collect::<Result<_>>()?;
-            for id in ids {
-                let Some(mut record) = jobs
-                    .get(id)
-                    .map_err(store)?
-                    .map(|v| decode(v.value()))
-                    .transpose()?
-                else {
-                    running.remove(id).map_err(store)?;
-                    continue;
-                };
-                if !pick(&record) {
-                    continue;
-                }
-                running.remove(id).map_err(store)?;
-                record.state = JobState::Queued;
-                record.consumer = None;
-                record.claimed_ms = None;
-                jobs.insert(id, encode(&record)?.as_slice())
-                    .map_err(store)?;
-                queue.insert((record.priority, id), ()).map_err(store)?;
-                moved += 1;
-            }
-        }
-        recount(&txn, Some(JobState::Running), Some(JobState::Queued), moved)?;
-        txn.commit().map_err(store)?;
-        Ok(moved)
+            txn::requeue_in(txn, ids, pick, false)
+        })
     }
 }
 
@@ -309,12 +282,7 @@ impl JobQueue for EmbeddedQueue {
         };
         let txn = self.db.begin_read().map_err(store)?;
         let jobs = txn.open_table(JOBS).map_err(store)?;
-        let Some(record) = jobs
-            .get(id)
-            .map_err(store)?
-            .map(|v| decode(v.value()))
-            .transpose()?
-        else {
+        let Some(record) = txn::read_record(&jobs, id)? else {
             return Ok(None);
         };
         let response = match record.state {

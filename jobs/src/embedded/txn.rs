@@ -14,9 +14,18 @@ use super::{
 use crate::queue::{epoch_ms, ClaimedJob, JobId, JobState, Outcome, Result};
 
 pub(super) fn record(txn: &WriteTransaction, id: u64) -> Result<Option<Record>> {
-    let jobs = txn.open_table(JOBS).map_err(store)?;
-    let got = jobs.get(id).map_err(store)?;
-    got.map(|v| decode(v.value())).transpose()
+    read_record(&txn.open_table(JOBS).map_err(store)?, id)
+}
+
+/// The record of `id` in the `jobs` table (open for reading or writing).
+pub(super) fn read_record(
+    jobs: &impl ReadableTable<u64, &'static [u8]>,
+    id: u64,
+) -> Result<Option<Record>> {
+    jobs.get(id)
+        .map_err(store)?
+        .map(|v| decode(v.value()))
+        .transpose()
 }
 
 /// Ends a job (`record` in its current state) as `to`, in `txn`.
@@ -84,12 +93,7 @@ pub(super) fn claim_in(
             };
             let (_, id) = key.value();
             drop(key);
-            let Some(mut record) = jobs
-                .get(id)
-                .map_err(store)?
-                .map(|v| decode(v.value()))
-                .transpose()?
-            else {
+            let Some(mut record) = read_record(&jobs, id)? else {
                 continue;
             };
             let request = requests
@@ -123,25 +127,39 @@ pub(super) fn claim_in(
 
 pub(super) fn release_in(txn: &WriteTransaction, ids: &[JobId]) -> Result<()> {
     let wanted: HashSet<u64> = ids.iter().filter_map(parse_id).collect();
+    // Not run: the claim's attempt is taken back.
+    requeue_in(txn, wanted, |_| true, true).map(|_| ())
+}
+
+/// Puts the running jobs among `ids` whose record `pick` chooses back in the
+/// queue (`undo_attempt`: their last claim does not count); returns how many.
+pub(super) fn requeue_in(
+    txn: &WriteTransaction,
+    ids: impl IntoIterator<Item = u64>,
+    pick: impl Fn(&Record) -> bool,
+    undo_attempt: bool,
+) -> Result<u64> {
     let mut moved = 0;
     {
         let mut jobs = txn.open_table(JOBS).map_err(store)?;
         let mut running = txn.open_table(RUNNING).map_err(store)?;
         let mut queue = txn.open_table(QUEUE).map_err(store)?;
-        for &id in &wanted {
-            if running.remove(id).map_err(store)?.is_none() {
+        for id in ids {
+            if running.get(id).map_err(store)?.is_none() {
                 continue;
             }
-            let Some(mut record) = jobs
-                .get(id)
-                .map_err(store)?
-                .map(|v| decode(v.value()))
-                .transpose()?
-            else {
+            let Some(mut record) = read_record(&jobs, id)? else {
+                running.remove(id).map_err(store)?;
                 continue;
             };
+            if !pick(&record) {
+                continue;
+            }
+            running.remove(id).map_err(store)?;
             record.state = JobState::Queued;
-            record.attempts = record.attempts.saturating_sub(1);
+            if undo_attempt {
+                record.attempts = record.attempts.saturating_sub(1);
+            }
             record.consumer = None;
             record.claimed_ms = None;
             jobs.insert(id, encode(&record)?.as_slice())
@@ -150,7 +168,8 @@ pub(super) fn release_in(txn: &WriteTransaction, ids: &[JobId]) -> Result<()> {
             moved += 1;
         }
     }
-    recount(txn, Some(JobState::Running), Some(JobState::Queued), moved)
+    recount(txn, Some(JobState::Running), Some(JobState::Queued), moved)?;
+    Ok(moved)
 }
 
 pub(super) fn complete_in(txn: &WriteTransaction, results: &[(JobId, Outcome)]) -> Result<()> {
