@@ -3,12 +3,13 @@
 //! [`DispatchTarget`] and stores their results.
 //!
 //! Each round it reads the target, updates the [`Budget`] with its own jobs in
-//! flight, claims `budget − in flight` jobs (at most [`MAX_CLAIM`]) and starts
-//! them, then waits for a job to end or the next tick. Results that came in
-//! together are stored in one transaction (one fsync); an overload answer
+//! flight, stores the results that came in since the last round and claims
+//! `budget − in flight` jobs (at most [`MAX_CLAIM`]) in one store call
+//! ([`JobQueue::settle_and_claim`]: one transaction, one fsync, in the embedded
+//! store), starts them, then waits for a job to end or the next tick. An overload answer
 //! releases the job back to the queue and zeroes the budget until the next
-//! reading; the target unavailable (model unloading, server gone) releases it
-//! too. The store is called on this thread (it blocks on disk or network; no
+//! reading; the target unavailable (no healthy instance, server gone) releases
+//! it too, and nothing is claimed for [`UNAVAILABLE_BACKOFF`]. The store is called on this thread (it blocks on disk or network; no
 //! request thread waits on it). Every `ttl / 4` finished jobs older than the TTL
 //! are removed; the state gauges are refreshed a few times a second.
 
@@ -26,6 +27,9 @@ use crate::queue::{JobId, JobQueue, Outcome};
 
 /// Most jobs claimed in one round (one store transaction).
 pub const MAX_CLAIM: usize = 256;
+
+/// How long the dispatcher claims nothing after the target was unavailable.
+pub const UNAVAILABLE_BACKOFF: Duration = Duration::from_millis(200);
 
 /// The dispatcher's settings.
 #[derive(Debug, Clone)]
@@ -86,6 +90,7 @@ impl Dispatcher {
                     in_flight: JoinSet::new(),
                     results: Vec::new(),
                     released: Vec::new(),
+                    backoff_until: None,
                 };
                 runtime.block_on(round.run(&flag));
             })?;
@@ -127,6 +132,8 @@ struct Rounds {
     in_flight: JoinSet<(JobId, Dispatched)>,
     results: Vec<(JobId, Outcome)>,
     released: Vec<JobId>,
+    /// No claims before this (after the target was unavailable).
+    backoff_until: Option<Instant>,
 }
 
 impl Rounds {
@@ -150,7 +157,6 @@ impl Rounds {
             while let Some(ended) = self.in_flight.try_join_next() {
                 self.ended(ended);
             }
-            self.store_results();
             let now = Instant::now();
             if now.duration_since(last_counts) >= Duration::from_millis(200) {
                 last_counts = now;
@@ -191,20 +197,38 @@ impl Rounds {
         self.store_results();
     }
 
-    /// Reads the target, updates the budget and starts what it allows.
+    /// Reads the target, updates the budget, stores what ended and claims what
+    /// the budget allows, in one store call, and starts the claimed jobs.
     async fn dispatch_round(&mut self) {
         let reading = self.target.read().await;
         let in_flight = self.in_flight.len();
         let figures = self.budget.update(reading, in_flight);
         self.metrics.set_figures(&figures, in_flight);
-        let room = figures.budget.saturating_sub(in_flight).min(MAX_CLAIM);
-        if room == 0 {
+        let backing_off = self.backoff_until.is_some_and(|t| Instant::now() < t);
+        let room = match backing_off {
+            true => 0,
+            false => figures.budget.saturating_sub(in_flight).min(MAX_CLAIM),
+        };
+        if room == 0 && self.results.is_empty() && self.released.is_empty() {
             return;
         }
-        let jobs = match self.queue.claim(&self.config.consumer, room) {
-            Ok(jobs) => jobs,
+        let jobs = match self.queue.settle_and_claim(
+            &self.results,
+            &self.released,
+            &self.config.consumer,
+            room,
+        ) {
+            Ok(jobs) => {
+                self.results.clear();
+                self.released.clear();
+                jobs
+            }
             Err(e) => {
-                spdlog::warn!("jobs: cannot claim jobs: {e}");
+                // Kept: tried again next round (the jobs stay running meanwhile).
+                spdlog::error!(
+                    "jobs: storing {} result(s) and claiming failed: {e}",
+                    self.results.len()
+                );
                 return;
             }
         };
@@ -238,6 +262,8 @@ impl Rounds {
             }
             Dispatched::Unavailable(why) => {
                 spdlog::debug!("jobs: job {id} could not run now ({why}); queued again");
+                // Not a blind retry: no claims for a while.
+                self.backoff_until = Some(Instant::now() + UNAVAILABLE_BACKOFF);
                 self.release(id, "unavailable");
             }
         }

@@ -67,7 +67,9 @@ fn unavailable(e: &ServerError) -> bool {
 async fn run(server: &Server, job: ClaimedJob) -> Dispatched {
     let group = match server.lookup(&job.model, None) {
         Ok(group) => group,
-        Err(e) => return Dispatched::Unavailable(e.to_string()),
+        // Not loaded (any more): the job fails rather than waiting for a model
+        // that may never come.
+        Err(e) => return Dispatched::Ran(Outcome::Failed(e.to_string())),
     };
     let mut request = match decode_request(&job.model, &job.request) {
         Ok(request) => request,

@@ -238,6 +238,27 @@ pub trait JobQueue: Send + Sync {
     /// the results and calls again.
     fn complete(&self, results: &[(JobId, Outcome)]) -> Result<()>;
 
+    /// One round of the dispatcher: [`JobQueue::complete`] `results`,
+    /// [`JobQueue::release`] `released`, then [`JobQueue::claim`] up to `max`.
+    /// A backend that can do all three at once (the embedded store: one
+    /// transaction, one fsync) overrides it; the effect must be the same. On an
+    /// error the caller keeps `results` and `released` and calls again.
+    fn settle_and_claim(
+        &self,
+        results: &[(JobId, Outcome)],
+        released: &[JobId],
+        consumer: &str,
+        max: usize,
+    ) -> Result<Vec<ClaimedJob>> {
+        if !results.is_empty() {
+            self.complete(results)?;
+        }
+        if !released.is_empty() {
+            self.release(released)?;
+        }
+        self.claim(consumer, max)
+    }
+
     /// Cancels a queued job.
     fn cancel(&self, id: &JobId) -> Result<CancelResult>;
 

@@ -31,6 +31,9 @@ enum Mode {
     Sequence,
 }
 
+/// What gets each request: its index and bytes.
+pub type OnRequest<'a, E> = dyn FnMut(usize, &[u8]) -> Result<(), E> + 'a;
+
 /// The incremental splitter.
 pub struct Splitter {
     max_request: usize,
@@ -70,7 +73,7 @@ impl Splitter {
     pub fn push<E: From<SplitError>>(
         &mut self,
         chunk: &[u8],
-        request: &mut dyn FnMut(usize, &[u8]) -> Result<(), E>,
+        request: &mut OnRequest<'_, E>,
     ) -> Result<(), E> {
         for &b in chunk {
             if self.depth > 0 {
@@ -117,7 +120,7 @@ impl Splitter {
     fn in_request<E: From<SplitError>>(
         &mut self,
         b: u8,
-        request: &mut dyn FnMut(usize, &[u8]) -> Result<(), E>,
+        request: &mut OnRequest<'_, E>,
     ) -> Result<(), E> {
         if self.current.len() >= self.max_request {
             return Err(self

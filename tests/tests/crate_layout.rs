@@ -91,6 +91,7 @@ fn no_module_circles() {
         "core/src",
         "server/src",
         "client/src",
+        "jobs/src",
     ];
     let output = Command::new("python3")
         .current_dir(workspace())

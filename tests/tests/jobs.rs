@@ -1,6 +1,8 @@
 //! The jobs API end to end (docs/jobs.md): the real binary, the echo plugin, the
 //! embedded store in a fresh folder, loopback HTTP.
 
+#![allow(clippy::unwrap_used)]
+
 use std::time::Duration;
 
 use kiln_tests::jobs::{

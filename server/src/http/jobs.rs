@@ -130,7 +130,6 @@ pub async fn submit(
         })?;
         splitter.push(&chunk, &mut check)?;
     }
-    drop(check);
     splitter.finish()?;
     let model = group.endpoint.clone();
     let ids = blocking(move || {

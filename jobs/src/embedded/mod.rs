@@ -23,6 +23,8 @@ use std::time::{Duration, SystemTime};
 use redb::{Database, ReadableTable, TableDefinition, WriteTransaction};
 use serde::{Deserialize, Serialize};
 
+mod txn;
+
 use crate::queue::{
     epoch_ms, CancelResult, ClaimedJob, Job, JobId, JobQueue, JobState, JobsError, ListFilter,
     NewJob, Outcome, Page, Result, StateCounts,
@@ -154,6 +156,15 @@ impl EmbeddedQueue {
         Ok(queue)
     }
 
+    /// Runs `f` in one write transaction and commits it (fsync'd) when it succeeds;
+    /// an error drops the transaction: nothing of it stays.
+    fn write<T>(&self, f: impl FnOnce(&WriteTransaction) -> Result<T>) -> Result<T> {
+        let txn = self.db.begin_write().map_err(store)?;
+        let out = f(&txn)?;
+        txn.commit().map_err(store)?;
+        Ok(out)
+    }
+
     fn init(&self) -> Result<()> {
         let txn = self.db.begin_write().map_err(store)?;
         txn.open_table(JOBS).map_err(store)?;
@@ -168,93 +179,16 @@ impl EmbeddedQueue {
 
     /// Running jobs whose record `pick` chooses go back to the queue.
     fn requeue_running(&self, pick: impl Fn(&Record) -> bool) -> Result<u64> {
-        let txn = self.db.begin_write().map_err(store)?;
-        let mut moved = 0;
-        {
-            let mut jobs = txn.open_table(JOBS).map_err(store)?;
-            let mut running = txn.open_table(RUNNING).map_err(store)?;
-            let mut queue = txn.open_table(QUEUE).map_err(store)?;
-            let ids: Vec<u64> = running
+        self.write(|txn| {
+            let ids: Vec<u64> = txn
+                .open_table(RUNNING)
+                .map_err(store)?
                 .iter()
                 .map_err(store)?
                 .map(|e| e.map(|(k, _)| k.value()).map_err(store))
                 .collect::<Result<_>>()?;
-            for id in ids {
-                let Some(mut record) = jobs
-                    .get(id)
-                    .map_err(store)?
-                    .map(|v| decode(v.value()))
-                    .transpose()?
-                else {
-                    running.remove(id).map_err(store)?;
-                    continue;
-                };
-                if !pick(&record) {
-                    continue;
-                }
-                running.remove(id).map_err(store)?;
-                record.state = JobState::Queued;
-                record.consumer = None;
-                record.claimed_ms = None;
-                jobs.insert(id, encode(&record)?.as_slice())
-                    .map_err(store)?;
-                queue.insert((record.priority, id), ()).map_err(store)?;
-                moved += 1;
-            }
-        }
-        recount(&txn, Some(JobState::Running), Some(JobState::Queued), moved)?;
-        txn.commit().map_err(store)?;
-        Ok(moved)
-    }
-
-    /// Ends a job (`record` in its current state) as `to`, in `txn`.
-    fn finish(
-        txn: &WriteTransaction,
-        id: u64,
-        mut record: Record,
-        to: JobState,
-        error: Option<String>,
-    ) -> Result<()> {
-        let from = record.state;
-        match from {
-            JobState::Queued => {
-                txn.open_table(QUEUE)
-                    .map_err(store)?
-                    .remove((record.priority, id))
-                    .map_err(store)?;
-            }
-            JobState::Running => {
-                txn.open_table(RUNNING)
-                    .map_err(store)?
-                    .remove(id)
-                    .map_err(store)?;
-            }
-            _ => {}
-        }
-        let now = epoch_ms(SystemTime::now());
-        record.state = to;
-        record.finished_ms = Some(now);
-        record.error = error;
-        record.consumer = None;
-        txn.open_table(JOBS)
-            .map_err(store)?
-            .insert(id, encode(&record)?.as_slice())
-            .map_err(store)?;
-        txn.open_table(REQUESTS)
-            .map_err(store)?
-            .remove(id)
-            .map_err(store)?;
-        txn.open_table(FINISHED)
-            .map_err(store)?
-            .insert((now, id), ())
-            .map_err(store)?;
-        recount(txn, Some(from), Some(to), 1)
-    }
-
-    fn record(txn: &WriteTransaction, id: u64) -> Result<Option<Record>> {
-        let jobs = txn.open_table(JOBS).map_err(store)?;
-        let got = jobs.get(id).map_err(store)?;
-        got.map(|v| decode(v.value())).transpose()
+            txn::requeue_in(txn, ids, pick, false)
+        })
     }
 }
 
@@ -300,123 +234,30 @@ impl JobQueue for EmbeddedQueue {
     }
 
     fn claim(&self, consumer: &str, max: usize) -> Result<Vec<ClaimedJob>> {
-        if max == 0 {
-            return Ok(Vec::new());
-        }
-        let txn = self.db.begin_write().map_err(store)?;
-        let mut claimed = Vec::new();
-        {
-            let mut queue = txn.open_table(QUEUE).map_err(store)?;
-            let mut jobs = txn.open_table(JOBS).map_err(store)?;
-            let mut running = txn.open_table(RUNNING).map_err(store)?;
-            let requests = txn.open_table(REQUESTS).map_err(store)?;
-            let now = epoch_ms(SystemTime::now());
-            while claimed.len() < max {
-                let Some((key, _)) = queue.pop_first().map_err(store)? else {
-                    break;
-                };
-                let (_, id) = key.value();
-                drop(key);
-                let Some(mut record) = jobs
-                    .get(id)
-                    .map_err(store)?
-                    .map(|v| decode(v.value()))
-                    .transpose()?
-                else {
-                    continue;
-                };
-                let request = requests
-                    .get(id)
-                    .map_err(store)?
-                    .map(|v| v.value().to_vec())
-                    .unwrap_or_default();
-                record.state = JobState::Running;
-                record.attempts += 1;
-                record.consumer = Some(consumer.to_string());
-                record.claimed_ms = Some(now);
-                jobs.insert(id, encode(&record)?.as_slice())
-                    .map_err(store)?;
-                running.insert(id, ()).map_err(store)?;
-                claimed.push(ClaimedJob {
-                    id: JobId(id.to_string()),
-                    model: record.model,
-                    priority: record.priority,
-                    request,
-                });
-            }
-        }
-        recount(
-            &txn,
-            Some(JobState::Queued),
-            Some(JobState::Running),
-            claimed.len() as u64,
-        )?;
-        txn.commit().map_err(store)?;
-        Ok(claimed)
+        self.write(|txn| txn::claim_in(txn, consumer, max))
     }
 
     fn release(&self, ids: &[JobId]) -> Result<()> {
-        let wanted: std::collections::HashSet<u64> = ids.iter().filter_map(parse_id).collect();
-        let txn = self.db.begin_write().map_err(store)?;
-        let mut moved = 0;
-        {
-            let mut jobs = txn.open_table(JOBS).map_err(store)?;
-            let mut running = txn.open_table(RUNNING).map_err(store)?;
-            let mut queue = txn.open_table(QUEUE).map_err(store)?;
-            for &id in &wanted {
-                if running.remove(id).map_err(store)?.is_none() {
-                    continue;
-                }
-                let Some(mut record) = jobs
-                    .get(id)
-                    .map_err(store)?
-                    .map(|v| decode(v.value()))
-                    .transpose()?
-                else {
-                    continue;
-                };
-                record.state = JobState::Queued;
-                record.attempts = record.attempts.saturating_sub(1);
-                record.consumer = None;
-                record.claimed_ms = None;
-                jobs.insert(id, encode(&record)?.as_slice())
-                    .map_err(store)?;
-                queue.insert((record.priority, id), ()).map_err(store)?;
-                moved += 1;
-            }
-        }
-        recount(&txn, Some(JobState::Running), Some(JobState::Queued), moved)?;
-        txn.commit().map_err(store)
+        self.write(|txn| txn::release_in(txn, ids))
     }
 
     fn complete(&self, results: &[(JobId, Outcome)]) -> Result<()> {
-        if results.is_empty() {
-            return Ok(());
-        }
-        let txn = self.db.begin_write().map_err(store)?;
-        for (id, outcome) in results {
-            let Some(id) = parse_id(id) else { continue };
-            let Some(record) = Self::record(&txn, id)? else {
-                continue;
-            };
-            // The first result stored wins: a second run's is dropped.
-            if record.state.is_finished() {
-                continue;
-            }
-            match outcome {
-                Outcome::Done(response) => {
-                    txn.open_table(RESULTS)
-                        .map_err(store)?
-                        .insert(id, response.as_slice())
-                        .map_err(store)?;
-                    Self::finish(&txn, id, record, JobState::Done, None)?;
-                }
-                Outcome::Failed(error) => {
-                    Self::finish(&txn, id, record, JobState::Failed, Some(error.clone()))?;
-                }
-            }
-        }
-        txn.commit().map_err(store)
+        self.write(|txn| txn::complete_in(txn, results))
+    }
+
+    fn settle_and_claim(
+        &self,
+        results: &[(JobId, Outcome)],
+        released: &[JobId],
+        consumer: &str,
+        max: usize,
+    ) -> Result<Vec<ClaimedJob>> {
+        // One transaction, one fsync, for the whole round.
+        self.write(|txn| {
+            txn::complete_in(txn, results)?;
+            txn::release_in(txn, released)?;
+            txn::claim_in(txn, consumer, max)
+        })
     }
 
     fn cancel(&self, id: &JobId) -> Result<CancelResult> {
@@ -424,13 +265,13 @@ impl JobQueue for EmbeddedQueue {
             return Ok(CancelResult::NotFound);
         };
         let txn = self.db.begin_write().map_err(store)?;
-        let Some(record) = Self::record(&txn, id)? else {
+        let Some(record) = txn::record(&txn, id)? else {
             return Ok(CancelResult::NotFound);
         };
         if record.state != JobState::Queued {
             return Ok(CancelResult::NotQueued(record.state));
         }
-        Self::finish(&txn, id, record, JobState::Cancelled, None)?;
+        txn::finish(&txn, id, record, JobState::Cancelled, None)?;
         txn.commit().map_err(store)?;
         Ok(CancelResult::Cancelled)
     }
@@ -441,12 +282,7 @@ impl JobQueue for EmbeddedQueue {
         };
         let txn = self.db.begin_read().map_err(store)?;
         let jobs = txn.open_table(JOBS).map_err(store)?;
-        let Some(record) = jobs
-            .get(id)
-            .map_err(store)?
-            .map(|v| decode(v.value()))
-            .transpose()?
-        else {
+        let Some(record) = txn::read_record(&jobs, id)? else {
             return Ok(None);
         };
         let response = match record.state {
@@ -473,9 +309,8 @@ impl JobQueue for EmbeddedQueue {
         let table = txn.open_table(JOBS).map_err(store)?;
         let mut jobs = Vec::new();
         let mut last = None;
-        let mut scanned = 0;
         let mut more = false;
-        for entry in table.range(start..).map_err(store)? {
+        for (scanned, entry) in table.range(start..).map_err(store)?.enumerate() {
             if jobs.len() >= limit || scanned >= MAX_SCAN {
                 more = true;
                 break;
@@ -483,7 +318,6 @@ impl JobQueue for EmbeddedQueue {
             let (k, v) = entry.map_err(store)?;
             let id = k.value();
             let record = decode(v.value())?;
-            scanned += 1;
             last = Some(id);
             let wanted = filter.model.as_ref().is_none_or(|m| *m == record.model)
                 && filter.state.is_none_or(|s| s == record.state);
