@@ -23,13 +23,16 @@
 //!   before the answer), `everysec` (up to a second lost if Redis's host
 //!   crashes), RDB snapshots only (minutes). See `docs/jobs.md`.
 
+mod conn;
 mod scripts;
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use parking_lot::Mutex;
-use redis::{Connection, Value};
+use redis::Value;
+
+use conn::{store, Pool, Script};
 
 use crate::queue::{
     epoch_ms, CancelResult, ClaimedJob, Job, JobId, JobQueue, JobState, JobsError, ListFilter,
@@ -47,25 +50,9 @@ const CHUNK: usize = 512;
 const STAGED_TTL_S: u64 = 3600;
 /// A listing reads at most this many jobs per page (as the embedded store).
 const MAX_SCAN: usize = 100_000;
-/// Most idle connections kept for reuse.
-const MAX_IDLE: usize = 16;
-/// How long one Redis call may take before it is an error.
-const IO_TIMEOUT: Duration = Duration::from_secs(10);
-
-fn store<E: std::fmt::Display>(e: E) -> JobsError {
-    JobsError::Store(format!("redis: {e}"))
-}
-
-/// A Lua script and its SHA1 (as `SCRIPT LOAD` answered).
-struct Script {
-    source: String,
-    sha: String,
-}
-
 /// The Redis job store: a small pool of connections and the loaded scripts.
 pub struct RedisQueue {
-    client: redis::Client,
-    idle: Mutex<Vec<Connection>>,
+    pool: Pool,
     claim: Script,
     release: Script,
     reclaim: Script,
@@ -84,10 +71,8 @@ impl RedisQueue {
     /// Connects to `url`, creates the streams and the consumer group when
     /// missing, and loads the scripts.
     pub fn open(url: &str) -> Result<RedisQueue> {
-        let client = redis::Client::open(url)
-            .map_err(|e| JobsError::Config(format!("--jobs {url}: {e}")))?;
-        let mut con = connect(&client)
-            .map_err(|e| JobsError::Config(format!("--jobs {url}: cannot connect: {e}")))?;
+        let pool = Pool::open(url)?;
+        let mut con = pool.take()?;
         for prio in PRIORITY_HIGHEST..=PRIORITY_LOWEST {
             let created: redis::RedisResult<Value> = redis::cmd("XGROUP")
                 .arg("CREATE")
@@ -102,14 +87,7 @@ impl RedisQueue {
                 Err(e) => return Err(store(e)),
             }
         }
-        let mut load = |source: String| -> Result<Script> {
-            let sha: String = redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(&source)
-                .query(&mut con)
-                .map_err(store)?;
-            Ok(Script { source, sha })
-        };
+        let mut load = |source: String| Script::load(source, &mut con);
         let queue = RedisQueue {
             claim: load(scripts::CLAIM.to_owned())?,
             release: load(scripts::release())?,
@@ -117,65 +95,19 @@ impl RedisQueue {
             finish: load(scripts::FINISH.to_owned())?,
             cancel: load(scripts::CANCEL.to_owned())?,
             expire: load(scripts::EXPIRE.to_owned())?,
-            client,
-            idle: Mutex::new(Vec::new()),
+            pool,
             running: Mutex::new(HashMap::new()),
             since: epoch_ms(SystemTime::now()),
         };
-        queue.idle.lock().push(con);
+        queue.pool.put(con);
         Ok(queue)
-    }
-
-    /// Runs `f` on a pooled connection; a connection that failed is dropped.
-    fn with<T>(&self, f: impl FnOnce(&mut Connection) -> redis::RedisResult<T>) -> Result<T> {
-        let pooled = self.idle.lock().pop();
-        let mut con = match pooled {
-            Some(con) => con,
-            None => connect(&self.client).map_err(store)?,
-        };
-        let result = f(&mut con);
-        match &result {
-            Err(e) if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() => {}
-            _ => {
-                let mut idle = self.idle.lock();
-                if idle.len() < MAX_IDLE {
-                    idle.push(con);
-                }
-            }
-        }
-        result.map_err(store)
-    }
-
-    /// `EVALSHA` of `script` with `args` (after the prefix and the group); loads
-    /// it again when Redis lost it (restarted without its scripts).
-    fn eval<T: redis::FromRedisValue>(&self, script: &Script, args: &[&[u8]]) -> Result<T> {
-        self.with(|con| {
-            let call = |sha: &str, con: &mut Connection| {
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(sha).arg(0).arg(PREFIX).arg(GROUP);
-                for a in args {
-                    cmd.arg(*a);
-                }
-                cmd.query::<T>(con)
-            };
-            match call(&script.sha, con) {
-                Err(e) if e.code() == Some("NOSCRIPT") => {
-                    let sha: String = redis::cmd("SCRIPT")
-                        .arg("LOAD")
-                        .arg(&script.source)
-                        .query(con)?;
-                    call(&sha, con)
-                }
-                other => other,
-            }
-        })
     }
 
     /// Writes one chunk of a submission: the job hashes, each with an expiry that
     /// the final `EXEC` removes. Returns the ids.
     fn stage(&self, chunk: &[NewJob], now: u64) -> Result<Vec<(u64, u8)>> {
         let n = chunk.len() as u64;
-        self.with(|con| {
+        self.pool.with(|con| {
             let last: u64 = redis::cmd("INCRBY")
                 .arg(format!("{PREFIX}next_id"))
                 .arg(n)
@@ -213,7 +145,7 @@ impl RedisQueue {
     /// Makes staged jobs visible, in one transaction: no expiry, a place in the
     /// listing and an entry in their priority's stream, counted as queued.
     fn publish(&self, staged: &[(u64, u8)]) -> Result<()> {
-        self.with(|con| {
+        self.pool.with(|con| {
             let mut pipe = redis::pipe();
             pipe.atomic();
             for (id, prio) in staged {
@@ -243,7 +175,7 @@ impl RedisQueue {
     /// anyway).
     fn unstage(&self, staged: &[(u64, u8)]) {
         for ids in staged.chunks(CHUNK) {
-            let _ = self.with(|con| {
+            let _ = self.pool.with(|con| {
                 let mut cmd = redis::cmd("DEL");
                 for (id, _) in ids {
                     cmd.arg(job_key(&id.to_string()));
@@ -261,7 +193,7 @@ impl RedisQueue {
         }
         for (prio, entries) in by_stream {
             for entries in entries.chunks(CHUNK) {
-                self.with(|con| {
+                self.pool.with(|con| {
                     redis::cmd("XCLAIM")
                         .arg(stream_key(prio))
                         .arg(GROUP)
@@ -275,13 +207,6 @@ impl RedisQueue {
         }
         Ok(())
     }
-}
-
-fn connect(client: &redis::Client) -> redis::RedisResult<Connection> {
-    let con = client.get_connection_with_timeout(IO_TIMEOUT)?;
-    con.set_read_timeout(Some(IO_TIMEOUT))?;
-    con.set_write_timeout(Some(IO_TIMEOUT))?;
-    Ok(con)
 }
 
 fn job_key(id: &str) -> String {
@@ -340,7 +265,7 @@ impl JobQueue for RedisQueue {
         }
         let now = epoch_ms(SystemTime::now()).to_string();
         let max = max.to_string();
-        let flat: Vec<Vec<u8>> = self.eval(
+        let flat: Vec<Vec<u8>> = self.pool.eval(
             &self.claim,
             &[consumer.as_bytes(), max.as_bytes(), now.as_bytes()],
         )?;
@@ -357,7 +282,7 @@ impl JobQueue for RedisQueue {
         }
         if !claimed.is_empty() {
             // The entry ids, to keep them fresh while they run.
-            let entries: Vec<Option<String>> = self.with(|con| {
+            let entries: Vec<Option<String>> = self.pool.with(|con| {
                 let mut pipe = redis::pipe();
                 for job in &claimed {
                     pipe.cmd("HGET").arg(job_key(&job.id.0)).arg("entry");
@@ -381,7 +306,7 @@ impl JobQueue for RedisQueue {
                 .filter(|id| valid_id(id))
                 .map(|id| id.0.as_bytes())
                 .collect();
-            self.eval::<i64>(&self.release, &args)?;
+            self.pool.eval::<i64>(&self.release, &args)?;
             let mut running = self.running.lock();
             for id in ids {
                 running.remove(id);
@@ -401,7 +326,7 @@ impl JobQueue for RedisQueue {
                 };
                 args.extend([id.0.as_bytes(), state, value]);
             }
-            self.eval::<i64>(&self.finish, &args)?;
+            self.pool.eval::<i64>(&self.finish, &args)?;
             let mut running = self.running.lock();
             for (id, _) in results {
                 running.remove(id);
@@ -415,7 +340,9 @@ impl JobQueue for RedisQueue {
             return Ok(CancelResult::NotFound);
         }
         let now = epoch_ms(SystemTime::now()).to_string();
-        let before: Option<String> = self.eval(&self.cancel, &[id.0.as_bytes(), now.as_bytes()])?;
+        let before: Option<String> = self
+            .pool
+            .eval(&self.cancel, &[id.0.as_bytes(), now.as_bytes()])?;
         Ok(match before.as_deref().map(JobState::parse) {
             None => CancelResult::NotFound,
             Some(Some(JobState::Queued)) => CancelResult::Cancelled,
@@ -428,8 +355,9 @@ impl JobQueue for RedisQueue {
         if !valid_id(id) {
             return Ok(None);
         }
-        let mut fields: HashMap<String, Vec<u8>> =
-            self.with(|con| redis::cmd("HGETALL").arg(job_key(&id.0)).query(con))?;
+        let mut fields: HashMap<String, Vec<u8>> = self
+            .pool
+            .with(|con| redis::cmd("HGETALL").arg(job_key(&id.0)).query(con))?;
         let Some(mut job) = job_of(&id.0, &fields)? else {
             return Ok(None);
         };
@@ -451,7 +379,7 @@ impl JobQueue for RedisQueue {
         let mut last = None;
         loop {
             let batch = (limit - jobs.len()).clamp(1, 1000);
-            let ids: Vec<String> = self.with(|con| {
+            let ids: Vec<String> = self.pool.with(|con| {
                 redis::cmd("ZRANGEBYSCORE")
                     .arg(format!("{PREFIX}index"))
                     .arg(&cursor)
@@ -464,7 +392,7 @@ impl JobQueue for RedisQueue {
             if ids.is_empty() {
                 return Ok(Page { jobs, next: None });
             }
-            let records: Vec<HashMap<String, Vec<u8>>> = self.with(|con| {
+            let records: Vec<HashMap<String, Vec<u8>>> = self.pool.with(|con| {
                 let mut pipe = redis::pipe();
                 for id in &ids {
                     pipe.cmd("HGETALL").arg(job_key(id));
@@ -499,7 +427,9 @@ impl JobQueue for RedisQueue {
         let cutoff = epoch_ms(before).to_string();
         let mut total = 0;
         loop {
-            let n: u64 = self.eval(&self.expire, &[cutoff.as_bytes(), b"1000"])?;
+            let n: u64 = self
+                .pool
+                .eval(&self.expire, &[cutoff.as_bytes(), b"1000"])?;
             total += n;
             if n < 1000 {
                 return Ok(total);
@@ -517,7 +447,7 @@ impl JobQueue for RedisQueue {
             let mut cursor = "0-0".to_owned();
             // Bounded: 50 rounds of 200 entries per priority per call.
             for _ in 0..50 {
-                let (next, n): (String, u64) = self.eval(
+                let (next, n): (String, u64) = self.pool.eval(
                     &self.reclaim,
                     &[
                         consumer.as_bytes(),
@@ -538,7 +468,7 @@ impl JobQueue for RedisQueue {
     }
 
     fn counts(&self) -> Result<StateCounts> {
-        let c: Vec<Option<i64>> = self.with(|con| {
+        let c: Vec<Option<i64>> = self.pool.with(|con| {
             redis::cmd("HMGET")
                 .arg(format!("{PREFIX}counts"))
                 .arg(&["queued", "running", "done", "failed", "cancelled"])
