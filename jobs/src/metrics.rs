@@ -63,8 +63,8 @@ impl DispatchMetrics {
             self.f_q.clone(),
         );
         registry.register(
-            "kiln_dispatch_d",
-            "D = 1 - (F_sys + F_q + B)",
+            "kiln_dispatch_headroom",
+            "D, the headroom: 1 - (F_sys + F_q + B)",
             self.d.clone(),
         );
         registry.register(

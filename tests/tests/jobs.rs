@@ -166,3 +166,48 @@ async fn finished_jobs_expire_after_the_ttl() {
     }
     assert!(seen_done || list(url, "").await["jobs"] == json!([]));
 }
+
+#[tokio::test]
+async fn a_submission_streams_past_the_body_limit_with_a_bound_per_request() {
+    // Each request is ~110 bytes; the body of 30,000 is over 2 MiB, far over
+    // --max-body-bytes (and over the 1 MiB the spool keeps in memory).
+    let dir = store_dir("stream");
+    let kiln = Kiln::start(&[
+        "--load",
+        "echo",
+        &jobs_arg(&dir),
+        "--max-body-bytes",
+        "4096",
+        "--jobs-max-sys",
+        "1",
+    ]);
+    let url = &kiln.url;
+    let requests: Vec<Value> = (0..30_000).map(echo_job).collect();
+    let body = json_lines(&requests);
+    assert!(body.len() > 2 << 20, "{}", body.len());
+    let ids = submit_ok(url, "echo", body).await;
+    assert_eq!(ids.len(), 30_000);
+    let text = kiln.client.metrics().await.unwrap();
+    let queued = metric(&text, "kiln_jobs", &[("state", "queued")]);
+    assert!(
+        queued == Some(30_000.0) || queued == Some(0.0),
+        "{queued:?}"
+    );
+    // One request over the bound: refused by its index, nothing stored.
+    let big = json!({"inputs": [{"name": "INPUT0", "datatype": "UINT32", "shape": [1, 3000],
+                                  "data": vec![7u32; 3000]}]});
+    let (status, answer) = submit(url, "echo", "", json_lines(&[echo_job(1), big])).await;
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(
+        answer["error"], "request 1: longer than the limit of 4096 bytes",
+        "{answer}"
+    );
+    assert_eq!(list_all(url, "", 1000).await.len(), 30_000);
+}
+
+#[test]
+fn an_unknown_store_url_stops_the_server_naming_the_forms() {
+    let (code, log) = kiln_tests::serve_until_exit(&["--jobs", "http://127.0.0.1:1/q"]);
+    assert_ne!(code, Some(0));
+    assert!(log.contains("expected file:PATH"), "{log}");
+}

@@ -39,7 +39,7 @@ async fn sample(kiln: &Kiln) -> Sample {
     let read = |name: &str| metric(&text, name, &[]).unwrap_or(f64::NAN);
     let s = Sample {
         budget: read("kiln_dispatch_budget"),
-        d: read("kiln_dispatch_d"),
+        d: read("kiln_dispatch_headroom"),
         in_flight: read("kiln_dispatch_in_flight"),
         dispatched: read("kiln_jobs_dispatched_total"),
         done: metric(&text, "kiln_jobs", &[("state", "done")]).unwrap_or(0.0),
