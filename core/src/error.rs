@@ -14,6 +14,10 @@ pub enum ServerError {
     /// registered twice (HTTP 400 as Triton answers, gRPC ALREADY_EXISTS).
     #[error("{0}")]
     AlreadyExists(String),
+    /// The thing named is not in a state that allows the request, e.g. cancelling
+    /// a job that is already running (HTTP 409, gRPC FAILED_PRECONDITION).
+    #[error("{0}")]
+    Conflict(String),
     /// The request body is larger than the configured limit (HTTP 413).
     #[error("{0}")]
     TooLarge(String),

@@ -59,6 +59,19 @@ pub struct GroupName {
     pub version: String,
 }
 
+/// A group's load at one moment ([`WorkerGroup::load`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupLoad {
+    /// Requests accepted and in a batch (being run, or formed and waiting for an
+    /// instance).
+    pub in_batches: u64,
+    /// Requests accepted and not yet in a batch.
+    pub queued: u64,
+    /// Requests it can have in batches at once: its buffer sets × `batch_size`,
+    /// at most its `queue_size`.
+    pub capacity: u64,
+}
+
 /// A loaded endpoint.
 pub struct WorkerGroup {
     pub endpoint: String,
@@ -462,6 +475,42 @@ impl WorkerGroup {
         }
     }
 
+    /// Checks `request` as [`WorkerGroup::submit`] would (scheduling and declared
+    /// request parameters, names, datatypes, shapes, sizes) without queuing it:
+    /// the job API validates each job at submission. Counts nothing.
+    pub fn check(&self, request: &InferRequest) -> Result<()> {
+        scheduling(&request.parameters)?;
+        self.request_params.check(&request.parameters)?;
+        let tensors = InferRequest {
+            inputs: request.inputs.clone(),
+            outputs: request.outputs.clone(),
+            ..InferRequest::default()
+        };
+        validate(&self.info, self.settings.batch_size, tensors).map(|_| ())
+    }
+
+    /// The group's load now: requests in batches, waiting, and how many it can
+    /// have in batches at once (a few atomic loads; the jobs dispatcher reads it).
+    pub fn load(&self) -> GroupLoad {
+        let pending = self.context.metrics.pending.get().max(0) as u64;
+        let queued = self.admission.queued() as u64;
+        GroupLoad {
+            in_batches: pending.saturating_sub(queued),
+            queued,
+            capacity: (self.settings.max_buffers * self.settings.batch_size)
+                .min(self.settings.queue_size) as u64,
+        }
+    }
+
+    /// The lowest priority level this group's batcher has (the dynamic batcher's
+    /// `priority_levels`; 1 for the others, which have one level).
+    pub fn lowest_priority(&self) -> u32 {
+        match self.settings.batcher {
+            BatcherKind::Dynamic => self.settings.dynamic.priority_levels.max(1) as u32,
+            _ => 1,
+        }
+    }
+
     /// The group's Triton-style statistics, measured by its instances.
     pub fn stats(&self) -> &ModelStats {
         &self.context.stats
@@ -528,6 +577,7 @@ impl WorkerGroup {
         m.pool_free
             .set(self.pool.size().saturating_sub(in_use) as i64);
         m.queue_depth.set(self.admission.queued() as i64);
+        m.capacity.set(self.load().capacity as i64);
         let instances = self.context.healthy.load(Ordering::SeqCst);
         m.instances.set(instances as i64);
         // Read under the lock: concurrent scrapes each count a part once.

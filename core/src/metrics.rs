@@ -68,6 +68,7 @@ pub struct Metrics {
     sequence_backlog: Family<ModelLabels, Gauge>,
     host_restarts: Family<ModelLabels, Counter>,
     queue_depth: Family<ModelLabels, Gauge>,
+    capacity: Family<ModelLabels, Gauge>,
     pool_free: Family<ModelLabels, Gauge>,
     busy_seconds: Family<ModelLabels, Seconds>,
     busy_fraction: Family<ModelLabels, Fraction>,
@@ -105,6 +106,9 @@ pub struct ModelMetrics {
     /// admitted and not yet in a batch, buffer sets free, the instances' time
     /// running batches, and its share of the time since the previous scrape.
     pub queue_depth: Gauge,
+    /// Requests it can have in batches at once (a jobs dispatcher's `max_sys`;
+    /// [`crate::group::GroupLoad::capacity`]), set at scrape time.
+    pub capacity: Gauge,
     pub pool_free: Gauge,
     pub busy_seconds: Seconds,
     pub busy_fraction: Fraction,
@@ -139,6 +143,7 @@ impl Metrics {
             sequence_backlog: Family::default(),
             host_restarts: Family::default(),
             queue_depth: Family::default(),
+            capacity: Family::default(),
             pool_free: Family::default(),
             busy_seconds: Family::default(),
             busy_fraction: Family::default(),
@@ -222,6 +227,11 @@ impl Metrics {
                 metrics.queue_depth.clone(),
             );
             r.register(
+                "kiln_request_capacity",
+                "Requests the model can have in batches at once: buffer sets x batch_size, at most queue_size (a jobs dispatcher's max_sys)",
+                metrics.capacity.clone(),
+            );
+            r.register(
                 "kiln_buffer_pool_free",
                 "Buffer sets free: batches that can start forming now",
                 metrics.pool_free.clone(),
@@ -273,6 +283,7 @@ impl Metrics {
             sequences: self.sequences.get_or_create_owned(&m),
             sequence_backlog: self.sequence_backlog.get_or_create_owned(&m),
             queue_depth: self.queue_depth.get_or_create_owned(&m),
+            capacity: self.capacity.get_or_create_owned(&m),
             pool_free: self.pool_free.get_or_create_owned(&m),
             busy_seconds: self.busy_seconds.get_or_create_owned(&m),
             busy_fraction: self.busy_fraction.get_or_create_owned(&m),
@@ -318,6 +329,7 @@ impl Metrics {
             &self.sequences,
             &self.sequence_backlog,
             &self.queue_depth,
+            &self.capacity,
             &self.pool_free,
         ] {
             family.remove(&m);
@@ -325,6 +337,11 @@ impl Metrics {
         self.busy_seconds.remove(&m);
         self.busy_fraction.remove(&m);
         self.stream.remove(model);
+    }
+
+    /// Registers more families (another crate's metrics) in the registry.
+    pub fn register(&self, register: impl FnOnce(&mut Registry)) {
+        register(&mut self.registry.lock());
     }
 
     /// The Prometheus text exposition (format 0.0.4) of everything.
@@ -398,6 +415,7 @@ mod tests {
         for name in [
             "kiln_requests_total",
             "kiln_queue_depth",
+            "kiln_request_capacity",
             "kiln_buffer_pool_free",
             "kiln_instance_busy_seconds_total",
             "kiln_instance_busy_fraction",

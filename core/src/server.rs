@@ -282,6 +282,27 @@ impl Server {
         self.inner.metrics.stream(model)
     }
 
+    /// The summed load of every loaded group (see [`WorkerGroup::load`]).
+    pub fn load_figures(&self) -> crate::group::GroupLoad {
+        let mut total = crate::group::GroupLoad::default();
+        for group in self.inner.models.load().values() {
+            let l = group.load();
+            total.in_batches += l.in_batches;
+            total.queued += l.queued;
+            total.capacity += l.capacity;
+        }
+        total
+    }
+
+    /// Registers more metrics in the server's registry (`/metrics` shows them),
+    /// such as the jobs dispatcher's.
+    pub fn register_metrics(
+        &self,
+        register: impl FnOnce(&mut prometheus_client::registry::Registry),
+    ) {
+        self.inner.metrics.register(register);
+    }
+
     /// Prometheus text for `/metrics`.
     pub fn metrics_text(&self) -> String {
         for group in self.inner.models.load().values() {

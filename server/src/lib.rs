@@ -10,6 +10,7 @@ pub use kiln_core::*;
 
 pub mod grpc;
 pub mod http;
+pub mod jobs;
 pub mod log_format;
 pub mod log_settings;
 pub mod media;

@@ -147,6 +147,9 @@ struct ServeArgs {
     media: kiln_server::media::MediaArgs,
     #[command(flatten)]
     trace: TraceArgs,
+    /// Offline jobs (docs/jobs.md).
+    #[command(flatten)]
+    jobs: kiln_server::jobs::JobsArgs,
 }
 
 // Traces (issue #16): OpenTelemetry spans exported over OTLP, sampled with
@@ -433,6 +436,9 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
             .with_context(|| format!("loading `{worker}` at start"))?;
         spdlog::info!("serving `{endpoint}`");
     }
+    let jobs_config = args.jobs.config().map_err(anyhow::Error::msg)?;
+    let jobs = kiln_server::jobs::Jobs::start(server.clone(), jobs_config)
+        .context("cannot open the job store")?;
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let (http, addrs) = serve(
         server.clone(),
@@ -447,6 +453,7 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
                 sources: Some(args.media.opener().map_err(anyhow::Error::msg)?),
                 ..args.stream.config().map_err(anyhow::Error::msg)?
             },
+            jobs: Some(jobs.clone()),
         },
     )
     .with_context(|| format!("cannot listen on {}:{}", args.host, args.http_port))?;
@@ -474,6 +481,8 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
     spdlog::info!("stopping: gRPC");
     grpc.stop(std::time::Duration::from_secs(5)).await;
     served?;
+    spdlog::info!("stopping: the jobs dispatcher");
+    jobs.stop();
     spdlog::info!("stopping: draining every model");
     server.shutdown().await;
     kiln_server::trace::shutdown();

@@ -8,9 +8,11 @@ pub mod browser;
 pub mod file_server;
 pub mod fixtures;
 pub mod golden;
+pub mod jobs;
 pub mod media;
 pub mod otlp;
 pub mod pytest;
+pub mod redis;
 pub mod stream;
 pub mod wait;
 
@@ -90,6 +92,12 @@ impl Kiln {
 
     /// [`Kiln::start`] with `env` added to the server's environment.
     pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Kiln {
+        Kiln::start_on(0, args, env)
+    }
+
+    /// [`Kiln::start_with_env`] with HTTP on `http_port` (0: any free port), for a
+    /// server started again where another one was.
+    pub fn start_on(http_port: u16, args: &[&str], env: &[(&str, &str)]) -> Kiln {
         let dir = build_dir();
         let binary = dir.join("kiln");
         assert!(
@@ -104,7 +112,7 @@ impl Kiln {
             .args([
                 "serve",
                 "--http-port",
-                "0",
+                &http_port.to_string(),
                 "--grpc-port",
                 "0",
                 "--grpc-threads",
@@ -193,6 +201,12 @@ impl Kiln {
         GrpcClient::connect(&self.grpc_url)
             .await
             .expect("gRPC connection")
+    }
+
+    /// Kills the server with SIGKILL (no shutdown: a crash) and waits for it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// The kiln process's id (for `/proc/PID/...`).

@@ -92,6 +92,7 @@ fn no_module_circles() {
         "server/src",
         "client/src",
         "media/src",
+        "jobs/src",
     ];
     let output = Command::new("python3")
         .current_dir(workspace())

@@ -15,6 +15,7 @@ pub fn code(e: &ServerError) -> Code {
         | ServerError::TooLarge(_) => Code::InvalidArgument,
         ServerError::NotFound(_) => Code::NotFound,
         ServerError::AlreadyExists(_) => Code::AlreadyExists,
+        ServerError::Conflict(_) => Code::FailedPrecondition,
         ServerError::QueueFull { .. }
         | ServerError::Exhausted(_)
         | ServerError::LimitExceeded(_) => Code::ResourceExhausted,

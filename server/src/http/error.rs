@@ -16,6 +16,7 @@ pub fn status_code(e: &ServerError) -> StatusCode {
         | ServerError::LimitExceeded(_) => StatusCode::BAD_REQUEST,
         ServerError::Restricted(_) => StatusCode::FORBIDDEN,
         ServerError::NotFound(_) => StatusCode::NOT_FOUND,
+        ServerError::Conflict(_) => StatusCode::CONFLICT,
         ServerError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
         ServerError::QueueFull { .. } | ServerError::Exhausted(_) => StatusCode::TOO_MANY_REQUESTS,
         ServerError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,

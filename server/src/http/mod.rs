@@ -8,6 +8,7 @@ mod body;
 mod compress;
 mod encoded;
 mod error;
+mod jobs;
 mod logging;
 mod model_routes;
 mod offload;
@@ -55,6 +56,8 @@ pub struct HttpConfig {
     pub tls: Option<rustls::ServerConfig>,
     /// WebSocket streams ([`crate::stream`]) on the same port.
     pub stream: crate::stream::StreamConfig,
+    /// The job store and dispatcher (`None`: the job routes answer 503).
+    pub jobs: Option<std::sync::Arc<crate::jobs::Jobs>>,
 }
 
 /// Shared by every handler.
@@ -63,6 +66,7 @@ pub struct State {
     pub max_body_bytes: usize,
     /// The WebSocket streams' settings and open sessions.
     pub streams: std::sync::Arc<crate::stream::Streams>,
+    pub jobs: Option<std::sync::Arc<crate::jobs::Jobs>>,
 }
 
 /// Binds and returns the running HTTP server (await it) and the bound addresses.
@@ -75,6 +79,7 @@ pub fn serve(
         server,
         max_body_bytes: config.max_body_bytes,
         streams: std::sync::Arc::new(crate::stream::Streams::new(config.stream)),
+        jobs: config.jobs.clone(),
     });
     let sched_batch = config.sched_batch;
     // actix-web calls this once on each worker thread as it starts.

@@ -8,6 +8,7 @@
 //! POST /v2/models/{m}[/versions/{v}]/infer    Infer      (Inference)
 //! GET  /v2/models/{m}[/versions/{v}]/stream   Stream     (Inference; a WebSocket)
 //! GET|POST /v2/models/{m}/trace/setting       TraceSetting (Trace)
+//! POST /v2/models/{m}/jobs                    Jobs       (Inference; docs/jobs.md)
 //! ```
 //!
 //! Why by hand: actix-web's router turns a route with a `{segment}` into a regex and
@@ -41,13 +42,15 @@ pub enum Action {
     Stream,
     /// Triton's trace extension, for one model.
     TraceSetting,
+    /// Submitting offline jobs (no version: a job runs on what is loaded).
+    Jobs,
 }
 
 impl Action {
     /// Whether the route answers `method` (any other: 405).
     pub fn allows(self, method: &Method) -> bool {
         match self {
-            Action::Infer => method == Method::POST,
+            Action::Infer | Action::Jobs => method == Method::POST,
             Action::TraceSetting => method == Method::GET || method == Method::POST,
             _ => method == Method::GET,
         }
@@ -60,7 +63,7 @@ impl Action {
             Action::Ready => Category::Health,
             Action::Config => Category::ModelConfig,
             Action::Stats => Category::Statistics,
-            Action::Infer | Action::Stream => Category::Inference,
+            Action::Infer | Action::Stream | Action::Jobs => Category::Inference,
             Action::TraceSetting => Category::Trace,
         }
     }
@@ -93,6 +96,7 @@ pub fn parse(path: &str) -> Option<ModelPath<'_>> {
         Some("stats") => Action::Stats,
         Some("infer") => Action::Infer,
         Some("stream") => Action::Stream,
+        Some("jobs") if version.is_none() => Action::Jobs,
         // Triton's trace setting names no version.
         Some("trace") if version.is_none() && segments.next() == Some("setting") => {
             Action::TraceSetting

@@ -8,7 +8,7 @@ use super::body::{json_object, read_body, read_raw_body};
 use super::encoded::EncodedResponse;
 use super::model_routes::{self, Action};
 use super::{
-    logging, offload, restricted, shm, trace, triton, HttpError, State,
+    jobs, logging, offload, restricted, shm, trace, triton, HttpError, State,
     INFERENCE_HEADER_CONTENT_LENGTH,
 };
 use crate::error::ServerError;
@@ -53,6 +53,7 @@ pub fn configure(cfg: &mut web::ServiceConfig, restrictions: &Restrictions) {
     // each route's category checked there ([`model_route`]). Registered before
     // the routes with a `{segment}` below, each of which actix-web tries as a regex.
     cfg.service(web::scope("/v2/models").default_service(web::to(model_route)));
+    jobs::configure(cfg, restrictions);
     let mut add = |category, resource| restricted::add(cfg, restrictions, category, resource);
     add(ModelRepository, post("/v2/workers/{worker}/load", load));
     add(
@@ -176,6 +177,7 @@ async fn model_route(state: web::Data<State>, req: HttpRequest, payload: web::Pa
             Ok(crate::stream::open(&state.server, streams, &req, payload, group).await?)
         }
         Action::TraceSetting => trace::setting(&state, &req, payload, Some(&group.endpoint)).await,
+        Action::Jobs => jobs::submit(&state, &req, payload, &group).await,
     }
 }
 

@@ -1,0 +1,242 @@
+//! The job routes (docs/jobs.md), category `inference`:
+//!
+//! ```text
+//! POST   /v2/models/{m}/jobs[?priority=N]  submit: one request, an array, JSON lines → 202 {"ids": [...]}
+//! GET    /v2/jobs[?model=&state=&limit=&after=]  a page of jobs, in submission order
+//! GET    /v2/jobs/{id}                     one job, with its response or error
+//! DELETE /v2/jobs/{id}                     cancel a queued job (also POST /v2/jobs/{id}/cancel)
+//! ```
+//!
+//! A submission is split as it arrives ([`kiln_jobs::split`]), each request
+//! decoded and checked against the model as every inference is
+//! ([`crate::group::WorkerGroup::check`]) and spooled; once the body is read
+//! whole and every request passed, all are stored in one durable write
+//! (fsync'd) and only then answered 202. Any bad request: 400 naming its index,
+//! nothing stored. The store's calls run on actix's blocking pool.
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use kiln_jobs::queue::{PRIORITY_DEFAULT, PRIORITY_HIGHEST, PRIORITY_LOWEST};
+use kiln_jobs::split::{SplitError, Splitter};
+use kiln_jobs::spool::Spool;
+use kiln_jobs::{CancelResult, Job, JobId, JobQueue, JobState, ListFilter};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::{restricted, HttpError, State};
+use crate::error::ServerError;
+use crate::group::WorkerGroup;
+use crate::jobs::{server_error, Jobs};
+use crate::restricted::{Category, Restrictions};
+
+type Reply = Result<HttpResponse, HttpError>;
+
+/// Most jobs one listing page shows.
+pub const MAX_PAGE: usize = 1000;
+
+impl From<SplitError> for HttpError {
+    fn from(e: SplitError) -> Self {
+        HttpError(ServerError::InvalidRequest(e.to_string()))
+    }
+}
+
+/// Registers the routes under `/v2/jobs` (the submission is a model route).
+pub fn configure(cfg: &mut web::ServiceConfig, restrictions: &Restrictions) {
+    let mut add = |resource| restricted::add(cfg, restrictions, Category::Inference, resource);
+    add(web::resource("/v2/jobs").route(web::get().to(list)));
+    add(web::resource("/v2/jobs/{id}")
+        .route(web::get().to(get))
+        .route(web::delete().to(cancel)));
+    add(web::resource("/v2/jobs/{id}/cancel").route(web::post().to(cancel)));
+}
+
+fn jobs(state: &State) -> Result<&std::sync::Arc<Jobs>, HttpError> {
+    state
+        .jobs
+        .as_ref()
+        .ok_or_else(|| HttpError(ServerError::Unavailable("jobs are not enabled".into())))
+}
+
+/// Runs a store call on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, kiln_jobs::JobsError> + Send + 'static,
+) -> Result<T, HttpError> {
+    web::block(f)
+        .await
+        .map_err(|e| {
+            HttpError(ServerError::Internal(format!(
+                "the job store's thread: {e}"
+            )))
+        })?
+        .map_err(|e| HttpError(server_error(e)))
+}
+
+/// The store, or `None` before the first submission opened it.
+async fn opened(
+    state: &State,
+    create: bool,
+) -> Result<Option<std::sync::Arc<dyn JobQueue>>, HttpError> {
+    let jobs = jobs(state)?.clone();
+    blocking(move || jobs.queue(create)).await
+}
+
+#[derive(Deserialize)]
+struct SubmitQuery {
+    priority: Option<u8>,
+}
+
+/// `POST /v2/models/{m}/jobs`.
+pub async fn submit(
+    state: &State,
+    req: &HttpRequest,
+    mut payload: web::Payload,
+    group: &WorkerGroup,
+) -> Reply {
+    let query = web::Query::<SubmitQuery>::from_query(req.query_string())
+        .map_err(|e| HttpError(ServerError::invalid(format!("bad query: {e}"))))?;
+    let priority = query.priority.unwrap_or(PRIORITY_DEFAULT);
+    if !(PRIORITY_HIGHEST..=PRIORITY_LOWEST).contains(&priority) {
+        return Err(HttpError(ServerError::invalid(format!(
+            "priority must be {PRIORITY_HIGHEST} (first) to {PRIORITY_LOWEST}, got {priority}"
+        ))));
+    }
+    if let Some(encoding) = req.headers().get(actix_web::http::header::CONTENT_ENCODING) {
+        if encoding.as_bytes() != b"identity" {
+            return Err(HttpError(ServerError::invalid(
+                "a job submission is read as it arrives: send it without Content-Encoding",
+            )));
+        }
+    }
+    let jobs = jobs(state)?.clone();
+    let mut splitter = Splitter::new(state.max_body_bytes);
+    let mut spool = Spool::new(&jobs.spool_dir());
+    let mut check = |index: usize, bytes: &[u8]| -> Result<(), HttpError> {
+        let at = |e: &dyn std::fmt::Display| {
+            HttpError(ServerError::invalid(format!("request {index}: {e}")))
+        };
+        let request = kiln_protocol::http::json::decode_request(&group.endpoint, bytes)
+            .map_err(|e| at(&e))?;
+        group.check(&request).map_err(|e| at(&e))?;
+        spool.push(bytes).map_err(|e| HttpError(server_error(e)))
+    };
+    while let Some(chunk) = std::future::poll_fn(|cx| {
+        futures_core::Stream::poll_next(std::pin::Pin::new(&mut payload), cx)
+    })
+    .await
+    {
+        let chunk = chunk.map_err(|e| {
+            HttpError(ServerError::invalid(format!(
+                "cannot read the request body: {e}"
+            )))
+        })?;
+        splitter.push(&chunk, &mut check)?;
+    }
+    splitter.finish()?;
+    let model = group.endpoint.clone();
+    let ids = blocking(move || {
+        let Some(queue) = jobs.queue(true)? else {
+            return Err(kiln_jobs::JobsError::Store("the store did not open".into()));
+        };
+        queue.enqueue(&mut spool.into_jobs(model, priority)?)
+    })
+    .await?;
+    Ok(HttpResponse::Accepted().json(json!({ "ids": ids })))
+}
+
+/// A job as JSON (its response parsed back, when it has one).
+fn job_json(job: Job) -> Value {
+    let mut out = Map::new();
+    out.insert("id".into(), json!(job.id));
+    out.insert("model".into(), json!(job.model));
+    out.insert("state".into(), json!(job.state.as_str()));
+    out.insert("priority".into(), json!(job.priority));
+    out.insert("attempts".into(), json!(job.attempts));
+    out.insert("submitted_ms".into(), json!(job.submitted_ms));
+    if let Some(at) = job.finished_ms {
+        out.insert("finished_ms".into(), json!(at));
+    }
+    if let Some(response) = job.response {
+        let value = serde_json::from_slice(&response)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&response).into_owned()));
+        out.insert("response".into(), value);
+    }
+    if let Some(error) = job.error {
+        out.insert("error".into(), json!(error));
+    }
+    Value::Object(out)
+}
+
+fn no_job(id: &str) -> HttpError {
+    HttpError(ServerError::NotFound(format!("no job `{id}`")))
+}
+
+/// `GET /v2/jobs/{id}`.
+async fn get(state: web::Data<State>, id: web::Path<String>) -> Reply {
+    let id = JobId(id.into_inner());
+    let Some(queue) = opened(&state, false).await? else {
+        return Err(no_job(&id.0));
+    };
+    let lookup = id.clone();
+    match blocking(move || queue.get(&lookup)).await? {
+        Some(job) => Ok(HttpResponse::Ok().json(job_json(job))),
+        None => Err(no_job(&id.0)),
+    }
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    model: Option<String>,
+    state: Option<String>,
+    limit: Option<usize>,
+    after: Option<String>,
+}
+
+/// `GET /v2/jobs`.
+async fn list(state: web::Data<State>, req: HttpRequest) -> Reply {
+    let query = web::Query::<ListQuery>::from_query(req.query_string())
+        .map_err(|e| HttpError(ServerError::invalid(format!("bad query: {e}"))))?
+        .into_inner();
+    let job_state = match query.state.as_deref() {
+        None => None,
+        Some(name) => Some(JobState::parse(name).ok_or_else(|| {
+            HttpError(ServerError::invalid(format!(
+                "unknown state `{name}`: queued, running, done, failed or cancelled"
+            )))
+        })?),
+    };
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(HttpError(ServerError::invalid(format!(
+            "limit must be 1 to {MAX_PAGE}, got {limit}"
+        ))));
+    }
+    let Some(queue) = opened(&state, false).await? else {
+        return Ok(HttpResponse::Ok().json(json!({"jobs": [], "next": null})));
+    };
+    let filter = ListFilter {
+        model: query.model,
+        state: job_state,
+    };
+    let after = query.after;
+    let page = blocking(move || queue.list(&filter, after.as_deref(), limit)).await?;
+    let jobs: Vec<Value> = page.jobs.into_iter().map(job_json).collect();
+    Ok(HttpResponse::Ok().json(json!({"jobs": jobs, "next": page.next})))
+}
+
+/// `DELETE /v2/jobs/{id}`, `POST /v2/jobs/{id}/cancel`.
+async fn cancel(state: web::Data<State>, id: web::Path<String>) -> Reply {
+    let id = JobId(id.into_inner());
+    let Some(queue) = opened(&state, false).await? else {
+        return Err(no_job(&id.0));
+    };
+    let target = id.clone();
+    match blocking(move || queue.cancel(&target)).await? {
+        CancelResult::Cancelled => {
+            Ok(HttpResponse::Ok().json(json!({"id": id, "state": "cancelled"})))
+        }
+        CancelResult::NotQueued(s) => Err(HttpError(ServerError::Conflict(format!(
+            "job `{id}` is {}: only a queued job can be cancelled",
+            s.as_str()
+        )))),
+        CancelResult::NotFound => Err(no_job(&id.0)),
+    }
+}
