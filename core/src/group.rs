@@ -626,6 +626,10 @@ impl WorkerGroup {
     /// Refreshes gauges that are read rather than counted (at each scrape: the hot
     /// path keeps no counter of its own for them).
     pub fn refresh_gauges(&self) {
+        if self.ensemble.is_some() {
+            // No pool, queue or instance of its own: its steps' groups report theirs.
+            return;
+        }
         let m = &self.context.metrics;
         let in_use = self.pool.in_use();
         m.pool_in_use.set(in_use as i64);

@@ -437,4 +437,57 @@ mod tests {
         );
         let _ = std::fs::remove_dir_all(root);
     }
+
+    #[test]
+    fn an_ensemble_declares_steps_instead_of_a_worker() {
+        let ensemble = "platform = \"ensemble\"\nmax_batch_size = 4\n\
+             input = [{ name = \"IN\", data_type = \"TYPE_STRING\", dims = [-1] }]\n\
+             output = [{ name = \"OUT\", data_type = \"UINT32\", dims = [2] }]\n\
+             [[ensemble_scheduling.step]]\nmodel_name = \"m\"\nmodel_version = 3\n\
+             input_map = { INPUT0 = \"IN\" }\noutput_map = { OUTPUT0 = \"OUT\" }\n";
+        let (r, root) = repo(&[
+            ("e/config.toml", ensemble),
+            (
+                "both/config.toml",
+                "worker = \"echo\"\nplatform = \"ensemble\"\n",
+            ),
+            ("neither/config.toml", "[parameters]\nx = 1\n"),
+            ("tensors/config.toml", "worker = \"echo\"\nmax_batch_size = 4\n"),
+            ("other/config.toml", "platform = \"onnxruntime_onnx\"\n"),
+            (
+                "dtype/config.toml",
+                "platform = \"ensemble\"\ninput = [{ name = \"A\", data_type = \"TYPE_FLOAT\", dims = [] }]\n",
+            ),
+        ]);
+        let e = r.resolve("e", None, vec![]).unwrap();
+        // No version folder: version 1.
+        assert_eq!((e.worker.as_str(), e.version), ("ensemble", 1));
+        let Serving::Ensemble(config) = e.serving else {
+            panic!("not an ensemble");
+        };
+        assert_eq!(config.max_batch_size, 4);
+        assert_eq!(config.inputs[0].data_type, kiln_worker_sdk::DataType::Bytes);
+        assert_eq!(config.outputs[0].dims, vec![2]);
+        assert_eq!(config.steps[0].model_version, 3);
+        assert_eq!(config.steps[0].input_map["INPUT0"], "IN");
+        let overridden = vec![Param {
+            key: "batch_size".into(),
+            value: ParamValue::Int(8),
+        }];
+        assert!(r.resolve("e", None, overridden).is_err());
+        for (name, wanted) in [
+            ("both", "exclude each other"),
+            ("neither", "set `worker`"),
+            ("tensors", "an ensemble's"),
+            ("other", "platform `onnxruntime_onnx` is not known"),
+            ("dtype", "unknown data_type `TYPE_FLOAT`"),
+        ] {
+            let e = r.resolve(name, None, vec![]).unwrap_err().to_string();
+            assert!(
+                e.contains(wanted) && e.contains("config.toml"),
+                "{name}: {e}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(root);
+    }
 }

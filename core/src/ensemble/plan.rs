@@ -284,3 +284,118 @@ fn check_declared(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::collections::BTreeMap;
+
+    use kiln_worker_sdk::DataType;
+
+    use super::*;
+    use crate::ensemble::config::StepConfig;
+
+    fn tensor(name: &str) -> TensorConfig {
+        TensorConfig {
+            name: name.into(),
+            data_type: DataType::Uint32,
+            dims: vec![-1],
+        }
+    }
+
+    fn step(model: &str, inputs: &[(&str, &str)], outputs: &[(&str, &str)]) -> StepConfig {
+        let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        StepConfig {
+            model_name: model.into(),
+            model_version: -1,
+            input_map: map(inputs),
+            output_map: map(outputs),
+        }
+    }
+
+    fn plan(steps: Vec<StepConfig>) -> Result<Plan> {
+        Plan::new(
+            "e",
+            EnsembleConfig {
+                max_batch_size: 0,
+                inputs: vec![tensor("IN")],
+                outputs: vec![tensor("OUT")],
+                steps,
+            },
+        )
+    }
+
+    #[test]
+    fn a_diamond_is_planned_with_its_readers() {
+        let p = plan(vec![
+            step("a", &[("x", "IN")], &[("y", "t")]),
+            step("b", &[("x", "t")], &[("y", "u")]),
+            step("c", &[("x", "t")], &[("y", "v")]),
+            step("d", &[("x", "u"), ("z", "v")], &[("y", "OUT")]),
+        ])
+        .unwrap();
+        assert_eq!(p.tensors, ["IN", "t", "u", "v", "OUT"]);
+        // `t` is read by both branches; the join waits for two tensors.
+        assert_eq!(p.consumers[1], [1, 2]);
+        assert_eq!(p.steps[3].needs, 2);
+        assert_eq!(p.producers[4], Producer::Step(3));
+        assert_eq!(p.outputs, [4]);
+        assert_eq!(p.steps[0].version, None);
+    }
+
+    #[test]
+    fn a_step_reading_one_tensor_twice_waits_for_it_once() {
+        let p = plan(vec![step(
+            "a",
+            &[("x", "IN"), ("z", "IN")],
+            &[("y", "OUT")],
+        )])
+        .unwrap();
+        assert_eq!(p.steps[0].needs, 1);
+        assert_eq!(p.steps[0].inputs.len(), 2);
+    }
+
+    #[test]
+    fn graph_errors_name_the_step_and_tensor() {
+        let err = |steps| plan(steps).unwrap_err().to_string();
+        let e = err(vec![
+            step("a", &[("x", "IN")], &[("y", "t")]),
+            step("b", &[("x", "IN")], &[("y", "t")]),
+        ]);
+        assert!(
+            e.contains("tensor `t` is produced twice: by step 1 (model `a`) and by step 2 (model `b`) output `y`"),
+            "{e}"
+        );
+        let e = err(vec![step("a", &[("x", "IN")], &[("y", "IN")])]);
+        assert!(
+            e.contains("tensor `IN` is produced twice: by the request"),
+            "{e}"
+        );
+        let e = err(vec![step("a", &[("x", "IN")], &[("y", "t")])]);
+        assert!(e.contains("ensemble output `OUT` is not produced"), "{e}");
+        let e = err(vec![
+            step("a", &[("x", "IN"), ("z", "v")], &[("y", "u")]),
+            step("b", &[("x", "u")], &[("y", "v")]),
+            step("c", &[("x", "u")], &[("y", "OUT")]),
+        ]);
+        assert!(
+            e.contains("the steps form a cycle: step 1 (model `a`) reads `v`, written by step 2 (model `b`); step 2 (model `b`) reads `u`, written by step 1 (model `a`)"),
+            "{e}"
+        );
+        let e = err(vec![step("a", &[("x", "IN")], &[])]);
+        assert!(
+            e.contains("step 1 (model `a`): `output_map` maps no output"),
+            "{e}"
+        );
+        let e = err(vec![step("Bad Name", &[("x", "IN")], &[("y", "OUT")])]);
+        assert!(e.contains("step 1 (model `Bad Name`)"), "{e}");
+        let e = err(Vec::new());
+        assert!(e.contains("lists no step"), "{e}");
+    }
+}
