@@ -238,7 +238,14 @@ impl State {
                     let _ = reply.send(self.unload(&endpoint));
                 }
                 Command::Shutdown { reply } => {
-                    let names: Vec<String> = self.groups.keys().cloned().collect();
+                    // Ensembles first: their step models are unloaded after them.
+                    let mut names: Vec<(bool, String)> = self
+                        .groups
+                        .iter()
+                        .map(|(name, g)| (g.ensemble.is_none(), name.clone()))
+                        .collect();
+                    names.sort();
+                    let names = names.into_iter().map(|(_, name)| name);
                     for name in names {
                         let _ = self.unload(&name);
                     }

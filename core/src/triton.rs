@@ -451,6 +451,11 @@ pub fn repository_index(server: &Server, only_ready: bool) -> Result<Vec<IndexEn
         let group = loaded.iter().find(|g| g.endpoint == entry.name);
         let (version, state, reason) = match group {
             Some(g) if g.is_ready() => (g.version.clone(), "READY", ""),
+            Some(g) if g.ensemble.is_some() => (
+                g.version.clone(),
+                "UNAVAILABLE",
+                "a step's model is not loaded or not ready",
+            ),
             Some(g) => (
                 g.version.clone(),
                 "UNAVAILABLE",

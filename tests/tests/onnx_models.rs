@@ -258,6 +258,7 @@ async fn repository_index_load_unload_and_config_errors() {
         names,
         vec![
             "echo",
+            "echo-chain",
             "echo-diamond",
             "echo-multi",
             "ocr-cls",

@@ -150,15 +150,28 @@ impl Run {
                 data: tensor.data,
             });
         }
-        for id in 0..run.plan.info.inputs.len() {
-            if let Err(e) = run.written(id) {
-                // A step refused at admission: the request is over before it began.
-                run.ended = true;
-                run.count_failure(&e);
-                return Err(e);
-            }
+        if let Err(e) = run.begin() {
+            // A step refused at admission: the request is over before it began.
+            run.ended = true;
+            run.count_failure(&e);
+            return Err(e);
         }
         Ok(run)
+    }
+
+    /// Submits the steps that read only ensemble inputs (or nothing: a model
+    /// without inputs).
+    fn begin(&mut self) -> Result<()> {
+        let plan = Arc::clone(&self.plan);
+        for (s, step) in plan.steps.iter().enumerate() {
+            if step.needs == 0 {
+                self.submit(s)?;
+            }
+        }
+        for id in 0..plan.info.inputs.len() {
+            self.written(id)?;
+        }
+        Ok(())
     }
 
     /// Tensor `id` exists: submits every step it completes.
