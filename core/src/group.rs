@@ -166,19 +166,6 @@ impl WorkerGroup {
         };
         metrics.pool_size.set(settings.max_buffers as i64);
         let context = Arc::new(InstanceContext {
-            answer_model: Arc::new(crate::reply::AnswerModel {
-                name: endpoint.clone(),
-                version: version.clone(),
-                info: Arc::clone(&info),
-            }),
-            endpoint: endpoint.clone(),
-            version: version.clone(),
-            info: Arc::clone(&info),
-            metrics: Arc::new(metrics),
-            stats: Arc::default(),
-            healthy: AtomicUsize::new(0),
-            busy_ns: std::sync::atomic::AtomicU64::new(0),
-            compute_estimate_ns: std::sync::atomic::AtomicU64::new(0),
             outstanding: settings
                 .max_outstanding
                 .map(crate::outstanding::Outstanding::new),
@@ -190,6 +177,7 @@ impl WorkerGroup {
                 state_outputs: m.state_outputs.clone(),
                 state_bytes: m.state_bytes.clone(),
             }),
+            ..context_of(&endpoint, &version, &info, metrics)
         });
         let config = BatcherConfig {
             kind: settings.batcher,
@@ -310,24 +298,7 @@ impl WorkerGroup {
             dynamic: DynamicConfig::new(batch_size, Duration::ZERO),
             sequence: SequenceParams::default(),
         };
-        let context = Arc::new(InstanceContext {
-            answer_model: Arc::new(crate::reply::AnswerModel {
-                name: endpoint.clone(),
-                version: version.to_owned(),
-                info: Arc::clone(&info),
-            }),
-            endpoint: endpoint.clone(),
-            version: version.to_owned(),
-            info: Arc::clone(&info),
-            metrics: Arc::new(metrics),
-            stats: Arc::default(),
-            healthy: AtomicUsize::new(0),
-            busy_ns: std::sync::atomic::AtomicU64::new(0),
-            compute_estimate_ns: std::sync::atomic::AtomicU64::new(0),
-            outstanding: None,
-            ordering: None,
-            sequence: None,
-        });
+        let context = Arc::new(context_of(&endpoint, version, &info, metrics));
         Arc::new(WorkerGroup {
             endpoint,
             worker: "ensemble".to_owned(),
@@ -751,6 +722,33 @@ fn end_lifecycle(mut worker: WorkerBox) {
     let _ = worker.release();
     let _ = worker.deallocate();
     worker.destroy();
+}
+
+/// A group's shared context: no outstanding bound, order gate or sequence link.
+fn context_of(
+    endpoint: &str,
+    version: &str,
+    info: &Arc<WorkerInfo>,
+    metrics: ModelMetrics,
+) -> InstanceContext {
+    InstanceContext {
+        answer_model: Arc::new(crate::reply::AnswerModel {
+            name: endpoint.to_owned(),
+            version: version.to_owned(),
+            info: Arc::clone(info),
+        }),
+        endpoint: endpoint.to_owned(),
+        version: version.to_owned(),
+        info: Arc::clone(info),
+        metrics: Arc::new(metrics),
+        stats: Arc::default(),
+        healthy: AtomicUsize::new(0),
+        busy_ns: std::sync::atomic::AtomicU64::new(0),
+        compute_estimate_ns: std::sync::atomic::AtomicU64::new(0),
+        outstanding: None,
+        ordering: None,
+        sequence: None,
+    }
 }
 
 fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {

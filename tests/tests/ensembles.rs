@@ -256,16 +256,13 @@ async fn in_process_ensemble() {
 }
 
 /// A one-step ensemble over `echo`.
-const VIA_ECHO: &str = r#"
-platform = "ensemble"
-max_batch_size = 8
-input = [{ name = "IN", data_type = "UINT32", dims = [-1] }]
-output = [{ name = "OUT", data_type = "UINT32", dims = [-1] }]
-[[ensemble_scheduling.step]]
-model_name = "echo"
-input_map = { INPUT0 = "IN" }
-output_map = { OUTPUT0 = "OUT" }
-"#;
+fn via_echo() -> String {
+    graph(
+        IN_U32,
+        OUT_U32,
+        &step("echo", "INPUT0 = \"IN\"", "OUTPUT0 = \"OUT\""),
+    )
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn step_requests_batch_with_direct_requests() {
@@ -278,7 +275,7 @@ async fn step_requests_batch_with_direct_requests() {
              max_queue_delay_microseconds = 500000\n",
             &[1],
         ),
-        ("via-echo", VIA_ECHO, &[]),
+        ("via-echo", &via_echo(), &[]),
     ]);
     let kiln = Kiln::start(&[
         "--model-repository",
@@ -461,26 +458,19 @@ async fn graph_errors_are_refused_at_load_naming_step_and_tensor() {
 }
 
 /// `first` then `second`, both the faulty worker (INT32).
-const FAULTS: &str = r#"
-platform = "ensemble"
-max_batch_size = 8
-input = [{ name = "IN", data_type = "TYPE_INT32", dims = [-1] }]
-output = [{ name = "OUT", data_type = "TYPE_INT32", dims = [-1] }]
-[[ensemble_scheduling.step]]
-model_name = "first"
-input_map = { INPUT0 = "IN" }
-output_map = { OUTPUT0 = "mid" }
-[[ensemble_scheduling.step]]
-model_name = "second"
-input_map = { INPUT0 = "mid" }
-output_map = { OUTPUT0 = "OUT" }
-"#;
+fn faults() -> String {
+    let int32 =
+        |name: &str| format!("{{ name = \"{name}\", data_type = \"TYPE_INT32\", dims = [-1] }}");
+    let steps = step("first", "INPUT0 = \"IN\"", "OUTPUT0 = \"mid\"")
+        + &step("second", "INPUT0 = \"mid\"", "OUTPUT0 = \"OUT\"");
+    graph(&int32("IN"), &int32("OUT"), &steps)
+}
 
 fn faulty_repository() -> TempRepository {
     TempRepository::new(&[
         ("first", "worker = \"faulty\"\n", &[1]),
         ("second", "worker = \"faulty\"\n", &[1]),
-        ("faults", FAULTS, &[]),
+        ("faults", &faults(), &[]),
     ])
 }
 

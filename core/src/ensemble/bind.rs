@@ -51,22 +51,20 @@ pub fn bind(
                 ));
             }
         }
-        for (input, tensor) in &step.inputs {
-            if !group
-                .info
-                .inputs
-                .iter()
-                .any(|spec| spec.name.as_str() == input)
-            {
-                return Err(format!(
-                    "{label}: `input_map` names `{input}` (for tensor `{}`), which is not an \
-                     input of model `{}` (inputs: {})",
-                    plan.tensors[*tensor],
-                    step.model,
-                    names(&group.info.inputs)
-                ));
-            }
-        }
+        let known = |kind: &str, map: &[(String, usize)], specs: &[TensorSpec]| match map
+            .iter()
+            .find(|(name, _)| !specs.iter().any(|spec| spec.name.as_str() == name))
+        {
+            Some((name, tensor)) => Err(format!(
+                "{label}: `{kind}_map` names `{name}` (for tensor `{}`), which is not an \
+                     {kind} of model `{}` ({kind}s: {})",
+                plan.tensors[*tensor],
+                step.model,
+                names(specs)
+            )),
+            None => Ok(()),
+        };
+        known("input", &step.inputs, &group.info.inputs)?;
         if let Some(spec) = group
             .info
             .inputs
@@ -79,22 +77,7 @@ pub fn bind(
                 spec.name, step.model
             ));
         }
-        for (output, tensor) in &step.outputs {
-            if !group
-                .info
-                .outputs
-                .iter()
-                .any(|spec| spec.name.as_str() == output)
-            {
-                return Err(format!(
-                    "{label}: `output_map` names `{output}` (for tensor `{}`), which is not an \
-                     output of model `{}` (outputs: {})",
-                    plan.tensors[*tensor],
-                    step.model,
-                    names(&group.info.outputs)
-                ));
-            }
-        }
+        known("output", &step.outputs, &group.info.outputs)?;
         let ensemble_rows = plan.info.max_batch_size as usize;
         if ensemble_rows > 0
             && group.info.max_batch_size > 0
