@@ -524,6 +524,62 @@ async fn a_failing_step_fails_the_request_with_its_error() {
     assert_eq!(counts(&kiln, "second").await.0, 1);
 }
 
+/// Waits until `faults` has counted `n` requests cancelled.
+async fn wait_cancelled(kiln: &Kiln, n: f64) {
+    let mut cancelled = None;
+    for _ in 0..500 {
+        let metrics = kiln.client.metrics().await.unwrap();
+        cancelled = kiln_tests::requests_outcome(&metrics, "faults", "cancelled");
+        if cancelled == Some(n) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("`faults` counted {cancelled:?} cancelled, not {n}");
+}
+
+/// A `ModelInfer` of `faults` with IN = [-3] (the first step takes 1 s) sent over
+/// plain HTTP/2 with `grpc-timeout: timeout`; the answer's `grpc-status`.
+async fn grpc_status_within(kiln: &Kiln, timeout: &str) -> i32 {
+    let request = InferRequest {
+        model: "faults".into(),
+        inputs: vec![InputTensor::from_slice(
+            "IN",
+            DataType::Int32,
+            &[1, 1],
+            &[-3i32],
+        )],
+        ..Default::default()
+    };
+    let message =
+        prost::Message::encode_to_vec(&kiln_server::grpc::convert::encode_request(&request));
+    let mut body = vec![0u8];
+    body.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    body.extend_from_slice(&message);
+    let tcp = tokio::net::TcpStream::connect(kiln.grpc_url.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let (mut h2, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let headers = tonic::codegen::http::Request::post(format!(
+        "{}/inference.GRPCInferenceService/ModelInfer",
+        kiln.grpc_url
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .header("grpc-timeout", timeout)
+    .body(())
+    .unwrap();
+    let (response, mut send) = h2.send_request(headers, false).unwrap();
+    send.send_data(bytes::Bytes::from(body), true).unwrap();
+    let response = response.await.unwrap();
+    response.headers()["grpc-status"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancellation_and_deadlines_stop_the_remaining_steps() {
     let repo = faulty_repository();
@@ -540,19 +596,21 @@ async fn cancellation_and_deadlines_stop_the_remaining_steps() {
         .await;
     assert!(sent.is_err(), "the client gave up");
     // The first step's batch ends after 1 s; the second step is never sent.
-    let mut cancelled = None;
-    for _ in 0..500 {
-        let metrics = kiln.client.metrics().await.unwrap();
-        cancelled = kiln_tests::requests_outcome(&metrics, "faults", "cancelled");
-        if cancelled == Some(1.0) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(cancelled, Some(1.0), "the ensemble saw its client leave");
+    wait_cancelled(&kiln, 1.0).await;
     // Past the first step's 1 s: had the second step been sent, it would have run.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(counts(&kiln, "first").await.2, 1, "the first step ran");
+    assert_eq!(counts(&kiln, "second").await, (0, 0, 0));
+
+    // gRPC: the call's `grpc-timeout` passes while the first step runs (plain h2:
+    // tonic's client would give up by itself).
+    assert_eq!(
+        grpc_status_within(&kiln, "300m").await,
+        tonic::Code::DeadlineExceeded as i32
+    );
+    wait_cancelled(&kiln, 2.0).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(counts(&kiln, "first").await.2, 2);
     assert_eq!(counts(&kiln, "second").await, (0, 0, 0));
 
     // Triton's `timeout` (µs) bounds the whole ensemble: the second step would
