@@ -185,6 +185,7 @@ async fn chain_and_diamond_over_every_ingress() {
     assert!(g.is_model_ready("chain").await.unwrap());
     let meta = c.model_metadata("diamond").await.unwrap();
     assert_eq!(meta["platform"], "ensemble");
+    assert_eq!(meta["parameters"], json!({"max_batch_size": 8}));
     let tensors = |key: &str| -> Vec<(String, String, Value)> {
         meta[key]
             .as_array()
@@ -683,6 +684,10 @@ async fn unloading_a_step_model_makes_the_ensemble_unavailable_until_reloaded() 
             .contains("step 1 (model `echo`): model `echo` is not loaded"),
         "{err}"
     );
+    let index = c.repository_index().await.unwrap();
+    let chain = index.iter().find(|m| m["name"] == "chain").unwrap();
+    assert_eq!(chain["state"], "UNAVAILABLE", "{chain}");
+    assert_eq!(chain["reason"], "a step's model is not loaded or not ready");
     c.load_model("echo", &json!({})).await.unwrap();
     assert_eq!(get(&kiln, "/v2/models/chain/ready").await.0, 200);
     let r = c.infer(&chain_request(&[1])).await.unwrap();
