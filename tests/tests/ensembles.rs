@@ -157,6 +157,9 @@ async fn chain_and_diamond_over_every_ingress() {
     let g = kiln.grpc().await;
     let r = g.infer(&chain_request(&[40, 41])).await.unwrap();
     assert_eq!(r.outputs[0].values::<u32>(), vec![42, 43]);
+    let mut stream = g.stream().await.unwrap();
+    let r = stream.infer(&chain_request(&[5])).await.unwrap();
+    assert_eq!(r.outputs[0].values::<u32>(), vec![7]);
     check_diamond(&c.infer(&diamond_request()).await.unwrap());
     check_diamond(&g.infer(&diamond_request()).await.unwrap());
     // Only the outputs asked for.
@@ -222,15 +225,15 @@ async fn chain_and_diamond_over_every_ingress() {
     }
 
     // Statistics: each ensemble's own requests; each step counted by its model.
-    assert_eq!(counts(&kiln, "chain").await, (3, 0, 3));
+    assert_eq!(counts(&kiln, "chain").await, (4, 0, 4));
     assert_eq!(counts(&kiln, "diamond").await.0, 3);
-    // echo: 2 steps × 3 chain requests, 2 (fork, left) × 3 diamond requests.
-    assert_eq!(counts(&kiln, "echo").await.0, 12);
+    // echo: 2 steps × 4 chain requests, 2 (fork, left) × 3 diamond requests.
+    assert_eq!(counts(&kiln, "echo").await.0, 14);
     assert_eq!(counts(&kiln, "echo-multi").await.0, 6);
     let metrics = c.metrics().await.unwrap();
     assert_eq!(
         kiln_tests::requests_outcome(&metrics, "chain", "success"),
-        Some(3.0)
+        Some(4.0)
     );
     assert_eq!(
         kiln_tests::requests_outcome(&metrics, "chain", "invalid"),
