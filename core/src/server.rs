@@ -189,7 +189,8 @@ impl Server {
     /// then each step model that is not loaded is loaded from the repository (the
     /// step's version, else the latest, with its configured parameters), as
     /// Triton's explicit model control loads an ensemble's composing models; then
-    /// the Manager binds the steps to the loaded models.
+    /// the Manager binds the steps to the loaded models. Needs a tokio runtime (the
+    /// repository's files are read on its blocking threads).
     async fn load_ensemble(
         &self,
         name: &str,
@@ -210,7 +211,14 @@ impl Server {
                     step.model
                 ))
             };
-            let resolved = match self.resolve_model(&step.model, wanted, Vec::new()) {
+            // Files: read on a blocking thread, not the caller's (an I/O thread).
+            let (server, model) = (self.clone(), step.model.clone());
+            let read = tokio::task::spawn_blocking(move || {
+                server.resolve_model(&model, wanted, Vec::new())
+            })
+            .await
+            .map_err(|e| ServerError::Internal(format!("a blocking task failed: {e}")))?;
+            let resolved = match read {
                 Ok(resolved) => resolved,
                 // Not in the repository: binding names the step and its model.
                 Err(ServerError::NotFound(_)) => continue,

@@ -225,7 +225,8 @@ impl Run {
             });
         }
         let request = InferRequest {
-            model: step.model.clone(),
+            // The group is known: the name is not looked up again.
+            model: String::new(),
             id: None,
             inputs,
             outputs: Some(step.outputs.iter().map(|(o, _)| o.clone()).collect()),
