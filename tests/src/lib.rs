@@ -4,6 +4,7 @@
 // Test support: a failed setup step should fail the test loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod ensembles;
 pub mod fixtures;
 pub mod golden;
 pub mod otlp;
