@@ -103,6 +103,17 @@ async fn graph_errors_are_refused_at_load_naming_step_and_tensor() {
             graph(&format!("{IN_U32}, {{ name = \"SPARE\", data_type = \"UINT32\", dims = [1] }}"), OUT_U32, &echo("IN", "OUT")),
             vec!["ensemble input `SPARE` is read by no step"],
         ),
+        (
+            "wrong-version",
+            graph(IN_U32, OUT_U32, &echo("IN", "OUT").replace("input_map", "model_version = 2\ninput_map")),
+            vec!["step 1 (model `echo`): model `echo` version 2 is not loaded (loaded: version 1)"],
+        ),
+        (
+            // echo4 is loaded from the repository for the ensemble, then found too small.
+            "rows-beyond-a-step",
+            graph(IN_U32, OUT_U32, &step("echo4", r#"INPUT0 = "IN""#, r#"OUTPUT0 = "OUT""#)),
+            vec!["step 1 (model `echo4`): model `echo4` takes at most 4 rows a request (its batch_size), fewer than the ensemble's max_batch_size 8"],
+        ),
     ];
     let texts: Vec<(String, String)> = cases
         .iter()
@@ -113,6 +124,11 @@ async fn graph_errors_are_refused_at_load_naming_step_and_tensor() {
         .map(|(n, t)| (n.as_str(), t.as_str(), &[][..]))
         .collect();
     models.push(("echo", "worker = \"echo\"\n", &[1]));
+    models.push((
+        "echo4",
+        "worker = \"echo\"\n[parameters]\nbatch_size = 4\n",
+        &[1],
+    ));
     models.push(("echo-multi", "worker = \"echo-multi\"\n", &[1]));
     let repo = TempRepository::new(&models);
     let kiln = Kiln::start(&[
