@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwapOption;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TrySendError};
 use kiln_batchers::dynamic::{run_dynamic_batcher, DynamicConfig, DynamicHost, Rejection};
 use kiln_batchers::sequence::{run_sequence_batcher, SequenceEvent};
@@ -21,6 +21,7 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use crate::async_instance::run_async_instance;
+use crate::ensemble::plan::Plan;
 use crate::error::{Result, ServerError};
 use crate::infer::{validate, InferRequest, MAX_OUTPUTS};
 use crate::instance::{run_instance, BatchSource, InstanceContext};
@@ -72,6 +73,17 @@ pub struct GroupLoad {
     pub capacity: u64,
 }
 
+/// The groups an ensemble's steps run on, in step order, or why it cannot run.
+pub type StepGroups = std::result::Result<Vec<Arc<WorkerGroup>>, String>;
+
+/// An ensemble's side of its group ([`crate::ensemble`]): its checked graph, and the
+/// groups its steps run on, bound again by the Manager whenever the loaded models
+/// change.
+pub struct EnsembleSide {
+    pub plan: Arc<Plan>,
+    pub steps: ArcSwap<StepGroups>,
+}
+
 /// A loaded endpoint.
 pub struct WorkerGroup {
     pub endpoint: String,
@@ -108,6 +120,9 @@ pub struct WorkerGroup {
     /// When the gauges were last refreshed and the instances' busy time then
     /// (`kiln_instance_busy_*`).
     last_scrape: Mutex<(Instant, u64)>,
+    /// An ensemble (served by its steps' groups, with no queue, pool or thread of
+    /// its own); `None` for a worker's group.
+    pub ensemble: Option<EnsembleSide>,
 }
 
 /// A stateful group's link to its sequence batcher.
@@ -164,19 +179,6 @@ impl WorkerGroup {
         };
         metrics.pool_size.set(settings.max_buffers as i64);
         let context = Arc::new(InstanceContext {
-            answer_model: Arc::new(crate::reply::AnswerModel {
-                name: endpoint.clone(),
-                version: version.clone(),
-                info: Arc::clone(&info),
-            }),
-            endpoint: endpoint.clone(),
-            version: version.clone(),
-            info: Arc::clone(&info),
-            metrics: Arc::new(metrics),
-            stats: Arc::default(),
-            healthy: AtomicUsize::new(0),
-            busy_ns: std::sync::atomic::AtomicU64::new(0),
-            compute_estimate_ns: std::sync::atomic::AtomicU64::new(0),
             outstanding: settings
                 .max_outstanding
                 .map(crate::outstanding::Outstanding::new),
@@ -188,6 +190,7 @@ impl WorkerGroup {
                 state_outputs: m.state_outputs.clone(),
                 state_bytes: m.state_bytes.clone(),
             }),
+            ..context_of(&endpoint, &version, &info, metrics)
         });
         let config = BatcherConfig {
             kind: settings.batcher,
@@ -270,6 +273,7 @@ impl WorkerGroup {
             }),
             request_params,
             last_scrape: Mutex::new((Instant::now(), 0)),
+            ensemble: None,
         });
         let mut pending = instances.into_iter();
         while let Some(instance) = pending.next() {
@@ -282,6 +286,63 @@ impl WorkerGroup {
             }
         }
         Ok(group)
+    }
+
+    /// The group of ensemble `plan` (version `version`), its steps run on `steps`:
+    /// no queue, pool or thread of its own ([`crate::ensemble`]); `submit` refuses,
+    /// its requests go through [`crate::serve::submit`].
+    pub fn ensemble(
+        version: &str,
+        plan: Plan,
+        steps: StepGroups,
+        metrics: ModelMetrics,
+    ) -> Arc<WorkerGroup> {
+        let info = Arc::new(plan.info.clone());
+        let endpoint = plan.name.clone();
+        let batch_size = (plan.info.max_batch_size as usize).max(1);
+        let settings = GroupSettings {
+            batch_size,
+            batcher: BatcherKind::Hard,
+            timeout: Duration::ZERO,
+            batchers: 0,
+            max_buffers: 0,
+            max_outstanding: None,
+            queue_size: 0,
+            dynamic: DynamicConfig::new(batch_size, Duration::ZERO),
+            sequence: SequenceParams::default(),
+        };
+        let context = Arc::new(context_of(&endpoint, version, &info, metrics));
+        Arc::new(WorkerGroup {
+            endpoint,
+            worker: "ensemble".to_owned(),
+            info: Arc::clone(&info),
+            worker_info: info,
+            settings,
+            identity: String::new(),
+            version: version.to_owned(),
+            queue: ArcSwapOption::empty(),
+            admission: Admission::new(1),
+            batches: unbounded().1,
+            formers: Vec::new(),
+            // One empty set (a pool holds at least one): never taken.
+            pool: Pool::new(1, BufferSet::default),
+            context,
+            threads: Mutex::new(Vec::new()),
+            batcher_threads: 0,
+            pool_bytes: 0,
+            sequence: None,
+            request_params: crate::worker_params::RequestParams::new(&[]),
+            last_scrape: Mutex::new((Instant::now(), 0)),
+            ensemble: Some(EnsembleSide {
+                plan: Arc::new(plan),
+                steps: ArcSwap::from_pointee(steps),
+            }),
+        })
+    }
+
+    /// The statistics and metrics the group's requests are counted in.
+    pub(crate) fn counters(&self) -> (&Arc<ModelStats>, &Arc<ModelMetrics>) {
+        (&self.context.stats, &self.context.metrics)
     }
 
     /// Starts one more worker instance on this group's batch queue. If its thread
@@ -359,6 +420,12 @@ impl WorkerGroup {
         mut request: InferRequest,
         trace: Option<crate::trace::SpanIds>,
     ) -> Result<oneshot::Receiver<crate::reply::Answer>> {
+        if self.ensemble.is_some() {
+            return Err(ServerError::Internal(format!(
+                "`{}` is an ensemble: its requests go through serve::submit",
+                self.endpoint
+            )));
+        }
         let mut log = RequestLog {
             id: request.id.take(),
             trace_id: trace.map(|t| t.trace_id),
@@ -525,8 +592,17 @@ impl WorkerGroup {
         ServerError::NotFound(format!("model `{}` is unloading", self.endpoint))
     }
 
-    /// Whether some instance can run batches.
+    /// Whether some instance can run batches (an ensemble: whether every step's
+    /// model is bound and ready).
     pub fn is_ready(&self) -> bool {
+        if let Some(side) = &self.ensemble {
+            return side
+                .steps
+                .load()
+                .as_ref()
+                .as_ref()
+                .is_ok_and(|steps| steps.iter().all(|g| g.is_ready()));
+        }
         self.queue.load().is_some() && self.context.healthy.load(Ordering::SeqCst) > 0
     }
 
@@ -570,6 +646,10 @@ impl WorkerGroup {
     /// Refreshes gauges that are read rather than counted (at each scrape: the hot
     /// path keeps no counter of its own for them).
     pub fn refresh_gauges(&self) {
+        if self.ensemble.is_some() {
+            // No pool, queue or instance of its own: its steps' groups report theirs.
+            return;
+        }
         let m = &self.context.metrics;
         let in_use = self.pool.in_use();
         m.pool_in_use.set(in_use as i64);
@@ -692,6 +772,33 @@ fn end_lifecycle(mut worker: WorkerBox) {
     let _ = worker.release();
     let _ = worker.deallocate();
     worker.destroy();
+}
+
+/// A group's shared context: no outstanding bound, order gate or sequence link.
+fn context_of(
+    endpoint: &str,
+    version: &str,
+    info: &Arc<WorkerInfo>,
+    metrics: ModelMetrics,
+) -> InstanceContext {
+    InstanceContext {
+        answer_model: Arc::new(crate::reply::AnswerModel {
+            name: endpoint.to_owned(),
+            version: version.to_owned(),
+            info: Arc::clone(info),
+        }),
+        endpoint: endpoint.to_owned(),
+        version: version.to_owned(),
+        info: Arc::clone(info),
+        metrics: Arc::new(metrics),
+        stats: Arc::default(),
+        healthy: AtomicUsize::new(0),
+        busy_ns: std::sync::atomic::AtomicU64::new(0),
+        compute_estimate_ns: std::sync::atomic::AtomicU64::new(0),
+        outstanding: None,
+        ordering: None,
+        sequence: None,
+    }
 }
 
 fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {

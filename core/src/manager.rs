@@ -15,6 +15,9 @@ use kiln_worker_sdk::{
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
+use crate::ensemble::bind::bind;
+use crate::ensemble::config::EnsembleConfig;
+use crate::ensemble::plan::Plan;
 use crate::error::{Result, ServerError};
 use crate::group::{demand, resolve, GroupName, WorkerGroup};
 use crate::isolation::process::{HostSpec, ProcessWorker};
@@ -41,6 +44,12 @@ enum Command {
         worker: String,
         params: Vec<Param>,
         client_keys: Vec<String>,
+        reply: oneshot::Sender<Result<String>>,
+    },
+    LoadEnsemble {
+        name: String,
+        version: u64,
+        config: EnsembleConfig,
         reply: oneshot::Sender<Result<String>>,
     },
     Unload {
@@ -126,6 +135,24 @@ impl Manager {
         rx.await.map_err(|_| stopped())?
     }
 
+    /// Loads ensemble `name` (version `version`) over the loaded models its steps
+    /// name ([`crate::ensemble`]); loading it again with another graph replaces it.
+    pub async fn load_ensemble(
+        &self,
+        name: &str,
+        version: u64,
+        config: EnsembleConfig,
+    ) -> Result<String> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::LoadEnsemble {
+            name: name.to_ascii_lowercase(),
+            version,
+            config,
+            reply,
+        })?;
+        rx.await.map_err(|_| stopped())?
+    }
+
     /// Unloads `endpoint` after answering every request it accepted.
     pub async fn unload(&self, endpoint: &str) -> Result<()> {
         let (reply, rx) = oneshot::channel();
@@ -195,11 +222,30 @@ impl State {
                     }
                     let _ = reply.send(result);
                 }
+                Command::LoadEnsemble {
+                    name,
+                    version,
+                    config,
+                    reply,
+                } => {
+                    let result = self.load_ensemble(name.clone(), version, config);
+                    if let Err(e) = &result {
+                        spdlog::warn!("load of ensemble `{name}` failed: {e}");
+                    }
+                    let _ = reply.send(result);
+                }
                 Command::Unload { endpoint, reply } => {
                     let _ = reply.send(self.unload(&endpoint));
                 }
                 Command::Shutdown { reply } => {
-                    let names: Vec<String> = self.groups.keys().cloned().collect();
+                    // Ensembles first: their step models are unloaded after them.
+                    let mut names: Vec<(bool, String)> = self
+                        .groups
+                        .iter()
+                        .map(|(name, g)| (g.ensemble.is_none(), name.clone()))
+                        .collect();
+                    names.sort();
+                    let names = names.into_iter().map(|(_, name)| name);
                     for name in names {
                         let _ = self.unload(&name);
                     }
@@ -210,8 +256,64 @@ impl State {
         }
     }
 
+    /// Publishes the groups, after binding every ensemble's steps to them again
+    /// (a step's model unloaded or no longer fitting leaves its ensemble
+    /// unavailable, with the reason, until a fitting one is loaded).
     fn publish(&self) {
+        for group in self.groups.values() {
+            let Some(side) = &group.ensemble else {
+                continue;
+            };
+            let steps = bind(&side.plan, &self.groups);
+            match (&steps, side.steps.load().as_ref()) {
+                (Err(reason), Ok(_)) => {
+                    spdlog::warn!("ensemble `{}` is unavailable: {reason}", group.endpoint)
+                }
+                (Ok(_), Err(_)) => spdlog::info!("ensemble `{}` is available", group.endpoint),
+                _ => {}
+            }
+            side.steps.store(Arc::new(steps));
+        }
         self.models.store(Arc::new(self.groups.clone()));
+    }
+
+    /// Loads ensemble `name`: its graph checked ([`Plan::new`]) and its steps bound
+    /// to the loaded models ([`bind`]), else refused (400) naming the step and
+    /// tensor. The same graph and version already loaded is kept.
+    fn load_ensemble(
+        &mut self,
+        name: String,
+        version: u64,
+        config: EnsembleConfig,
+    ) -> Result<String> {
+        check_name(&name)?;
+        let plan = Plan::new(&name, config)?;
+        if let Some(s) = plan.steps.iter().position(|s| s.model == name) {
+            return Err(ServerError::invalid(format!(
+                "ensemble `{name}`: {} runs the ensemble itself",
+                plan.step_label(s)
+            )));
+        }
+        let steps = bind(&plan, &self.groups)
+            .map_err(|e| ServerError::invalid(format!("ensemble `{name}`: {e}")))?;
+        let version = version.to_string();
+        if let Some(group) = self.groups.get(&name) {
+            let same = group
+                .ensemble
+                .as_ref()
+                .is_some_and(|side| *side.plan == plan && group.version == version);
+            if same {
+                return Ok(name);
+            }
+        }
+        let group = WorkerGroup::ensemble(&version, plan, Ok(steps), self.metrics.model(&name));
+        let replaced = self.groups.insert(name.clone(), group);
+        self.publish();
+        if let Some(old) = replaced {
+            old.drain();
+        }
+        spdlog::info!("loaded ensemble `{name}` (version {version})");
+        Ok(name)
     }
 
     /// Loads the plugin (the operator's library), then, before any `init`, refuses

@@ -154,33 +154,96 @@ pub struct Answered {
 /// A request answered and on its way to its client: counted a success when
 /// dropped, unless [`Delivery::failed`] says otherwise.
 #[must_use = "dropping a Delivery counts its request a success"]
-pub struct Delivery {
-    batch: Arc<BatchOutputs>,
+pub struct Delivery(Delivered);
+
+enum Delivered {
+    /// A row of a batch: its batch's [`Tally`] counts it.
+    Batch {
+        batch: Arc<BatchOutputs>,
+        rows: usize,
+        arrived: Instant,
+        queue_ns: u64,
+    },
+    /// An ensemble's answer ([`crate::ensemble`]): counted on its own.
+    Ensemble(EnsembleAnswer),
+}
+
+/// An ensemble request answered: counted a success in its ensemble's statistics
+/// and metrics when dropped, unless it failed on the way out.
+struct EnsembleAnswer {
+    stats: Arc<ModelStats>,
+    metrics: Arc<ModelMetrics>,
     rows: usize,
     arrived: Instant,
-    queue_ns: u64,
+    counted: bool,
+}
+
+impl Drop for EnsembleAnswer {
+    fn drop(&mut self) {
+        if !self.counted {
+            self.stats
+                .record_request(self.rows, nanos(self.arrived.elapsed()));
+            self.metrics.success.inc();
+        }
+    }
 }
 
 impl Delivery {
+    /// The delivery of an ensemble's answer to a request of `rows` rows that
+    /// arrived at `arrived`.
+    pub fn ensemble(
+        stats: Arc<ModelStats>,
+        metrics: Arc<ModelMetrics>,
+        rows: usize,
+        arrived: Instant,
+    ) -> Delivery {
+        Delivery(Delivered::Ensemble(EnsembleAnswer {
+            stats,
+            metrics,
+            rows,
+            arrived,
+            counted: false,
+        }))
+    }
+
     /// The request's answer could not be delivered (`error`, which its client
     /// gets instead): counted as invalid for a client's error, as a failure
     /// otherwise.
     pub fn failed(self, error: &ServerError) {
-        let tally = &self.batch.tally;
-        let counter = match error {
-            ServerError::InvalidRequest(_) => &tally.invalid,
-            _ => &tally.failed,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        tally
-            .failed_rows
-            .fetch_add(self.rows as u64, Ordering::Relaxed);
-        tally
-            .failed_queue_ns
-            .fetch_add(self.queue_ns, Ordering::Relaxed);
-        tally
-            .failed_ns
-            .fetch_add(nanos(self.arrived.elapsed()), Ordering::Relaxed);
+        let invalid = matches!(error, ServerError::InvalidRequest(_));
+        match self.0 {
+            Delivered::Batch {
+                batch,
+                rows,
+                arrived,
+                queue_ns,
+            } => {
+                let tally = &batch.tally;
+                let counter = if invalid {
+                    &tally.invalid
+                } else {
+                    &tally.failed
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                tally.failed_rows.fetch_add(rows as u64, Ordering::Relaxed);
+                tally.failed_queue_ns.fetch_add(queue_ns, Ordering::Relaxed);
+                tally
+                    .failed_ns
+                    .fetch_add(nanos(arrived.elapsed()), Ordering::Relaxed);
+            }
+            Delivered::Ensemble(mut answer) => {
+                answer.counted = true;
+                answer
+                    .stats
+                    .record_failure(1, nanos(answer.arrived.elapsed()));
+                let counter = if invalid {
+                    &answer.metrics.invalid
+                } else {
+                    &answer.metrics.failure
+                };
+                counter.inc();
+            }
+        }
     }
 }
 
@@ -229,12 +292,12 @@ impl Answered {
             id: self.id,
             outputs,
         };
-        let delivery = Delivery {
+        let delivery = Delivery(Delivered::Batch {
             batch: self.batch,
             rows: self.rows,
             arrived: self.arrived,
             queue_ns: self.queue_ns,
-        };
+        });
         (response, delivery)
     }
 }

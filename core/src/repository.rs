@@ -12,6 +12,10 @@
 //!
 //! Loading a model passes its `[parameters]` (plus any overrides) to the worker, and
 //! `model_dir`: the chosen version's folder. The latest version is the default.
+//!
+//! A model with `platform = "ensemble"` declares, instead of a worker, its inputs,
+//! outputs and steps ([`crate::ensemble::config`]); it has no files, so its version
+//! folders are optional (version 1 when there are none).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -19,18 +23,41 @@ use std::path::{Path, PathBuf};
 use kiln_worker_sdk::{Param, ParamValue};
 use serde::Deserialize;
 
+use crate::ensemble::config::{EnsembleConfig, EnsembleScheduling, TensorConfig};
 use crate::error::{Result, ServerError};
 use crate::plugin::check_name;
 
-/// A model's `config.toml`.
+/// A model's `config.toml`: a worker and its parameters, or an ensemble.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
     /// The worker plugin serving the model.
-    pub worker: String,
+    pub worker: Option<String>,
     /// Load-time parameters for the worker and its group.
     #[serde(default)]
     pub parameters: BTreeMap<String, toml::Value>,
+    /// `"ensemble"` for an ensemble (Triton's platform); otherwise absent.
+    pub platform: Option<String>,
+    /// An ensemble's batch dimension (0: none).
+    pub max_batch_size: Option<u32>,
+    /// An ensemble's inputs.
+    #[serde(default)]
+    pub input: Vec<TensorConfig>,
+    /// An ensemble's outputs.
+    #[serde(default)]
+    pub output: Vec<TensorConfig>,
+    /// An ensemble's steps.
+    pub ensemble_scheduling: Option<EnsembleScheduling>,
+}
+
+/// What a repository model is served by.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Serving {
+    /// A worker (its name in [`Resolved::worker`], its parameters in
+    /// [`Resolved::params`]).
+    Worker,
+    /// An ensemble of loaded models.
+    Ensemble(EnsembleConfig),
 }
 
 /// A model as found in the repository.
@@ -43,9 +70,11 @@ pub struct Entry {
 /// What loading a model needs.
 #[derive(Debug, Clone)]
 pub struct Resolved {
+    /// The worker (`ensemble` for an ensemble).
     pub worker: String,
     pub version: u64,
     pub params: Vec<Param>,
+    pub serving: Serving,
 }
 
 /// A model repository on disk.
@@ -103,6 +132,66 @@ impl Repository {
         })?;
         let config: ModelConfig = toml::from_str(&text)
             .map_err(|e| ServerError::invalid(format!("{}: {e}", file.display())))?;
+        let invalid = |m: String| ServerError::invalid(format!("{}: {m}", file.display()));
+        let (worker, platform) = (config.worker.clone(), config.platform.clone());
+        let worker = match (worker.as_deref(), platform.as_deref()) {
+            (None, Some("ensemble")) => {
+                let ensemble = ensemble_config(config).map_err(invalid)?;
+                if !overrides.is_empty() {
+                    return Err(ServerError::invalid(format!(
+                        "model `{name}` is an ensemble: it takes no parameters"
+                    )));
+                }
+                let available = versions(&folder);
+                let version = match version {
+                    None => available.last().copied().unwrap_or(1),
+                    Some(v) if available.contains(&v) || (available.is_empty() && v == 1) => v,
+                    Some(v) => {
+                        return Err(ServerError::NotFound(format!(
+                            "model `{name}` has no version {v}"
+                        )))
+                    }
+                };
+                return Ok(Resolved {
+                    worker: "ensemble".into(),
+                    version,
+                    params: Vec::new(),
+                    serving: Serving::Ensemble(ensemble),
+                });
+            }
+            (Some(worker), None) => {
+                if config.max_batch_size.is_some()
+                    || !config.input.is_empty()
+                    || !config.output.is_empty()
+                    || config.ensemble_scheduling.is_some()
+                {
+                    return Err(invalid(
+                        "`max_batch_size`, `input`, `output` and `ensemble_scheduling` are an \
+                         ensemble's (platform = \"ensemble\"); a worker declares its own tensors"
+                            .into(),
+                    ));
+                }
+                worker.to_ascii_lowercase()
+            }
+            (None, None) => {
+                return Err(invalid(
+                    "set `worker` (the plugin serving the model) or `platform = \"ensemble\"`"
+                        .into(),
+                ))
+            }
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "`worker` and `platform` exclude each other: a model is served by a worker \
+                     or is an ensemble"
+                        .into(),
+                ))
+            }
+            (None, Some(other)) => {
+                return Err(invalid(format!(
+                    "platform `{other}` is not known (kiln's is `ensemble`; a worker's model sets `worker`)"
+                )))
+            }
+        };
         let mut params = Vec::with_capacity(config.parameters.len() + 1);
         for (key, value) in flatten(&config.parameters) {
             params.push(Param {
@@ -147,11 +236,28 @@ impl Repository {
             ),
         });
         Ok(Resolved {
-            worker: config.worker.to_ascii_lowercase(),
+            worker,
             version,
             params,
+            serving: Serving::Worker,
         })
     }
+}
+
+/// An ensemble's declarations; it has no worker and no parameters.
+fn ensemble_config(config: ModelConfig) -> std::result::Result<EnsembleConfig, String> {
+    if !config.parameters.is_empty() {
+        return Err("an ensemble takes no `[parameters]`".into());
+    }
+    let scheduling = config
+        .ensemble_scheduling
+        .ok_or("an ensemble declares its steps in `ensemble_scheduling.step`")?;
+    Ok(EnsembleConfig {
+        max_batch_size: config.max_batch_size.unwrap_or(0),
+        inputs: config.input,
+        outputs: config.output,
+        steps: scheduling.step,
+    })
 }
 
 /// The parameters with nested tables flattened to dotted keys: TOML's
@@ -329,6 +435,59 @@ mod tests {
             e.contains("arr/config.toml") && e.contains("parameters.sizes"),
             "{e}"
         );
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn an_ensemble_declares_steps_instead_of_a_worker() {
+        let ensemble = "platform = \"ensemble\"\nmax_batch_size = 4\n\
+             input = [{ name = \"IN\", data_type = \"TYPE_STRING\", dims = [-1] }]\n\
+             output = [{ name = \"OUT\", data_type = \"UINT32\", dims = [2] }]\n\
+             [[ensemble_scheduling.step]]\nmodel_name = \"m\"\nmodel_version = 3\n\
+             input_map = { INPUT0 = \"IN\" }\noutput_map = { OUTPUT0 = \"OUT\" }\n";
+        let (r, root) = repo(&[
+            ("e/config.toml", ensemble),
+            (
+                "both/config.toml",
+                "worker = \"echo\"\nplatform = \"ensemble\"\n",
+            ),
+            ("neither/config.toml", "[parameters]\nx = 1\n"),
+            ("tensors/config.toml", "worker = \"echo\"\nmax_batch_size = 4\n"),
+            ("other/config.toml", "platform = \"onnxruntime_onnx\"\n"),
+            (
+                "dtype/config.toml",
+                "platform = \"ensemble\"\ninput = [{ name = \"A\", data_type = \"TYPE_FLOAT\", dims = [] }]\n",
+            ),
+        ]);
+        let e = r.resolve("e", None, vec![]).unwrap();
+        // No version folder: version 1.
+        assert_eq!((e.worker.as_str(), e.version), ("ensemble", 1));
+        let Serving::Ensemble(config) = e.serving else {
+            panic!("not an ensemble");
+        };
+        assert_eq!(config.max_batch_size, 4);
+        assert_eq!(config.inputs[0].data_type, kiln_worker_sdk::DataType::Bytes);
+        assert_eq!(config.outputs[0].dims, vec![2]);
+        assert_eq!(config.steps[0].model_version, 3);
+        assert_eq!(config.steps[0].input_map["INPUT0"], "IN");
+        let overridden = vec![Param {
+            key: "batch_size".into(),
+            value: ParamValue::Int(8),
+        }];
+        assert!(r.resolve("e", None, overridden).is_err());
+        for (name, wanted) in [
+            ("both", "exclude each other"),
+            ("neither", "set `worker`"),
+            ("tensors", "an ensemble's"),
+            ("other", "platform `onnxruntime_onnx` is not known"),
+            ("dtype", "unknown data_type `TYPE_FLOAT`"),
+        ] {
+            let e = r.resolve(name, None, vec![]).unwrap_err().to_string();
+            assert!(
+                e.contains(wanted) && e.contains("config.toml"),
+                "{name}: {e}"
+            );
+        }
         let _ = std::fs::remove_dir_all(root);
     }
 }

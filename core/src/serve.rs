@@ -6,7 +6,9 @@
 //!    version) the call names;
 //! 2. **admission**: [`submit`], which counts a request that failed to decode as
 //!    invalid, or validates the decoded one and queues it
-//!    ([`WorkerGroup::submit`]), refusing it at once when the queue is full;
+//!    ([`WorkerGroup::submit`]), refusing it at once when the queue is full; an
+//!    ensemble's request instead starts its steps ([`crate::ensemble::run`]), each
+//!    admitted by its own model's group the same way;
 //! 3. **answer**: awaiting the [`Pending`] it returns. Dropping the `Pending`
 //!    (a client gone, a deadline passed) cancels the request: the dynamic batcher
 //!    sees the closed reply channel and takes it out of its queue.
@@ -27,6 +29,7 @@ use std::task::{Context, Poll};
 
 use tokio::sync::oneshot;
 
+use crate::ensemble::run::Run;
 use crate::error::{Result, ServerError};
 use crate::group::WorkerGroup;
 use crate::infer::{InferRequest, InferResponse};
@@ -37,19 +40,32 @@ use crate::trace::Trace;
 /// (a [`ServerError`] when the request failed in its batch); dropping it cancels
 /// the request.
 #[must_use = "dropping a Pending cancels its request"]
-pub struct Pending(oneshot::Receiver<Answer>);
+pub struct Pending(Waiting);
+
+/// What a [`Pending`] waits on.
+enum Waiting {
+    /// Its model's group answers it.
+    Group(oneshot::Receiver<Answer>),
+    /// An ensemble's steps ([`crate::ensemble::run`]), advanced as it is polled.
+    Ensemble(Box<Run>),
+}
 
 impl Future for Pending {
     type Output = Result<InferResponse>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // The response is built here, on the awaiting thread (see `crate::reply`).
-        Pin::new(&mut self.0).poll(cx).map(|answer| match answer {
-            Ok(answer) => answer.map(Answered::into_response),
-            Err(_) => Err(ServerError::Internal(
-                "the worker dropped the request".into(),
-            )),
-        })
+        match &mut self.0 {
+            // The response is built here, on the awaiting thread (see `crate::reply`).
+            Waiting::Group(rx) => Pin::new(rx).poll(cx).map(|answer| match answer {
+                Ok(answer) => answer.map(Answered::into_response),
+                Err(_) => Err(ServerError::Internal(
+                    "the worker dropped the request".into(),
+                )),
+            }),
+            Waiting::Ensemble(run) => Pin::new(run.as_mut())
+                .poll(cx)
+                .map(|answer| answer.map(|(response, _counted_on_drop)| response)),
+        }
     }
 }
 
@@ -59,11 +75,14 @@ impl Pending {
     /// request is counted a failure rather than a success (awaiting the `Pending`
     /// itself counts it a success).
     pub async fn delivered(self) -> Result<(InferResponse, Delivery)> {
-        match self.0.await {
-            Ok(answer) => answer.map(Answered::into_delivery),
-            Err(_) => Err(ServerError::Internal(
-                "the worker dropped the request".into(),
-            )),
+        match self.0 {
+            Waiting::Group(rx) => match rx.await {
+                Ok(answer) => answer.map(Answered::into_delivery),
+                Err(_) => Err(ServerError::Internal(
+                    "the worker dropped the request".into(),
+                )),
+            },
+            Waiting::Ensemble(run) => run.await,
         }
     }
 }
@@ -88,5 +107,14 @@ pub fn submit<T>(
         // Undecodable: its id, if it had one, is not known.
         crate::request_log::failed(&Default::default(), &group.endpoint, e);
     })?;
-    Ok((Pending(group.submit(request, link)?), keep))
+    if let Some(side) = &group.ensemble {
+        // An ensemble's steps are requests of their own models (traced apart).
+        return Ok((
+            Pending(Waiting::Ensemble(Box::new(Run::start(
+                group, side, request,
+            )?))),
+            keep,
+        ));
+    }
+    Ok((Pending(Waiting::Group(group.submit(request, link)?)), keep))
 }

@@ -7,6 +7,8 @@ use std::sync::{Arc, OnceLock};
 use arc_swap::ArcSwap;
 use kiln_worker_sdk::Param;
 
+use crate::ensemble::config::EnsembleConfig;
+use crate::ensemble::plan::Plan;
 use crate::error::{Result, ServerError};
 use crate::group::WorkerGroup;
 use crate::housekeeping::Housekeeping;
@@ -14,7 +16,7 @@ use crate::infer::{InferRequest, InferResponse};
 use crate::manager::{Manager, Models};
 use crate::metrics::Metrics;
 use crate::plugin::Plugins;
-use crate::repository::{Entry, Repository, Resolved};
+use crate::repository::{Entry, Repository, Resolved, Serving};
 use crate::restricted::RestrictedApis;
 use crate::serve::{self, Pending};
 use crate::shm::SharedMemory;
@@ -168,6 +170,9 @@ impl Server {
         resolved: Resolved,
         client_keys: Vec<String>,
     ) -> Result<String> {
+        if let Serving::Ensemble(config) = resolved.serving {
+            return self.load_ensemble(name, resolved.version, config).await;
+        }
         self.inner
             .manager
             .load_model(
@@ -177,6 +182,65 @@ impl Server {
                 resolved.params,
                 client_keys,
             )
+            .await
+    }
+
+    /// Loads ensemble `name` ([`crate::ensemble`]). Its graph is checked first;
+    /// then each step model that is not loaded is loaded from the repository (the
+    /// step's version, else the latest, with its configured parameters), as
+    /// Triton's explicit model control loads an ensemble's composing models; then
+    /// the Manager binds the steps to the loaded models. Needs a tokio runtime (the
+    /// repository's files are read on its blocking threads).
+    async fn load_ensemble(
+        &self,
+        name: &str,
+        version: u64,
+        config: EnsembleConfig,
+    ) -> Result<String> {
+        let name = name.to_ascii_lowercase();
+        let plan = Plan::new(&name, config.clone())?;
+        for (s, step) in plan.steps.iter().enumerate() {
+            if step.model == name || self.model(&step.model).is_ok() {
+                continue;
+            }
+            let wanted = step.version.as_deref().and_then(|v| v.parse().ok());
+            let at = |e: ServerError| {
+                ServerError::invalid(format!(
+                    "ensemble `{name}`: {}: cannot load model `{}` from the repository: {e}",
+                    plan.step_label(s),
+                    step.model
+                ))
+            };
+            // Files: read on a blocking thread, not the caller's (an I/O thread).
+            let (server, model) = (self.clone(), step.model.clone());
+            let read = tokio::task::spawn_blocking(move || {
+                server.resolve_model(&model, wanted, Vec::new())
+            })
+            .await
+            .map_err(|e| ServerError::Internal(format!("a blocking task failed: {e}")))?;
+            let resolved = match read {
+                Ok(resolved) => resolved,
+                // Not in the repository: binding names the step and its model.
+                Err(ServerError::NotFound(_)) => continue,
+                Err(e) => return Err(at(e)),
+            };
+            if let Serving::Worker = resolved.serving {
+                self.inner
+                    .manager
+                    .load_model(
+                        &step.model,
+                        resolved.version,
+                        &resolved.worker,
+                        resolved.params,
+                        Vec::new(),
+                    )
+                    .await
+                    .map_err(at)?;
+            }
+        }
+        self.inner
+            .manager
+            .load_ensemble(&name, version, config)
             .await
     }
 

@@ -158,6 +158,17 @@ impl ModelStats {
         self.last_inference_ms.store(now_ms(), Ordering::Relaxed);
     }
 
+    /// Records one ensemble request of `rows` rows answered in `ns` (arrival to
+    /// answer): Triton counts an ensemble's requests and rows, its steps' batches
+    /// are their own models'.
+    pub fn record_request(&self, rows: usize, ns: u64) {
+        self.success.add(1, ns);
+        self.inference_count
+            .fetch_add(rows as u64, Ordering::Relaxed);
+        self.execution_count.fetch_add(1, Ordering::Relaxed);
+        self.last_inference_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
     /// Records `requests` accepted requests answered with an error; `ns` is the
     /// sum of their times from arrival to the error.
     pub fn record_failure(&self, requests: usize, ns: u64) {

@@ -4,6 +4,8 @@
 
 use kiln_worker_sdk::{BatcherKind, DataType, Param, Params, WorkerInfo};
 
+use crate::ensemble::config::{StepConfig, TensorConfig};
+use crate::ensemble::plan::Plan;
 use crate::error::{Result, ServerError};
 use crate::group::{GroupSettings, WorkerGroup};
 use crate::infer::expected_shape;
@@ -27,6 +29,9 @@ pub const EXTENSIONS: &[&str] = &[
     "kiln_metrics",
     "trace",
 ];
+
+/// An ensemble's platform, as Triton names it.
+pub const ENSEMBLE_PLATFORM: &str = "ensemble";
 
 /// A model's platform: `kiln_<worker>`.
 pub fn platform(worker: &str) -> String {
@@ -192,14 +197,16 @@ pub struct ModelConfig {
     pub inputs: Vec<ConfigTensor>,
     pub outputs: Vec<ConfigTensor>,
     pub allow_ragged_batch: bool,
-    /// One `KIND_CPU` instance group: its name and count.
-    pub instance_group: (String, usize),
+    /// One `KIND_CPU` instance group: its name and count (an ensemble has none).
+    pub instance_group: Option<(String, usize)>,
     /// Present when the worker batches (and is not stateful).
     pub dynamic_batching: Option<DynamicBatching>,
     /// Present for a stateful model (sequence batcher).
     pub sequence_batching: Option<SequenceBatching>,
     /// kiln's settings, as Triton's string parameters.
     pub parameters: Vec<(&'static str, String)>,
+    /// An ensemble's steps (Triton's `ensemble_scheduling`).
+    pub ensemble_scheduling: Option<Vec<StepConfig>>,
 }
 
 impl ModelConfig {
@@ -294,7 +301,7 @@ impl ModelConfig {
             inputs: tensors(&info.inputs),
             outputs: tensors(&info.outputs),
             allow_ragged_batch: info.allow_ragged_batch,
-            instance_group: (format!("{name}_0"), instances),
+            instance_group: Some((format!("{name}_0"), instances)),
             dynamic_batching,
             sequence_batching: None,
             parameters: vec![
@@ -305,11 +312,44 @@ impl ModelConfig {
                 ("max_buffers", settings.max_buffers.to_string()),
                 ("queue_size", settings.queue_size.to_string()),
             ],
+            ensemble_scheduling: None,
+        }
+    }
+
+    /// An ensemble's configuration, as Triton gives it: `platform: "ensemble"`,
+    /// its declared tensors and steps, no instance group and no batcher.
+    fn ensemble(group: &WorkerGroup, plan: &Plan) -> ModelConfig {
+        let tensors = |list: &[TensorConfig]| -> Vec<ConfigTensor> {
+            list.iter()
+                .map(|t| ConfigTensor {
+                    name: t.name.clone(),
+                    dtype: t.data_type,
+                    dims: t.dims.clone(),
+                })
+                .collect()
+        };
+        ModelConfig {
+            name: group.endpoint.clone(),
+            platform: ENSEMBLE_PLATFORM.to_owned(),
+            backend: String::new(),
+            version: group.version.parse().ok(),
+            max_batch_size: plan.config.max_batch_size,
+            inputs: tensors(&plan.config.inputs),
+            outputs: tensors(&plan.config.outputs),
+            allow_ragged_batch: false,
+            instance_group: None,
+            dynamic_batching: None,
+            sequence_batching: None,
+            parameters: Vec::new(),
+            ensemble_scheduling: Some(plan.config.steps.clone()),
         }
     }
 
     /// The configuration of a loaded group.
     pub fn of(group: &WorkerGroup) -> ModelConfig {
+        if let Some(side) = &group.ensemble {
+            return ModelConfig::ensemble(group, &side.plan);
+        }
         let instances = group.instance_count();
         let mut config = ModelConfig::new(
             &group.endpoint,
@@ -376,7 +416,10 @@ impl ModelMetadata {
         ModelMetadata {
             name: group.endpoint.clone(),
             versions: vec![group.version.clone()],
-            platform: platform(&group.worker),
+            platform: match group.ensemble {
+                Some(_) => ENSEMBLE_PLATFORM.to_owned(),
+                None => platform(&group.worker),
+            },
             inputs: tensors(&group.info.inputs),
             outputs: tensors(&group.info.outputs),
             max_batch_size: group.info.max_batch_size,
@@ -408,6 +451,11 @@ pub fn repository_index(server: &Server, only_ready: bool) -> Result<Vec<IndexEn
         let group = loaded.iter().find(|g| g.endpoint == entry.name);
         let (version, state, reason) = match group {
             Some(g) if g.is_ready() => (g.version.clone(), "READY", ""),
+            Some(g) if g.ensemble.is_some() => (
+                g.version.clone(),
+                "UNAVAILABLE",
+                "a step's model is not loaded or not ready",
+            ),
             Some(g) => (
                 g.version.clone(),
                 "UNAVAILABLE",

@@ -98,17 +98,24 @@ pub fn model_config(c: &triton::ModelConfig) -> proto::ModelConfig {
                 ..Default::default()
             })
             .collect(),
-        instance_group: vec![proto::ModelInstanceGroup {
-            name: c.instance_group.0.clone(),
-            kind: proto::model_instance_group::Kind::Cpu as i32,
-            count: saturate(c.instance_group.1),
-            ..Default::default()
-        }],
-        scheduling_choice: match &c.sequence_batching {
-            Some(q) => Some(proto::model_config::SchedulingChoice::SequenceBatching(
+        instance_group: c
+            .instance_group
+            .iter()
+            .map(|(name, count)| proto::ModelInstanceGroup {
+                name: name.clone(),
+                kind: proto::model_instance_group::Kind::Cpu as i32,
+                count: saturate(*count),
+                ..Default::default()
+            })
+            .collect(),
+        scheduling_choice: match (&c.sequence_batching, &c.ensemble_scheduling) {
+            (Some(q), _) => Some(proto::model_config::SchedulingChoice::SequenceBatching(
                 sequence_batching(q),
             )),
-            None => dynamic_batching(c),
+            (None, Some(steps)) => Some(proto::model_config::SchedulingChoice::EnsembleScheduling(
+                ensemble_scheduling(steps),
+            )),
+            (None, None) => dynamic_batching(c),
         },
         parameters: c
             .parameters
@@ -120,6 +127,22 @@ pub fn model_config(c: &triton::ModelConfig) -> proto::ModelConfig {
                         string_value: value.clone(),
                     },
                 )
+            })
+            .collect(),
+    }
+}
+
+/// An ensemble's steps as the protocol's `ModelEnsembling`.
+fn ensemble_scheduling(steps: &[crate::ensemble::config::StepConfig]) -> proto::ModelEnsembling {
+    proto::ModelEnsembling {
+        step: steps
+            .iter()
+            .map(|s| proto::model_ensembling::Step {
+                model_name: s.model_name.clone(),
+                model_version: s.model_version,
+                input_map: s.input_map.clone().into_iter().collect(),
+                output_map: s.output_map.clone().into_iter().collect(),
+                model_namespace: String::new(),
             })
             .collect(),
     }

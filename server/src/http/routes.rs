@@ -219,18 +219,23 @@ fn model_metadata(group: &WorkerGroup) -> HttpResponse {
             .map(|t| json!({"name": t.name, "datatype": t.dtype.as_str(), "shape": t.shape}))
             .collect()
     };
+    // An ensemble has no batcher or instances of its own.
+    let parameters = match group.ensemble {
+        Some(_) => json!({ "max_batch_size": m.max_batch_size }),
+        None => json!({
+            "max_batch_size": m.max_batch_size,
+            "batch_size": m.batch_size,
+            "batcher": m.batcher.as_str(),
+            "instances": m.instances,
+        }),
+    };
     HttpResponse::Ok().json(json!({
         "name": m.name,
         "versions": m.versions,
         "platform": m.platform,
         "inputs": tensors(&m.inputs),
         "outputs": tensors(&m.outputs),
-        "parameters": {
-            "max_batch_size": m.max_batch_size,
-            "batch_size": m.batch_size,
-            "batcher": m.batcher.as_str(),
-            "instances": m.instances,
-        },
+        "parameters": parameters,
     }))
 }
 

@@ -53,7 +53,22 @@ pub fn config_json(c: &ModelConfig) -> Value {
         .iter()
         .map(|(key, value)| ((*key).to_owned(), json!({ "string_value": value })))
         .collect();
-    let (group_name, count) = &c.instance_group;
+    let instance_group: Vec<Value> = c
+        .instance_group
+        .iter()
+        .map(|(group_name, count)| {
+            json!({
+                "name": group_name,
+                "kind": "KIND_CPU",
+                "count": count,
+                "gpus": [],
+                "secondary_devices": [],
+                "profile": [],
+                "passive": false,
+                "host_policy": "",
+            })
+        })
+        .collect();
     let mut config = json!({
         "name": c.name,
         "platform": c.platform,
@@ -64,18 +79,24 @@ pub fn config_json(c: &ModelConfig) -> Value {
         "output": output,
         "batch_input": [],
         "batch_output": [],
-        "instance_group": [{
-            "name": group_name,
-            "kind": "KIND_CPU",
-            "count": count,
-            "gpus": [],
-            "secondary_devices": [],
-            "profile": [],
-            "passive": false,
-            "host_policy": "",
-        }],
+        "instance_group": instance_group,
         "parameters": parameters,
     });
+    if let Some(steps) = &c.ensemble_scheduling {
+        let step: Vec<Value> = steps
+            .iter()
+            .map(|s| {
+                json!({
+                    "model_name": s.model_name,
+                    "model_version": s.model_version,
+                    "input_map": s.input_map,
+                    "output_map": s.output_map,
+                    "model_namespace": "",
+                })
+            })
+            .collect();
+        config["ensemble_scheduling"] = json!({ "step": step });
+    }
     if let Some(d) = &c.dynamic_batching {
         let policy = |p: &crate::triton::QueuePolicyView| {
             json!({
