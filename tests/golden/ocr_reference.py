@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Renders the OCR test images and reads each with the reference,
 rapidocr_onnxruntime 1.4.4 (the package the PP-OCR models come from), with its
-default settings. Writes OUT/<name>.png and OUT/reference.json:
-{"images": [{"name", "file", "lines": [{"box": [[x, y] x4], "text", "score"}]}]}.
+default settings. Writes OUT/<name>.png, its pixels as OUT/<name>.rgb (H × W × 3) and
+OUT/reference.json: {"images": [{"name", "file", "rgb", "width", "height",
+"lines": [{"box": [[x, y] x4], "text", "score"}]}]}.
 
 usage: ocr_reference.py OUT [--fonts DIR] [--bench N]
   --bench N  also render N extra mixed images (bench-*.png) and skip the reference
@@ -117,12 +118,16 @@ def main():
     for name, img in cases(fonts).items():
         path = out / f"{name}.png"
         img.save(path)
+        (out / f"{name}.rgb").write_bytes(img.tobytes())
         result, _ = engine(path.read_bytes())
         lines = [
             {"box": [[float(x), float(y)] for x, y in box], "text": text, "score": float(score)}
             for box, text, score in (result or [])
         ]
-        images.append({"name": name, "file": path.name, "lines": lines})
+        images.append(
+            {"name": name, "file": path.name, "rgb": f"{name}.rgb", "width": img.width,
+             "height": img.height, "lines": lines}
+        )
     (out / "reference.json").write_text(json.dumps({"images": images}, indent=1, ensure_ascii=False))
 
 

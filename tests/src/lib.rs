@@ -6,6 +6,7 @@
 
 pub mod fixtures;
 pub mod golden;
+pub mod ocr;
 pub mod otlp;
 pub mod pytest;
 pub mod wait;

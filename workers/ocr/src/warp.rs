@@ -24,18 +24,19 @@ pub fn perspective(from: &[[f64; 2]; 4], to: &[[f64; 2]; 4]) -> Option<Homograph
             return None;
         }
         m.swap(col, pivot);
-        for row in 0..8 {
+        let pivot_row = m[col];
+        for (row, r) in m.iter_mut().enumerate() {
             if row != col {
-                let f = m[row][col] / m[col][col];
-                for k in col..9 {
-                    m[row][k] -= f * m[col][k];
+                let f = r[col] / pivot_row[col];
+                for (v, p) in r[col..].iter_mut().zip(&pivot_row[col..]) {
+                    *v -= f * p;
                 }
             }
         }
     }
     let mut h = [0f64; 9];
-    for i in 0..8 {
-        h[i] = m[i][8] / m[i][i];
+    for (i, (hi, row)) in h.iter_mut().zip(&m).enumerate() {
+        *hi = row[8] / row[i];
     }
     h[8] = 1.0;
     Some(h)
