@@ -420,3 +420,76 @@ fn wait(
         std::thread::park_timeout(wake_at.saturating_duration_since(Instant::now()));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request_log::RequestLog;
+
+    fn member(params: Vec<Param>, arrived: Instant) -> (Member<Reply>, impl Drop) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let member = Member {
+            rows: 1,
+            params,
+            arrived,
+            sequence: None,
+            reply: Reply {
+                tx,
+                log: RequestLog::default(),
+                output_mask: 1,
+                trace: None,
+            },
+        };
+        (member, rx)
+    }
+
+    fn never(for_request: Option<usize>, deadline: Option<Instant>) -> Option<Waiting> {
+        Some(Waiting {
+            pending: Box::pin(std::future::pending()),
+            model: "m".into(),
+            for_request,
+            deadline,
+        })
+    }
+
+    fn kind(result: &Option<CallResultFfi>) -> Option<CallErrorKind> {
+        match result {
+            Some(RResult::RErr(e)) => Some(e.kind),
+            _ => None,
+        }
+    }
+
+    /// A call whose request's client is gone ends as cancelled, though its
+    /// callee never answers; a whole-batch call only once every client is gone.
+    #[test]
+    fn a_cancelled_request_ends_its_calls() {
+        let (gone, rx) = member(Vec::new(), Instant::now());
+        drop(rx);
+        let (alive, _rx) = member(Vec::new(), Instant::now());
+        let members = [gone, alive];
+        let mut waiting = [never(Some(0), None)];
+        let mut results = [None];
+        wait(&members, &mut waiting, &mut results);
+        assert_eq!(kind(&results[0]), Some(CallErrorKind::Cancelled));
+        assert!(!cancelled(&members, None));
+        assert!(cancelled(&members[..1], None));
+    }
+
+    /// The request's `timeout` (µs from its arrival) is the call's deadline.
+    #[test]
+    fn the_request_deadline_ends_its_calls() {
+        let timeout = vec![Param {
+            key: "timeout".into(),
+            value: ParamValue::Int(1_000),
+        }];
+        let arrived = Instant::now();
+        let (m, _rx) = member(timeout, arrived);
+        assert_eq!(request_deadline(&m), Some(arrived + Duration::from_millis(1)));
+        let members = [m];
+        let deadline = request_deadline(&members[0]);
+        let mut waiting = [never(Some(0), deadline)];
+        let mut results = [None];
+        wait(&members, &mut waiting, &mut results);
+        assert_eq!(kind(&results[0]), Some(CallErrorKind::Timeout));
+    }
+}
