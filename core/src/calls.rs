@@ -484,7 +484,10 @@ mod tests {
         }];
         let arrived = Instant::now();
         let (m, _rx) = member(timeout, arrived);
-        assert_eq!(request_deadline(&m), Some(arrived + Duration::from_millis(1)));
+        assert_eq!(
+            request_deadline(&m),
+            Some(arrived + Duration::from_millis(1))
+        );
         let members = [m];
         let deadline = request_deadline(&members[0]);
         let mut waiting = [never(Some(0), deadline)];

@@ -254,7 +254,17 @@ async fn repository_index_load_unload_and_config_errors() {
     let c = &kiln.client;
     let index = c.repository_index().await.unwrap();
     let names: Vec<&str> = index.iter().filter_map(|m| m["name"].as_str()).collect();
-    assert_eq!(names, vec!["ocr-cls", "ocr-det", "ocr-rec", "silero-vad"]);
+    assert_eq!(
+        names,
+        vec![
+            "ocr",
+            "ocr-cls",
+            "ocr-det",
+            "ocr-rec",
+            "ocr-rgb",
+            "silero-vad"
+        ]
+    );
     assert!(index.iter().all(|m| m["state"] == "UNAVAILABLE"));
     c.load_model("silero-vad", &json!({})).await.unwrap();
     let meta = c.model_metadata("silero-vad").await.unwrap();
