@@ -115,8 +115,6 @@ def main():
 
 
 def kiln_client_once(url, png):
-    stop = threading.Event()
-    stop.set()
     u = urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port)
     header = json.dumps({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1],
