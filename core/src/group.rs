@@ -182,6 +182,7 @@ impl WorkerGroup {
             outstanding: settings
                 .max_outstanding
                 .map(crate::outstanding::Outstanding::new),
+            caller: crate::calls::Caller::new(&endpoint),
             ordering: (settings.batcher == BatcherKind::Dynamic
                 && settings.dynamic.preserve_ordering)
                 .then(crate::ordering::OrderGate::default),
@@ -576,6 +577,17 @@ impl WorkerGroup {
             BatcherKind::Dynamic => self.settings.dynamic.priority_levels.max(1) as u32,
             _ => 1,
         }
+    }
+
+    /// Lets the group's workers call the models of `models` (before it is
+    /// published).
+    pub(crate) fn connect_calls(&self, callees: Arc<dyn crate::calls::Callees>) {
+        self.context.caller.connect(callees);
+    }
+
+    /// Whether the group's workers call models (then it may not be called).
+    pub fn is_caller(&self) -> bool {
+        self.context.caller.is_caller()
     }
 
     /// The group's Triton-style statistics, measured by its instances.

@@ -52,6 +52,8 @@ pub struct InstanceContext {
     pub ordering: Option<OrderGate>,
     /// An asynchronous worker's batches in flight (`None`: a synchronous worker).
     pub outstanding: Option<crate::outstanding::Outstanding>,
+    /// The models the group's workers may call, and whether they have.
+    pub caller: crate::calls::Caller,
 }
 
 impl InstanceContext {
@@ -126,7 +128,7 @@ pub fn run_instance(
             batch.rows,
         );
         traced.begin_worker();
-        let result = run_batch(&mut worker, &ctx.info, &mut batch);
+        let result = run_batch(&mut worker, &ctx, &mut batch);
         traced.end_worker();
         let took = started.elapsed();
         m.compute_seconds.observe(took.as_secs_f64());
@@ -253,18 +255,20 @@ impl Ran {
 
 fn run_batch(
     worker: &mut WorkerBox,
-    info: &WorkerInfo,
+    ctx: &InstanceContext,
     batch: &mut Batch<Reply>,
 ) -> Result<Ran, String> {
+    let info = &*ctx.info;
     let building = Instant::now();
     let mut out_shapes = output_shapes(info, batch.members.len());
     let set = &mut *batch.buffers;
     let mut views = Views::new(info, set, &batch.shapes, &batch.members, &mut out_shapes);
     let built = Instant::now();
-    worker
-        .run(&mut views.ffi())
-        .into_result()
-        .map_err(|e| e.into_string())?;
+    // The worker may call other models from `run` (two thread-local stores).
+    let calls = crate::calls::enter(&ctx.caller, &batch.members);
+    let result = worker.run(&mut views.ffi()).into_result();
+    drop(calls);
+    result.map_err(|e| e.into_string())?;
     let ran = Instant::now();
     let (failures, written) = views.finish();
     let outputs = split_outputs(info, set, out_shapes, written)?;

@@ -6,6 +6,7 @@
 //! kiln-server serves this over both.
 
 pub mod async_instance;
+pub mod calls;
 pub mod ensemble;
 pub mod error;
 pub mod fdlimit;

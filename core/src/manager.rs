@@ -180,6 +180,21 @@ impl Manager {
     }
 }
 
+/// The published models, as a worker's calls find them (weak: the table holds
+/// the groups that hold this).
+struct ModelTable(std::sync::Weak<ArcSwap<Models>>);
+
+impl crate::calls::Callees for ModelTable {
+    fn find(&self, name: &str) -> Option<Arc<dyn crate::calls::Callee>> {
+        let models = self.0.upgrade()?;
+        let models = models.load();
+        let group = models
+            .get(name)
+            .or_else(|| models.get(&name.to_ascii_lowercase()))?;
+        Some(Arc::clone(group) as Arc<dyn crate::calls::Callee>)
+    }
+}
+
 fn stopped() -> ServerError {
     ServerError::Unavailable("the server is shutting down".into())
 }
@@ -470,6 +485,7 @@ impl State {
                     self.metrics.remove(&endpoint)
                 }
             })?;
+        group.connect_calls(Arc::new(ModelTable(Arc::downgrade(&self.models))));
         spdlog::info!(
             "loaded `{endpoint}` (worker `{worker}`, version {version}, batch_size {}, {} batcher, {} instance(s), {} buffer sets)",
             group.settings.batch_size,

@@ -156,6 +156,7 @@ impl Plugins {
         let module = open_plugin(&open).map_err(fail)?;
         (module.set_logger())(plugin_log_sink());
         (module.set_tracer())(crate::trace::plugin_trace_sink());
+        (module.set_caller())(crate::calls::plugin_call_sink());
         if open == path {
             spdlog::info!("loaded plugin `{name}` from {}", path.display());
         } else {

@@ -118,3 +118,20 @@ pub fn submit<T>(
     }
     Ok((Pending(Waiting::Group(group.submit(request, link)?)), keep))
 }
+
+/// A worker's call to another model takes this same path
+/// ([`crate::calls`]).
+impl crate::calls::Callee for WorkerGroup {
+    fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    fn is_caller(&self) -> bool {
+        WorkerGroup::is_caller(self)
+    }
+
+    fn submit(&self, request: InferRequest) -> Result<crate::calls::Answer> {
+        let (pending, ()) = submit(self, Ok((request, ())), &mut Trace::default())?;
+        Ok(Box::pin(pending))
+    }
+}

@@ -11,6 +11,7 @@ pub mod fixtures;
 pub mod golden;
 pub mod jobs;
 pub mod media;
+pub mod ocr;
 pub mod otlp;
 pub mod pytest;
 pub mod redis;

@@ -261,9 +261,12 @@ async fn repository_index_load_unload_and_config_errors() {
             "echo-chain",
             "echo-diamond",
             "echo-multi",
+            "invert-video",
+            "ocr",
             "ocr-cls",
             "ocr-det",
             "ocr-rec",
+            "ocr-rgb",
             "silero-vad"
         ]
     );

@@ -17,6 +17,7 @@ use abi_stable::StableAbi;
 
 use crate::async_batch::{AsyncBatch, BatchCompletionBox};
 use crate::batch::{Batch, BatchFfi};
+use crate::call::{self, CallSink};
 pub use crate::error::panic_message;
 use crate::error::WorkerError;
 use crate::logging::{self, LogSink};
@@ -71,6 +72,8 @@ pub struct WorkerMod {
     pub parameters: extern "C" fn() -> RSlice<'static, ParamSpec>,
     /// Installs the host's tracing callbacks ([`crate::trace`]).
     pub set_tracer: extern "C" fn(TraceSink),
+    /// Installs the host's model-calling callback ([`crate::call`]).
+    pub set_caller: extern "C" fn(CallSink),
 }
 
 impl RootModule for WorkerModRef {
@@ -309,6 +312,11 @@ pub extern "C" fn set_tracer(sink: TraceSink) {
     let _ = catch_unwind(|| trace::install(sink));
 }
 
+/// Installs the host's model-calling callback (exported through the root module).
+pub extern "C" fn set_caller(sink: CallSink) {
+    let _ = catch_unwind(|| call::install(sink));
+}
+
 /// Exports a [`Worker`] type as a kiln plugin: `kiln_worker_sdk::export_worker!(MyWorker);`
 /// at the root of a `cdylib` crate; an [`AsyncWorker`] with
 /// `kiln_worker_sdk::export_worker!(async MyDevice);`.
@@ -333,6 +341,7 @@ macro_rules! export_worker {
                 new_worker: $new_worker,
                 parameters: $parameters,
                 set_tracer: $crate::ffi::set_tracer,
+                set_caller: $crate::ffi::set_caller,
             }
             .leak_into_prefix()
         }

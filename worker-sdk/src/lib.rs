@@ -18,10 +18,14 @@
 //! implements [`AsyncWorker`] instead and is exported with
 //! `export_worker!(async MyDevice)`: see [`async_batch`].
 //!
+//! A worker may run inference on other loaded models from its `run`
+//! ([`call`]: Triton's BLS), synchronously, with errors as values.
+//!
 //! [`testing::Harness`] runs a worker in-process for unit tests.
 
 pub mod async_batch;
 pub mod batch;
+pub mod call;
 pub mod error;
 pub mod ffi;
 pub mod logging;
@@ -36,6 +40,7 @@ pub use batch::{
     Batch, BatchFfi, Input, InputFfi, Output, OutputBuffer, OutputBufferRef, OutputBuffer_TO,
     OutputFfi, RequestFfi,
 };
+pub use call::{CallError, CallErrorKind, CallInput, CallOutput, CallSink, ModelCall};
 pub use error::{RequestError, RequestErrorKind, WorkerError};
 pub use ffi::{WorkerBox, WorkerFfi, WorkerFfi_TO, WorkerMod, WorkerModRef};
 pub use logging::LogSink;
@@ -58,5 +63,5 @@ pub mod reexports {
     };
     pub use abi_stable::prefix_type::PrefixTypeTrait;
     pub use abi_stable::sabi_types::RMut;
-    pub use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RStr, RString};
+    pub use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RStr, RString, RVec};
 }

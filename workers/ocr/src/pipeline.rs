@@ -1,0 +1,350 @@
+//! One image through PP-OCR, as rapidocr_onnxruntime 1.4.4 runs it (its
+//! `config.yaml` settings), with the three models called through the server
+//! (`kiln_worker_sdk::call`): resize, detection (`ocr-det`), DB post-processing,
+//! line crops, the direction classifier (`ocr-cls`, all lines in one call),
+//! recognition (`ocr-rec`, lines sorted by width in groups of 6 padded to the
+//! group's widest, the groups called together) and CTC decoding.
+
+use kiln_worker_sdk::call::{self, CallError, CallInput, ModelCall};
+use kiln_worker_sdk::DataType;
+
+use crate::ctc::Dictionary;
+use crate::db::{self, DbParams};
+use crate::image::Image;
+use crate::warp::crop_line;
+
+/// The pipeline's settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub det_model: String,
+    pub cls_model: String,
+    pub rec_model: String,
+    pub db: DbParams,
+    /// The detector's input: the shorter side is brought up to this (rapidocr's
+    /// `limit_side_len`, `limit_type: min`).
+    pub limit_side_len: usize,
+    /// A line the classifier calls upside down above this is turned by 180°.
+    pub cls_thresh: f32,
+    /// Lines recognized below this confidence are dropped (`text_score`).
+    pub text_score: f32,
+    /// Most lines per classifier call (its model's `max_batch_size`).
+    pub cls_batch: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            det_model: "ocr-det".into(),
+            cls_model: "ocr-cls".into(),
+            rec_model: "ocr-rec".into(),
+            db: DbParams::default(),
+            limit_side_len: 736,
+            cls_thresh: 0.9,
+            text_score: 0.5,
+            cls_batch: 64,
+        }
+    }
+}
+
+/// One recognized line: its box in the input image's pixels (top-left,
+/// top-right, bottom-right, bottom-left), its text and confidence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Line {
+    pub quad: [[f32; 2]; 4],
+    pub text: String,
+    pub score: f32,
+}
+
+const MAX_SIDE_LEN: usize = 2000;
+const MIN_SIDE_LEN: usize = 30;
+const MIN_HEIGHT: usize = 30;
+const WIDTH_HEIGHT_RATIO: f64 = 8.0;
+const REC_HEIGHT: usize = 48;
+const REC_WIDTH: usize = 320;
+const REC_GROUP: usize = 6;
+const CLS_WIDTH: usize = 192;
+
+/// Sides rounded to multiples of 32 after scaling by `ratio` (rapidocr's
+/// `int(round(int(h * ratio) / 32) * 32)`).
+fn scaled_32(side: usize, ratio: f64) -> usize {
+    let s = (side as f64 * ratio) as usize;
+    ((s as f64 / 32.0).round_ties_even() * 32.0) as usize
+}
+
+/// rapidocr's `preprocess`: an image beyond 2000 px is brought down, one under
+/// 30 px up; the ratios map boxes back.
+fn preprocess(img: Image) -> Result<(Image, f64, f64), String> {
+    let (h, w) = (img.height, img.width);
+    let mut out = (img, 1.0, 1.0);
+    let resize = |img: &Image, ratio: f64| -> Result<(Image, f64, f64), String> {
+        let (rh, rw) = (scaled_32(img.height, ratio), scaled_32(img.width, ratio));
+        if rh == 0 || rw == 0 {
+            return Err(format!(
+                "the image ({}×{}) is too small",
+                img.width, img.height
+            ));
+        }
+        Ok((
+            img.resize(rw, rh),
+            img.height as f64 / rh as f64,
+            img.width as f64 / rw as f64,
+        ))
+    };
+    if h.max(w) > MAX_SIDE_LEN {
+        let ratio = MAX_SIDE_LEN as f64 / h.max(w) as f64;
+        out = resize(&out.0, ratio)?;
+    }
+    let (h, w) = (out.0.height, out.0.width);
+    if h.min(w) < MIN_SIDE_LEN {
+        let ratio = MIN_SIDE_LEN as f64 / h.min(w) as f64;
+        out = resize(&out.0, ratio)?;
+    }
+    Ok(out)
+}
+
+/// rapidocr's letterbox: a low or very wide image gets black bands above and
+/// below; returns the band's height.
+fn letterbox(img: Image) -> (Image, usize) {
+    let (h, w) = (img.height, img.width);
+    if h <= MIN_HEIGHT || w as f64 / h as f64 > WIDTH_HEIGHT_RATIO {
+        let new_h = ((w as f64 / WIDTH_HEIGHT_RATIO) as usize).max(MIN_HEIGHT) * 2;
+        let pad = new_h.abs_diff(h) / 2;
+        (img.pad_vertically(pad, pad), pad)
+    } else {
+        (img, 0)
+    }
+}
+
+fn fp32_bytes(v: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(v)
+}
+
+fn call_error(step: &str, e: CallError) -> String {
+    format!("{step}: {e}")
+}
+
+/// The first output of a call, as floats, and its shape.
+fn first_output(
+    step: &str,
+    answer: Result<Vec<call::CallOutput>, CallError>,
+) -> Result<(Vec<f32>, Vec<i64>), String> {
+    let output = answer
+        .map_err(|e| call_error(step, e))?
+        .into_iter()
+        .next()
+        .ok_or_else(|| format!("{step}: the model returned no output"))?;
+    let values = output.values::<f32>().map_err(|e| call_error(step, e))?;
+    Ok((values, output.shape))
+}
+
+/// Runs the pipeline on `img` for request `request` of the running batch.
+pub fn run(
+    img: Image,
+    settings: &Settings,
+    dict: &Dictionary,
+    request: usize,
+) -> Result<Vec<Line>, String> {
+    let (raw_w, raw_h) = (img.width, img.height);
+    let (img, ratio_h, ratio_w) = preprocess(img)?;
+    let (img, pad_top) = letterbox(img);
+
+    // Detection: the shorter side up to `limit_side_len`, both multiples of 32.
+    let (h, w) = (img.height, img.width);
+    let ratio = if h.min(w) < settings.limit_side_len {
+        settings.limit_side_len as f64 / h.min(w) as f64
+    } else {
+        1.0
+    };
+    let (dh, dw) = (scaled_32(h, ratio), scaled_32(w, ratio));
+    if dh == 0 || dw == 0 {
+        return Ok(Vec::new());
+    }
+    let resized = img.resize(dw, dh);
+    let mut x = vec![0f32; 3 * dh * dw];
+    resized.normalize_into(&mut x, dw);
+    let shape = [1, 3, dh as i64, dw as i64];
+    let det = call::infer(&ModelCall {
+        model: &settings.det_model,
+        inputs: vec![CallInput {
+            name: "x",
+            dtype: DataType::Fp32,
+            shape: &shape,
+            data: fp32_bytes(&x),
+        }],
+        for_request: Some(request),
+        ..ModelCall::default()
+    });
+    let (map, map_shape) = first_output("detection", det)?;
+    if map.len() != dh * dw {
+        return Err(format!(
+            "detection: a map of shape {map_shape:?}, not [1, 1, {dh}, {dw}]"
+        ));
+    }
+    let quads = db::boxes(&map, dw, dh, w, h, &settings.db);
+    if quads.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut lines: Vec<Image> = quads.iter().map(|q| crop_line(&img, q)).collect();
+
+    classify(&mut lines, settings, request)?;
+    let texts = recognize(&lines, settings, dict, request)?;
+
+    let mut out = Vec::new();
+    for (quad, (text, score)) in quads.iter().zip(texts) {
+        if score < settings.text_score {
+            continue;
+        }
+        // Back to the input image: the band off, the preprocess ratios, clipped.
+        let quad = quad.map(|[x, y]| {
+            let x = (x as f64 * ratio_w) as f32;
+            let y = ((y - pad_top as f32) as f64 * ratio_h) as f32;
+            [x.clamp(0.0, raw_w as f32), y.clamp(0.0, raw_h as f32)]
+        });
+        out.push(Line { quad, text, score });
+    }
+    Ok(out)
+}
+
+/// A line resized to height 48 and at most `max_width` wide (the width its
+/// aspect ratio gives, rounded up), normalized into a zeroed `3 × 48 × stride`.
+fn line_input(line: &Image, max_width: usize, stride: usize, out: &mut [f32]) {
+    let ratio = line.width as f64 / line.height as f64;
+    let w = ((REC_HEIGHT as f64 * ratio).ceil() as usize).clamp(1, max_width);
+    line.resize(w, REC_HEIGHT).normalize_into(out, stride);
+}
+
+/// The direction classifier: every line in calls of at most `cls_batch`; a
+/// line it finds upside down (class 1 above `cls_thresh`) is turned.
+fn classify(lines: &mut [Image], settings: &Settings, request: usize) -> Result<(), String> {
+    let per = 3 * REC_HEIGHT * CLS_WIDTH;
+    let chunks: Vec<(Vec<f32>, [i64; 4])> = lines
+        .chunks(settings.cls_batch.max(1))
+        .map(|chunk| {
+            let mut x = vec![0f32; per * chunk.len()];
+            for (line, out) in chunk.iter().zip(x.chunks_exact_mut(per)) {
+                line_input(line, CLS_WIDTH, CLS_WIDTH, out);
+            }
+            (
+                x,
+                [chunk.len() as i64, 3, REC_HEIGHT as i64, CLS_WIDTH as i64],
+            )
+        })
+        .collect();
+    let calls: Vec<ModelCall<'_>> = chunks
+        .iter()
+        .map(|(x, shape)| ModelCall {
+            model: &settings.cls_model,
+            inputs: vec![CallInput {
+                name: "x",
+                dtype: DataType::Fp32,
+                shape,
+                data: fp32_bytes(x),
+            }],
+            for_request: Some(request),
+            ..ModelCall::default()
+        })
+        .collect();
+    let mut index = 0;
+    for answer in call::infer_all(&calls) {
+        let (probs, _) = first_output("direction classifier", answer)?;
+        for p in probs.chunks_exact(2) {
+            if let Some(line) = lines.get_mut(index) {
+                if p[1] > p[0] && p[1] > settings.cls_thresh {
+                    *line = line.rotate_180();
+                }
+            }
+            index += 1;
+        }
+    }
+    if index != lines.len() {
+        return Err(format!(
+            "direction classifier: {index} answers for {} lines",
+            lines.len()
+        ));
+    }
+    Ok(())
+}
+
+/// Recognition: lines sorted by aspect ratio, in groups of 6, each padded to
+/// the width of its widest (at least 320), the groups called together.
+fn recognize(
+    lines: &[Image],
+    settings: &Settings,
+    dict: &Dictionary,
+    request: usize,
+) -> Result<Vec<(String, f32)>, String> {
+    let ratio = |l: &Image| l.width as f64 / l.height as f64;
+    let mut order: Vec<usize> = (0..lines.len()).collect();
+    order.sort_by(|&a, &b| ratio(&lines[a]).total_cmp(&ratio(&lines[b])));
+    let groups: Vec<(&[usize], Vec<f32>, [i64; 4])> = order
+        .chunks(REC_GROUP)
+        .map(|group| {
+            let max_ratio = group
+                .iter()
+                .map(|&i| ratio(&lines[i]))
+                .fold(REC_WIDTH as f64 / REC_HEIGHT as f64, f64::max);
+            let width = (REC_HEIGHT as f64 * max_ratio) as usize;
+            let per = 3 * REC_HEIGHT * width;
+            let mut x = vec![0f32; per * group.len()];
+            for (&i, out) in group.iter().zip(x.chunks_exact_mut(per)) {
+                line_input(&lines[i], width, width, out);
+            }
+            let shape = [group.len() as i64, 3, REC_HEIGHT as i64, width as i64];
+            (group, x, shape)
+        })
+        .collect();
+    let calls: Vec<ModelCall<'_>> = groups
+        .iter()
+        .map(|(_, x, shape)| ModelCall {
+            model: &settings.rec_model,
+            inputs: vec![CallInput {
+                name: "x",
+                dtype: DataType::Fp32,
+                shape,
+                data: fp32_bytes(x),
+            }],
+            for_request: Some(request),
+            ..ModelCall::default()
+        })
+        .collect();
+    let mut texts = vec![(String::new(), 0.0); lines.len()];
+    for ((group, _, _), answer) in groups.iter().zip(call::infer_all(&calls)) {
+        let (probs, shape) = first_output("recognizer", answer)?;
+        let per_line = probs.len() / group.len().max(1);
+        if shape.last().copied() != Some(dict.len() as i64) || per_line * group.len() != probs.len()
+        {
+            return Err(format!(
+                "recognizer: output shape {shape:?} does not fit {} lines of {} classes",
+                group.len(),
+                dict.len()
+            ));
+        }
+        for (&i, p) in group.iter().zip(probs.chunks_exact(per_line)) {
+            texts[i] = dict.decode(p);
+        }
+    }
+    Ok(texts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sides_round_to_32() {
+        // A 100×40 image: ratio 736/40 = 18.4; 100 × 18.4 is 1839.999… in
+        // floating point, truncated to 1839 (as Python's int() does) → 1824.
+        let r = 736.0 / 40.0;
+        assert_eq!((scaled_32(100, r), scaled_32(40, r)), (1824, 736));
+        assert_eq!(scaled_32(10, 1.0), 0);
+    }
+
+    #[test]
+    fn letterbox_pads_low_images() {
+        let (img, pad) = letterbox(Image::new(400, 20));
+        // max(400/8, 30)·2 = 100 → (100 − 20)/2 = 40 above and below.
+        assert_eq!((pad, img.height), (40, 100));
+        let (img, pad) = letterbox(Image::new(100, 100));
+        assert_eq!((pad, img.height), (0, 100));
+    }
+}
