@@ -182,7 +182,6 @@ impl WorkerGroup {
             outstanding: settings
                 .max_outstanding
                 .map(crate::outstanding::Outstanding::new),
-            caller: crate::calls::Caller::new(&endpoint),
             ordering: (settings.batcher == BatcherKind::Dynamic
                 && settings.dynamic.preserve_ordering)
                 .then(crate::ordering::OrderGate::default),
@@ -786,7 +785,8 @@ fn end_lifecycle(mut worker: WorkerBox) {
     worker.destroy();
 }
 
-/// A group's shared context: no outstanding bound, order gate or sequence link.
+/// A group's shared context: no outstanding bound, order gate or sequence link; a
+/// caller of models not yet connected.
 fn context_of(
     endpoint: &str,
     version: &str,
@@ -810,6 +810,7 @@ fn context_of(
         outstanding: None,
         ordering: None,
         sequence: None,
+        caller: crate::calls::Caller::new(endpoint),
     }
 }
 

@@ -386,6 +386,7 @@ fn in_step(label: &str, error: ServerError) -> ServerError {
         ServerError::Restricted(m) => ServerError::Restricted(at(m)),
         ServerError::LimitExceeded(m) => ServerError::LimitExceeded(at(m)),
         ServerError::Internal(m) => ServerError::Internal(at(m)),
+        ServerError::Conflict(m) => ServerError::Conflict(at(m)),
         other @ (ServerError::QueueFull { .. } | ServerError::LoadFailed { .. }) => other,
     }
 }

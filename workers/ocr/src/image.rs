@@ -247,6 +247,7 @@ fn from_rgba(width: usize, height: usize, rgba: &[u8], alpha: bool) -> Image {
 }
 
 fn decode_jpeg(bytes: &[u8], max_pixels: usize) -> Result<Image, String> {
+    use zune_jpeg::zune_core::bytestream::ZCursor;
     use zune_jpeg::zune_core::colorspace::ColorSpace;
     use zune_jpeg::zune_core::options::DecoderOptions;
     let side = max_pixels.min(1 << 16);
@@ -254,7 +255,7 @@ fn decode_jpeg(bytes: &[u8], max_pixels: usize) -> Result<Image, String> {
         .set_max_width(side)
         .set_max_height(side)
         .jpeg_set_out_colorspace(ColorSpace::RGB);
-    let mut decoder = zune_jpeg::JpegDecoder::new_with_options(bytes, options);
+    let mut decoder = zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(bytes), options);
     decoder
         .decode_headers()
         .map_err(|e| format!("bad JPEG: {e:?}"))?;
