@@ -136,7 +136,8 @@ pub struct Job {
     pub submitted_ms: u64,
     /// When it finished (done, failed, cancelled), ms since the Unix epoch.
     pub finished_ms: Option<u64>,
-    /// How many times it was claimed.
+    /// How many times it was claimed to run (a release, which puts a job back
+    /// unrun, takes its claim back; a reclaim after a crash does not).
     pub attempts: u32,
     /// Done: the KServe v2 response, JSON (only from [`JobQueue::get`]; a listing
     /// leaves it out).

@@ -1,93 +1,38 @@
-//! The Redis Streams job store's semantics against a real `redis-server` (one per
-//! test, on a free loopback port): the same guarantees as the embedded store
-//! (priority then submission order, idempotent results, all-or-none submission,
-//! cancel, release, paging, expiry), plus what a shared queue adds: two stores
-//! (two replicas) never claim the same job, and a dead consumer's jobs are taken
-//! over with XAUTOCLAIM after the claim timeout.
+//! The Redis Streams job store against a real `redis-server` (one per test, on a
+//! free loopback port): the stores' shared contract (`kiln_tests::job_store`) and
+//! how Redis holds it (requests in the jobs' hashes, entries acknowledged with the
+//! result), plus what a shared queue adds: two stores (two replicas) never claim
+//! the same job, and a dead consumer's jobs are taken over with XAUTOCLAIM after
+//! the claim timeout.
 
 // Test code: a failed setup step should fail the test loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use kiln_jobs::redis_streams::RedisQueue;
-use kiln_jobs::{CancelResult, JobId, JobQueue, JobState, JobsError, ListFilter, NewJob, Outcome};
+use kiln_jobs::{JobQueue, JobState, JobsError, ListFilter, Outcome};
+use kiln_tests::job_store::{self, ids_of, job};
 use kiln_tests::redis::RedisServer;
-
-fn job(model: &str, priority: u8, n: u32) -> kiln_jobs::queue::Result<NewJob> {
-    Ok(NewJob {
-        model: model.into(),
-        priority,
-        request: format!("{{\"n\":{n}}}").into_bytes(),
-    })
-}
-
-fn ids_of(jobs: &[kiln_jobs::ClaimedJob]) -> Vec<JobId> {
-    jobs.iter().map(|j| j.id.clone()).collect()
-}
 
 #[test]
 fn claims_by_priority_then_order_and_results_are_idempotent() {
     let redis = RedisServer::start();
     let q = RedisQueue::open(&redis.url()).unwrap();
-    let ids = q
-        .enqueue(&mut [job("a", 5, 1), job("a", 1, 2), job("b", 5, 3)].into_iter())
-        .unwrap();
-    assert_eq!(ids.len(), 3);
-    // The request lives in the job's hash: the stream entries hold ids only.
-    assert_eq!(redis.integer(&["XLEN", "kiln:jobs:stream:5"]), 2);
-    let claimed = q.claim("c1", 2).unwrap();
-    assert_eq!(claimed[0].id, ids[1], "priority 1 first");
-    assert_eq!(claimed[1].id, ids[0]);
-    assert_eq!(claimed[1].request, b"{\"n\":1}");
-    assert_eq!(claimed[1].model, "a");
-    assert_eq!(q.get(&ids[0]).unwrap().unwrap().state, JobState::Running);
-    q.complete(&[(ids[0].clone(), Outcome::Done(b"first".to_vec()))])
-        .unwrap();
-    q.complete(&[(ids[0].clone(), Outcome::Done(b"second".to_vec()))])
-        .unwrap();
-    let done = q.get(&ids[0]).unwrap().unwrap();
-    assert_eq!(done.state, JobState::Done);
-    assert_eq!(done.response.as_deref(), Some(&b"first"[..]));
-    assert_eq!(done.attempts, 1);
-    q.complete(&[(ids[1].clone(), Outcome::Failed("boom".into()))])
-        .unwrap();
-    assert_eq!(
-        q.get(&ids[1]).unwrap().unwrap().error.as_deref(),
-        Some("boom")
-    );
-    let counts = q.counts().unwrap();
-    assert_eq!(
-        (counts.queued, counts.running, counts.done, counts.failed),
-        (1, 0, 1, 1)
-    );
-    // Acknowledged only with the result: nothing pending, the entries gone.
+    job_store::claims_by_priority_then_order_and_results_are_idempotent(&q);
+    // Acknowledged and deleted only with the result: the one job left queued is
+    // the only entry; the requests live in the jobs' hashes.
     assert_eq!(redis.integer(&["XLEN", "kiln:jobs:stream:1"]), 0);
     assert_eq!(redis.integer(&["XLEN", "kiln:jobs:stream:5"]), 1);
+    assert_eq!(redis.pending("kiln:jobs:stream:5", "kiln"), 0);
 }
 
 #[test]
 fn a_bad_job_stores_nothing() {
     let redis = RedisServer::start();
     let q = RedisQueue::open(&redis.url()).unwrap();
-    // More than one chunk (512) written before the bad one.
-    let mut input =
-        (0..600)
-            .map(|n| job("a", 5, n))
-            .chain(std::iter::once(Err(JobsError::Invalid(
-                "line 601: bad".into(),
-            ))));
-    assert_eq!(
-        q.enqueue(&mut input),
-        Err(JobsError::Invalid("line 601: bad".into()))
-    );
-    assert_eq!(q.counts().unwrap().queued, 0);
-    assert!(q
-        .list(&ListFilter::default(), None, 10)
-        .unwrap()
-        .jobs
-        .is_empty());
-    assert!(q.claim("c", 10).unwrap().is_empty());
+    // More than one chunk (512) is written before the bad one: staged, then removed.
+    job_store::a_bad_job_stores_nothing(&q);
     assert!(redis.integer(&["DBSIZE"]) <= 12, "staged jobs removed");
 }
 
@@ -95,75 +40,7 @@ fn a_bad_job_stores_nothing() {
 fn cancel_release_list_and_expire() {
     let redis = RedisServer::start();
     let q = RedisQueue::open(&redis.url()).unwrap();
-    let ids = q
-        .enqueue(&mut (0..10).map(|n| job(if n % 2 == 0 { "even" } else { "odd" }, 5, n)))
-        .unwrap();
-    assert_eq!(q.cancel(&ids[0]).unwrap(), CancelResult::Cancelled);
-    assert_eq!(
-        q.cancel(&ids[0]).unwrap(),
-        CancelResult::NotQueued(JobState::Cancelled)
-    );
-    assert_eq!(
-        q.cancel(&JobId("999".into())).unwrap(),
-        CancelResult::NotFound
-    );
-    assert_eq!(
-        q.cancel(&JobId("../x".into())).unwrap(),
-        CancelResult::NotFound
-    );
-    // The cancelled job's entry is dropped unrun by the claim.
-    let claimed = q.claim("c", 1).unwrap();
-    assert_eq!(ids_of(&claimed), [ids[1].clone()]);
-    assert_eq!(
-        q.cancel(&ids[1]).unwrap(),
-        CancelResult::NotQueued(JobState::Running)
-    );
-    q.release(&[ids[1].clone()]).unwrap();
-    assert_eq!(q.get(&ids[1]).unwrap().unwrap().state, JobState::Queued);
-    assert_eq!(q.counts().unwrap().queued, 9);
-
-    let filter = ListFilter {
-        model: Some("even".into()),
-        state: None,
-    };
-    let mut seen = Vec::new();
-    let mut after = None;
-    loop {
-        let page = q.list(&filter, after.as_deref(), 2).unwrap();
-        seen.extend(page.jobs.iter().map(|j| j.id.clone()));
-        match page.next {
-            Some(next) => after = Some(next),
-            None => break,
-        }
-    }
-    assert_eq!(seen, [0, 2, 4, 6, 8].map(|i| ids[i].clone()));
-    let cancelled = ListFilter {
-        model: None,
-        state: Some(JobState::Cancelled),
-    };
-    assert_eq!(q.list(&cancelled, None, 100).unwrap().jobs.len(), 1);
-    assert!(matches!(
-        q.list(&ListFilter::default(), Some("x"), 10),
-        Err(JobsError::Invalid(_))
-    ));
-
-    assert_eq!(
-        q.expire(SystemTime::now() - Duration::from_secs(60))
-            .unwrap(),
-        0
-    );
-    assert_eq!(
-        q.expire(SystemTime::now() + Duration::from_secs(1))
-            .unwrap(),
-        1
-    );
-    assert!(q.get(&ids[0]).unwrap().is_none());
-    assert_eq!(q.counts().unwrap().cancelled, 0);
-    // The released job runs again; everything left drains.
-    let rest = q.claim("c", 100).unwrap();
-    assert_eq!(rest.len(), 9);
-    assert!(rest.iter().any(|j| j.id == ids[1]));
-    assert_eq!(q.get(&ids[1]).unwrap().unwrap().attempts, 2);
+    job_store::cancel_release_list_and_expire(&q);
 }
 
 #[test]

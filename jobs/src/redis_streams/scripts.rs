@@ -62,9 +62,10 @@ return out
 /// and a new one added at the end of its priority's stream. Answers 1 when it
 /// was running (under `only_entry`, when given), -1 when it runs under consumer
 /// `c` claimed at or after `since` (ms: that consumer's own live job, left as it
-/// is), else 0 (the caller drops the entry).
+/// is), else 0 (the caller drops the entry). `undo`: the job was not run, its last
+/// claim does not count in its attempts (as the embedded store does).
 const REQUEUE_ONE: &str = r#"
-local function requeue(p, g, id, only_entry, c, since)
+local function requeue(p, g, id, only_entry, c, since, undo)
   local key = p .. 'job:' .. id
   local f = redis.call('HMGET', key, 'state', 'priority', 'entry', 'consumer', 'claimed_ms')
   if f[1] ~= 'running' then return 0 end
@@ -76,6 +77,7 @@ local function requeue(p, g, id, only_entry, c, since)
     redis.call('XDEL', stream, f[3])
   end
   redis.call('HSET', key, 'state', 'queued')
+  if undo then redis.call('HINCRBY', key, 'attempts', -1) end
   redis.call('HDEL', key, 'consumer', 'claimed_ms', 'entry')
   redis.call('XADD', stream, '*', 'id', id)
   redis.call('HINCRBY', p .. 'counts', 'running', -1)
@@ -89,7 +91,7 @@ pub fn release() -> String {
     format!(
         "{REQUEUE_ONE}
 local n = 0
-for i = 3, #ARGV do n = n + math.max(0, requeue(ARGV[1], ARGV[2], ARGV[i], nil, nil, 0)) end
+for i = 3, #ARGV do n = n + math.max(0, requeue(ARGV[1], ARGV[2], ARGV[i], nil, nil, 0, true)) end
 return n
 "
     )

@@ -1,17 +1,17 @@
-//! The embedded store's semantics, on a real redb file in a fresh folder.
+//! The contract every job store (`kiln_jobs::JobQueue`) keeps, written once and
+//! run against each backend (`tests/tests/jobs_embedded_store.rs` on a redb file,
+//! `tests/tests/jobs_redis_store.rs` on a real `redis-server`): priority then
+//! submission order, idempotent results, all-or-none submission, cancel, release,
+//! paging and expiry.
 
 use std::time::{Duration, SystemTime};
 
-use kiln_jobs::embedded::EmbeddedQueue;
-use kiln_jobs::{CancelResult, JobId, JobQueue, JobState, JobsError, ListFilter, NewJob, Outcome};
+use kiln_jobs::{
+    CancelResult, ClaimedJob, JobId, JobQueue, JobState, JobsError, ListFilter, NewJob, Outcome,
+};
 
-fn folder(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("kiln-jobs-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
-
-fn job(model: &str, priority: u8, n: u32) -> kiln_jobs::queue::Result<NewJob> {
+/// Job `n` of `model` at `priority` (its request: `{"n": n}`).
+pub fn job(model: &str, priority: u8, n: u32) -> kiln_jobs::queue::Result<NewJob> {
     Ok(NewJob {
         model: model.into(),
         priority,
@@ -19,10 +19,14 @@ fn job(model: &str, priority: u8, n: u32) -> kiln_jobs::queue::Result<NewJob> {
     })
 }
 
-#[test]
-fn claims_by_priority_then_order_and_results_are_idempotent() {
-    let dir = folder("order");
-    let q = EmbeddedQueue::open(&dir).unwrap();
+/// The ids of claimed jobs, in order.
+pub fn ids_of(jobs: &[ClaimedJob]) -> Vec<JobId> {
+    jobs.iter().map(|j| j.id.clone()).collect()
+}
+
+/// Claims go by priority, then submission order; the first result stored wins.
+/// Leaves one job of priority 5 queued.
+pub fn claims_by_priority_then_order_and_results_are_idempotent(q: &dyn JobQueue) {
     let ids = q
         .enqueue(&mut [job("a", 5, 1), job("a", 1, 2), job("b", 5, 3)].into_iter())
         .unwrap();
@@ -31,6 +35,7 @@ fn claims_by_priority_then_order_and_results_are_idempotent() {
     assert_eq!(claimed[0].id, ids[1], "priority 1 first");
     assert_eq!(claimed[1].id, ids[0]);
     assert_eq!(claimed[1].request, b"{\"n\":1}");
+    assert_eq!(claimed[1].model, "a");
     assert_eq!(q.get(&ids[0]).unwrap().unwrap().state, JobState::Running);
     q.complete(&[(ids[0].clone(), Outcome::Done(b"first".to_vec()))])
         .unwrap();
@@ -39,6 +44,7 @@ fn claims_by_priority_then_order_and_results_are_idempotent() {
     let done = q.get(&ids[0]).unwrap().unwrap();
     assert_eq!(done.state, JobState::Done);
     assert_eq!(done.response.as_deref(), Some(&b"first"[..]));
+    assert_eq!(done.attempts, 1);
     q.complete(&[(ids[1].clone(), Outcome::Failed("boom".into()))])
         .unwrap();
     assert_eq!(
@@ -52,18 +58,17 @@ fn claims_by_priority_then_order_and_results_are_idempotent() {
     );
 }
 
-#[test]
-fn a_bad_job_stores_nothing() {
-    let dir = folder("atomic");
-    let q = EmbeddedQueue::open(&dir).unwrap();
-    let mut input = [
-        job("a", 5, 1),
-        Err(JobsError::Invalid("line 2: bad".into())),
-    ]
-    .into_iter();
+/// A submission with a bad request after 600 good ones stores none of them.
+pub fn a_bad_job_stores_nothing(q: &dyn JobQueue) {
+    let mut input =
+        (0..600)
+            .map(|n| job("a", 5, n))
+            .chain(std::iter::once(Err(JobsError::Invalid(
+                "line 601: bad".into(),
+            ))));
     assert_eq!(
         q.enqueue(&mut input),
-        Err(JobsError::Invalid("line 2: bad".into()))
+        Err(JobsError::Invalid("line 601: bad".into()))
     );
     assert_eq!(q.counts().unwrap().queued, 0);
     assert!(q
@@ -71,12 +76,12 @@ fn a_bad_job_stores_nothing() {
         .unwrap()
         .jobs
         .is_empty());
+    assert!(q.claim("c", 10).unwrap().is_empty());
 }
 
-#[test]
-fn cancel_release_list_and_expire() {
-    let dir = folder("life");
-    let q = EmbeddedQueue::open(&dir).unwrap();
+/// Cancel (queued only), release, paging with filters, expiry of finished jobs,
+/// and a released job running again.
+pub fn cancel_release_list_and_expire(q: &dyn JobQueue) {
     let ids = q
         .enqueue(&mut (0..10).map(|n| job(if n % 2 == 0 { "even" } else { "odd" }, 5, n)))
         .unwrap();
@@ -85,20 +90,24 @@ fn cancel_release_list_and_expire() {
         q.cancel(&ids[0]).unwrap(),
         CancelResult::NotQueued(JobState::Cancelled)
     );
-    assert_eq!(
-        q.cancel(&JobId("999".into())).unwrap(),
-        CancelResult::NotFound
-    );
+    for unknown in ["999", "../x"] {
+        assert_eq!(
+            q.cancel(&JobId(unknown.into())).unwrap(),
+            CancelResult::NotFound
+        );
+    }
+    // The cancelled job is never claimed.
     let claimed = q.claim("c", 1).unwrap();
-    assert_eq!(claimed[0].id, ids[1]);
+    assert_eq!(ids_of(&claimed), [ids[1].clone()]);
     assert_eq!(
         q.cancel(&ids[1]).unwrap(),
         CancelResult::NotQueued(JobState::Running)
     );
     q.release(&[ids[1].clone()]).unwrap();
     assert_eq!(q.get(&ids[1]).unwrap().unwrap().state, JobState::Queued);
+    assert_eq!(q.counts().unwrap().queued, 9);
 
-    // Pages of 3 over the even model: ids 2, 4 | 6, 8 (0 is cancelled but listed).
+    // Pages of 2 over the even model: 0 (cancelled, still listed), 2 | 4, 6 | 8.
     let filter = ListFilter {
         model: Some("even".into()),
         state: None,
@@ -119,6 +128,10 @@ fn cancel_release_list_and_expire() {
         state: Some(JobState::Cancelled),
     };
     assert_eq!(q.list(&cancelled, None, 100).unwrap().jobs.len(), 1);
+    assert!(matches!(
+        q.list(&ListFilter::default(), Some("x"), 10),
+        Err(JobsError::Invalid(_))
+    ));
 
     assert_eq!(
         q.expire(SystemTime::now() - Duration::from_secs(60))
@@ -132,45 +145,10 @@ fn cancel_release_list_and_expire() {
     );
     assert!(q.get(&ids[0]).unwrap().is_none());
     assert_eq!(q.counts().unwrap().cancelled, 0);
-}
-
-#[test]
-fn running_jobs_go_back_to_the_queue_when_reopened() {
-    let dir = folder("reopen");
-    let ids = {
-        let q = EmbeddedQueue::open(&dir).unwrap();
-        let ids = q.enqueue(&mut (0..3).map(|n| job("a", 5, n))).unwrap();
-        assert_eq!(q.claim("dead", 2).unwrap().len(), 2);
-        ids
-    };
-    let q = EmbeddedQueue::open(&dir).unwrap();
-    let counts = q.counts().unwrap();
-    assert_eq!((counts.queued, counts.running), (3, 0));
-    let again = q.claim("alive", 3).unwrap();
-    assert_eq!(again.iter().map(|j| j.id.clone()).collect::<Vec<_>>(), ids);
-    assert_eq!(q.get(&ids[0]).unwrap().unwrap().attempts, 2);
-    // New ids continue after the old ones.
-    let more = q.enqueue(&mut std::iter::once(job("a", 5, 9))).unwrap();
-    assert_eq!(more[0], JobId("4".into()));
-}
-
-#[test]
-fn reclaim_takes_back_other_consumers_idle_jobs() {
-    let dir = folder("reclaim");
-    let q = EmbeddedQueue::open(&dir).unwrap();
-    q.enqueue(&mut (0..2).map(|n| job("a", 5, n))).unwrap();
-    q.claim("other", 1).unwrap();
-    q.claim("me", 1).unwrap();
-    assert_eq!(
-        q.reclaim("me", Duration::from_secs(3600)).unwrap(),
-        0,
-        "not idle long enough"
-    );
-    assert_eq!(
-        q.reclaim("me", Duration::ZERO).unwrap(),
-        1,
-        "only the other's"
-    );
-    let counts = q.counts().unwrap();
-    assert_eq!((counts.queued, counts.running), (1, 1));
+    // The released job runs again, its unrun claim not counted; everything left
+    // drains.
+    let rest = q.claim("c", 100).unwrap();
+    assert_eq!(rest.len(), 9);
+    assert!(rest.iter().any(|j| j.id == ids[1]));
+    assert_eq!(q.get(&ids[1]).unwrap().unwrap().attempts, 1);
 }
