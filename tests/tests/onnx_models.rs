@@ -369,3 +369,40 @@ async fn intra_op_threads_default_to_the_cores_shared_among_instances() {
     let logged = intra_op_threads_logged(&kiln.log(), "ocr-cls");
     assert_eq!(logged[3..], [3, 3], "{logged:?}");
 }
+
+/// The repository's PP-OCR models turn ONNX Runtime's spinning off (they run side
+/// by side in the OCR pipeline); a load may turn it back on, and a value that is not
+/// a boolean is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allow_spinning_is_a_load_parameter() {
+    let repo = model_repository();
+    let kiln = Kiln::start(&["--model-repository", repo.to_str().unwrap()]);
+    let c = &kiln.client;
+    let inits = |kiln: &Kiln| -> Vec<String> {
+        kiln.log()
+            .lines()
+            .filter(|l| l.contains("ocr-rec/1/model.onnx") && l.contains("intra-op"))
+            .map(str::to_owned)
+            .collect()
+    };
+    c.load_model("ocr-rec", &json!({})).await.unwrap();
+    let logged = inits(&kiln);
+    assert!(
+        logged.last().unwrap().contains("(no spinning)"),
+        "{logged:?}"
+    );
+    c.load_model("ocr-rec", &json!({"allow_spinning": true}))
+        .await
+        .unwrap();
+    let logged = inits(&kiln);
+    assert!(
+        !logged.last().unwrap().contains("(no spinning)"),
+        "{logged:?}"
+    );
+    let err = c
+        .load_model("ocr-rec", &json!({"allow_spinning": "sometimes"}))
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), Some(400), "{err}");
+    assert!(err.to_string().contains("allow_spinning"), "{err}");
+}

@@ -19,7 +19,10 @@
 //! `$KILN_CACHE/onnxruntime/libonnxruntime.so.1.31.1`, else `./.cache/onnxruntime/…`),
 //! `intra_op_threads` (default: the physical cores divided among the group's
 //! `instances`, at least 1, as ONNX Runtime would pick for one session; see
-//! [`threads`]), `inter_op_threads` (1), `optimization_level`
+//! [`threads`]), `inter_op_threads` (1), `allow_spinning` (ONNX Runtime's
+//! `session.intra_op.allow_spinning`, default true: idle intra-op threads spin a
+//! while before sleeping; false for models that share the cores with others,
+//! such as a pipeline's steps), `optimization_level`
 //! (`disable`, `basic`, `extended`, `all`; default `all`), `max_batch_size`,
 //! `batch_axis.<tensor>`, `input.<name>`, `execution_provider` (`cpu`, the default,
 //! or `cuda`: ONNX Runtime's CUDA provider, from the onnxruntime-gpu build named by
@@ -59,6 +62,7 @@ pub struct Onnx {
     environment: Environment,
     intra_op_threads: usize,
     inter_op_threads: usize,
+    allow_spinning: bool,
     level: GraphOptimizationLevel,
     provider: Provider,
     signature: Signature,
@@ -141,7 +145,9 @@ impl Onnx {
             .with_intra_threads(self.intra_op_threads)
             .map_err(|e| WorkerError::new(format!("intra-op threads: {e}")))?
             .with_inter_threads(self.inter_op_threads)
-            .map_err(|e| WorkerError::new(format!("inter-op threads: {e}")))
+            .map_err(|e| WorkerError::new(format!("inter-op threads: {e}")))?
+            .with_intra_op_spinning(self.allow_spinning)
+            .map_err(|e| WorkerError::new(format!("allow_spinning: {e}")))
             .and_then(|builder| self.provider.register(builder))?
             .commit_from_file(&self.path)
             .map_err(|e| WorkerError::new(format!("cannot load {}: {e}", self.path.display())))
@@ -343,6 +349,7 @@ impl Worker for Onnx {
         ParamSpec::operator("runtime"),
         ParamSpec::load("intra_op_threads", ParamKind::Int { min: 1, max: 256 }),
         ParamSpec::load("inter_op_threads", ParamKind::Int { min: 1, max: 256 }),
+        ParamSpec::load("allow_spinning", ParamKind::Bool),
         ParamSpec::load("optimization_level", ParamKind::Any),
         ParamSpec::load("max_batch_size", ParamKind::Int { min: 0, max: 4096 }),
         ParamSpec::load(
@@ -366,6 +373,10 @@ impl Worker for Onnx {
             environment,
             intra_op_threads: threads::intra_op_threads(&params, threads::physical_cores())?,
             inter_op_threads: count(&params, "inter_op_threads", 1)?,
+            allow_spinning: params
+                .bool("allow_spinning")
+                .map_err(WorkerError::new)?
+                .unwrap_or(true),
             level: optimization_level(&params)?,
             provider,
             signature: Signature::default(),
@@ -384,12 +395,17 @@ impl Worker for Onnx {
             .map(|_| AlignedBytes::default())
             .collect();
         log::info!(
-            "onnx: {} — {} input(s), {} output(s), max_batch_size {}, {} intra-op thread(s), {:?}{}",
+            "onnx: {} — {} input(s), {} output(s), max_batch_size {}, {} intra-op thread(s){}, {:?}{}",
             worker.path.display(),
             worker.signature.inputs.len(),
             worker.signature.outputs.len(),
             worker.signature.max_batch_size,
             worker.intra_op_threads,
+            if worker.allow_spinning {
+                ""
+            } else {
+                " (no spinning)"
+            },
             worker.provider,
             worker.signature.describe_options()
         );
