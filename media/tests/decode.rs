@@ -35,6 +35,17 @@ fn alive(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
+/// Bytes process `pid` has written (`/proc/PID/io`'s `wchar`).
+fn written(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .ok()
+        .and_then(|io| {
+            io.lines()
+                .find_map(|l| l.strip_prefix("wchar: ").and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
 #[test]
 fn decodes_every_frame_with_its_size_and_rate() {
     let dir = media();
@@ -137,7 +148,13 @@ fn a_dropped_or_stopped_decoder_leaves_no_process() {
     )
     .unwrap();
     let pid = decoder.pid().unwrap();
-    std::thread::sleep(Duration::from_millis(100));
+    // A frame (640×480×3 bytes) is more than the pipe holds (64 KiB): once FFmpeg
+    // has written that much, it waits on the full pipe.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while written(pid) < 64 * 1024 {
+        assert!(std::time::Instant::now() < deadline, "FFmpeg wrote nothing");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     drop(decoder);
     assert!(!alive(pid));
 }

@@ -6,29 +6,43 @@ use kiln_client::HttpClient;
 
 use crate::{metric, requests_outcome};
 
-/// Waits (up to about 10 s) until the sample `name{model=...}` satisfies `ok`;
-/// returns it.
+/// Waits up to `within` until the sample `name{labels}` of the server behind `c`
+/// satisfies `ok` (an absent sample never does); returns it.
+pub async fn wait_sample(
+    c: &HttpClient,
+    name: &str,
+    labels: &[(&str, &str)],
+    within: Duration,
+    ok: impl Fn(f64) -> bool,
+) -> f64 {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let text = c.metrics().await.expect("metrics");
+        let last = metric(&text, name, labels);
+        if let Some(v) = last.filter(|&v| ok(v)) {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "`{name}`{labels:?} never reached the expected value (last: {last:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits (up to 20 s) until the sample `name{model=...}` satisfies `ok`; returns it.
 pub async fn wait_metric_until(
     c: &HttpClient,
     name: &str,
     model: &str,
     ok: impl Fn(f64) -> bool,
 ) -> f64 {
-    let mut last = None;
-    for _ in 0..1000 {
-        let text = c.metrics().await.expect("metrics");
-        last = metric(&text, name, &[("model", model)]);
-        if let Some(v) = last.filter(|&v| ok(v)) {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("`{name}` of model `{model}` never reached the expected value (last: {last:?})");
+    wait_sample(c, name, &[("model", model)], Duration::from_secs(20), ok).await
 }
 
 /// Waits until the gauge `name{model}` of the server behind `c` reads `value`:
 /// ordering a test by what the server has seen, not by sleeping. Panics after
-/// about 10 s.
+/// 20 s.
 pub async fn wait_metric(c: &HttpClient, name: &str, model: &str, value: f64) {
     wait_metric_until(c, name, model, |v| v == value).await;
 }

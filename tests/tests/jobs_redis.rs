@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use kiln_tests::jobs::{list_all, submit_ok, wait_finished};
 use kiln_tests::redis::RedisServer;
+use kiln_tests::wait::wait_sample;
 use kiln_tests::{metric, Kiln};
 use serde_json::{json, Value};
 
@@ -47,17 +48,9 @@ async fn figure(url: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     metric(&metrics(url).await, name, labels).unwrap_or(0.0)
 }
 
-/// Waits (up to 60 s) until `name{labels}` on `url` satisfies `ok`.
-async fn wait_figure(url: &str, name: &str, labels: &[(&str, &str)], ok: impl Fn(f64) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let v = figure(url, name, labels).await;
-        if ok(v) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{name}{labels:?} stayed at {v}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+/// Waits (up to 60 s) until `name{labels}` of `kiln` satisfies `ok`.
+async fn wait_figure(kiln: &Kiln, name: &str, labels: &[(&str, &str)], ok: impl Fn(f64) -> bool) {
+    wait_sample(&kiln.client, name, labels, Duration::from_secs(60), ok).await;
 }
 
 /// Every job through the API: each id once, each done with one response.
@@ -99,8 +92,8 @@ async fn two_replicas_drain_one_queue_and_survive_a_kill() {
     let ids = submit_ok(&a.url, "cost", lines((0..n).map(cost_job))).await;
     assert_eq!(ids.len(), n as usize);
     // Both take part; then b dies while running a job of its own.
-    wait_figure(&b.url, "kiln_jobs_completed_total", &[], |v| v >= 5.0).await;
-    wait_figure(&a.url, "kiln_jobs_completed_total", &[], |v| v >= 5.0).await;
+    wait_figure(&b, "kiln_jobs_completed_total", &[], |v| v >= 5.0).await;
+    wait_figure(&a, "kiln_jobs_completed_total", &[], |v| v >= 5.0).await;
     // Freeze b until it holds a claimed job, and kill it then.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -135,7 +128,7 @@ async fn two_replicas_drain_one_queue_and_survive_a_kill() {
     assert!(rerun >= 1, "b's claimed job ran again on a");
     // Every entry acknowledged after its result; the counts match the API.
     assert_eq!(redis.pending("kiln:jobs:stream:5", "kiln"), 0);
-    wait_figure(&a.url, "kiln_jobs", &[("state", "done")], |v| v == n as f64).await;
+    wait_figure(&a, "kiln_jobs", &[("state", "done")], |v| v == n as f64).await;
     assert_eq!(
         figure(&a.url, "kiln_jobs", &[("state", "running")]).await,
         0.0
@@ -205,7 +198,10 @@ async fn a_target_that_is_down_gets_nothing_and_loses_nothing() {
         assert_eq!(metric(&text, "kiln_dispatch_budget", &[]), Some(0.0));
         assert_eq!(metric(&text, "kiln_jobs_dispatched_total", &[]), Some(0.0));
     }
-    wait_figure(d, "kiln_jobs", &[("state", "queued")], |v| v == 20.0).await;
+    wait_figure(&dispatcher, "kiln_jobs", &[("state", "queued")], |v| {
+        v == 20.0
+    })
+    .await;
     // The target comes up where it was named: everything drains.
     let target = Kiln::start_on(port, &["--load", SLOW_COST], &[]);
     assert_all_done_once(d, &ids).await;
