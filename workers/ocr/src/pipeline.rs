@@ -119,6 +119,21 @@ fn fp32_bytes(v: &[f32]) -> &[u8] {
     bytemuck::cast_slice(v)
 }
 
+/// A call of a PP-OCR model (each takes one FP32 input `x`) for `request`.
+fn x_call<'a>(model: &'a str, shape: &'a [i64], x: &'a [f32], request: usize) -> ModelCall<'a> {
+    ModelCall {
+        model,
+        inputs: vec![CallInput {
+            name: "x",
+            dtype: DataType::Fp32,
+            shape,
+            data: fp32_bytes(x),
+        }],
+        for_request: Some(request),
+        ..ModelCall::default()
+    }
+}
+
 fn call_error(step: &str, e: CallError) -> String {
     format!("{step}: {e}")
 }
@@ -163,17 +178,7 @@ pub fn run(
     let mut x = vec![0f32; 3 * dh * dw];
     resized.normalize_into(&mut x, dw);
     let shape = [1, 3, dh as i64, dw as i64];
-    let det = call::infer(&ModelCall {
-        model: &settings.det_model,
-        inputs: vec![CallInput {
-            name: "x",
-            dtype: DataType::Fp32,
-            shape: &shape,
-            data: fp32_bytes(&x),
-        }],
-        for_request: Some(request),
-        ..ModelCall::default()
-    });
+    let det = call::infer(&x_call(&settings.det_model, &shape, &x, request));
     let (map, map_shape) = first_output("detection", det)?;
     if map.len() != dh * dw {
         return Err(format!(
@@ -232,17 +237,7 @@ fn classify(lines: &mut [Image], settings: &Settings, request: usize) -> Result<
         .collect();
     let calls: Vec<ModelCall<'_>> = chunks
         .iter()
-        .map(|(x, shape)| ModelCall {
-            model: &settings.cls_model,
-            inputs: vec![CallInput {
-                name: "x",
-                dtype: DataType::Fp32,
-                shape,
-                data: fp32_bytes(x),
-            }],
-            for_request: Some(request),
-            ..ModelCall::default()
-        })
+        .map(|(x, shape)| x_call(&settings.cls_model, shape, x, request))
         .collect();
     let mut index = 0;
     for answer in call::infer_all(&calls) {
@@ -295,17 +290,7 @@ fn recognize(
         .collect();
     let calls: Vec<ModelCall<'_>> = groups
         .iter()
-        .map(|(_, x, shape)| ModelCall {
-            model: &settings.rec_model,
-            inputs: vec![CallInput {
-                name: "x",
-                dtype: DataType::Fp32,
-                shape,
-                data: fp32_bytes(x),
-            }],
-            for_request: Some(request),
-            ..ModelCall::default()
-        })
+        .map(|(_, x, shape)| x_call(&settings.rec_model, shape, x, request))
         .collect();
     let mut texts = vec![(String::new(), 0.0); lines.len()];
     for ((group, _, _), answer) in groups.iter().zip(call::infer_all(&calls)) {
