@@ -68,8 +68,10 @@ pub struct GroupLoad {
     pub in_batches: u64,
     /// Requests accepted and not yet in a batch.
     pub queued: u64,
-    /// Requests it can have in batches at once: its buffer sets × `batch_size`,
-    /// at most its `queue_size`.
+    /// Requests it runs at once: its healthy instances × `batch_size` (× an
+    /// asynchronous worker's `max_outstanding`), at most its `queue_size`. The
+    /// jobs dispatcher's `max_sys`: one batch per instance, so jobs in flight
+    /// never stand more than about one batch ahead of a realtime request.
     pub capacity: u64,
 }
 
@@ -564,8 +566,10 @@ impl WorkerGroup {
         GroupLoad {
             in_batches: pending.saturating_sub(queued),
             queued,
-            capacity: (self.settings.max_buffers * self.settings.batch_size)
-                .min(self.settings.queue_size) as u64,
+            capacity: (self.context.healthy.load(Ordering::Relaxed)
+                * self.settings.batch_size
+                * self.settings.max_outstanding.unwrap_or(1))
+            .min(self.settings.queue_size) as u64,
         }
     }
 

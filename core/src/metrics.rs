@@ -228,7 +228,7 @@ impl Metrics {
             );
             r.register(
                 "kiln_request_capacity",
-                "Requests the model can have in batches at once: buffer sets x batch_size, at most queue_size (a jobs dispatcher's max_sys)",
+                "Requests the model runs at once: healthy instances x batch_size (x max_outstanding), at most queue_size (a jobs dispatcher's max_sys)",
                 metrics.capacity.clone(),
             );
             r.register(

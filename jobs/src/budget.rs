@@ -11,7 +11,8 @@
 //! - `F_sys = cur_sys / max_sys`, `F_q = cur_q / max_sys` (realtime's share),
 //! - `D = 1 − (F_sys + F_q + B)`, `B` the baseline kept for realtime bursts,
 //! - the budget: at most `floor(max_sys × min(D, u))` jobs in flight, none when
-//!   `D ≤ 0`.
+//!   `D ≤ 0`, and at least one while `D > 0` (so a target of one slot, where
+//!   `max_sys × u < 1`, still takes a job when realtime leaves it idle).
 //!
 //! The design note says the dispatcher stops above `u`; read literally an idle
 //! server (`D = 1 − B`) would never get a job, so kiln caps at `u` instead: an
@@ -78,7 +79,8 @@ pub trait DispatchTarget: Send + Sync {
 /// The budget's settings (`--jobs-max-sys`, `--jobs-baseline`, `--jobs-cap`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BudgetConfig {
-    /// `max_sys` instead of the target's own figure.
+    /// `max_sys` instead of the target's own figure; 0 holds every job queued
+    /// (accepted and stored, none dispatched).
     pub max_sys: Option<f64>,
     /// `B`, in `[0, 1)`.
     pub baseline: f64,
@@ -97,7 +99,8 @@ impl Default for BudgetConfig {
 }
 
 impl BudgetConfig {
-    /// Checks the ranges (`B` in `[0, 1)`, `u` in `(0, 1)`, `max_sys` > 0).
+    /// Checks the ranges (`B` in `[0, 1)`, `u` in `(0, 1)`, `max_sys` 0 or at
+    /// least 1).
     pub fn validate(self) -> Result<BudgetConfig, String> {
         if !(0.0..1.0).contains(&self.baseline) {
             return Err(format!(
@@ -112,8 +115,10 @@ impl BudgetConfig {
             ));
         }
         if let Some(m) = self.max_sys {
-            if !(m.is_finite() && m >= 1.0) {
-                return Err(format!("--jobs-max-sys must be at least 1, got {m}"));
+            if !(m.is_finite() && (m == 0.0 || m >= 1.0)) {
+                return Err(format!(
+                    "--jobs-max-sys must be 0 (hold every job) or at least 1, got {m}"
+                ));
             }
         }
         Ok(self)
@@ -178,8 +183,9 @@ impl Budget {
         let budget = if d <= 0.0 || self.overload_since.is_some() {
             0
         } else {
-            // The epsilon keeps 100 × 0.45 from flooring to 44.
-            (max_sys * d.min(self.config.cap) + 1e-9).floor() as usize
+            // The epsilon keeps 100 × 0.45 from flooring to 44. At least one while
+            // D > 0: a target of one slot (max_sys × u < 1) still drains when idle.
+            ((max_sys * d.min(self.config.cap) + 1e-9).floor() as usize).max(1)
         };
         self.figures = Figures {
             f_sys,
@@ -257,6 +263,16 @@ mod tests {
     }
 
     #[test]
+    fn a_target_of_one_slot_takes_one_job_when_idle() {
+        let mut b = Budget::new(BudgetConfig::default());
+        assert_eq!(b.update(reading(0.0, 0.0, 1.0), 0).budget, 1);
+        // Its one slot taken by realtime: none.
+        assert_eq!(b.update(reading(1.0, 0.0, 1.0), 0).budget, 0);
+        // Our own job in it: still one (ours, not realtime's).
+        assert_eq!(b.update(reading(1.0, 0.0, 1.0), 1).budget, 1);
+    }
+
+    #[test]
     fn configured_max_sys_wins() {
         let mut b = Budget::new(BudgetConfig {
             max_sys: Some(10.0),
@@ -277,5 +293,21 @@ mod tests {
             ..BudgetConfig::default()
         };
         assert!(bad.validate().is_err());
+        for (m, ok) in [(0.0, true), (0.5, false), (1.0, true), (f64::NAN, false)] {
+            let config = BudgetConfig {
+                max_sys: Some(m),
+                ..BudgetConfig::default()
+            };
+            assert_eq!(config.validate().is_ok(), ok, "max_sys {m}");
+        }
+    }
+
+    #[test]
+    fn max_sys_zero_holds_every_job() {
+        let mut b = Budget::new(BudgetConfig {
+            max_sys: Some(0.0),
+            ..BudgetConfig::default()
+        });
+        assert_eq!(b.update(reading(0.0, 0.0, 100.0), 0).budget, 0);
     }
 }

@@ -3,33 +3,49 @@
 //! [`DispatchTarget`] and stores their results.
 //!
 //! Each round it reads the target, updates the [`Budget`] with its own jobs in
-//! flight, stores the results that came in since the last round and claims
-//! `budget − in flight` jobs (at most [`MAX_CLAIM`]) in one store call
-//! ([`JobQueue::settle_and_claim`]: one transaction, one fsync, in the embedded
-//! store), starts them, then waits for a job to end or the next tick. An overload answer
-//! releases the job back to the queue and zeroes the budget until the next
-//! reading; the target unavailable (no healthy instance, server gone) releases
-//! it too, and nothing is claimed for [`UNAVAILABLE_BACKOFF`]. The store is called on this thread (it blocks on disk or network; no
-//! request thread waits on it). Every `ttl / 4` finished jobs older than the TTL
-//! are removed; the state gauges are refreshed a few times a second.
+//! flight and starts claimed jobs while the budget has room. The store is called
+//! on the blocking pool, one call at a time, so a commit (an fsync in the
+//! embedded store, a round trip to Redis) never holds up dispatching: each call
+//! stores the results and releases gathered since the last one and claims enough
+//! jobs to keep one budget's worth ready beside the budget in flight (at most
+//! [`MAX_CLAIM`]; [`JobQueue::settle_and_claim`]: one transaction, one fsync, in
+//! the embedded store). While a call is under way the next one's results gather,
+//! so a busy dispatcher commits many results at once. A claim that finds the queue
+//! empty stops claiming for [`EMPTY_POLL`].
+//!
+//! An overload answer releases the job back to the queue and zeroes the budget
+//! until the next reading; the target unavailable (no healthy instance, server
+//! gone) releases it too, and nothing is started or claimed for
+//! [`UNAVAILABLE_BACKOFF`]. Jobs claimed but not started go back to the queue
+//! when the dispatcher stops, or when the budget stays 0 past half the reclaim
+//! timeout (`reason="stale"`). Every `ttl / 4` finished jobs older than the TTL
+//! are removed; the state gauges are refreshed a few times a second (both in
+//! the store calls).
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::Notify;
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle as TaskHandle, JoinSet};
 
 use crate::budget::{Budget, BudgetConfig, DispatchTarget, Dispatched};
 use crate::metrics::DispatchMetrics;
-use crate::queue::{JobId, JobQueue, Outcome};
+use crate::queue::{ClaimedJob, JobId, JobQueue, JobsError, Outcome, StateCounts};
 
 /// Most jobs claimed in one round (one store transaction).
 pub const MAX_CLAIM: usize = 256;
 
 /// How long the dispatcher claims nothing after the target was unavailable.
 pub const UNAVAILABLE_BACKOFF: Duration = Duration::from_millis(200);
+
+/// How long the dispatcher claims nothing after a claim found the queue empty.
+pub const EMPTY_POLL: Duration = Duration::from_millis(20);
+
+/// How often the state gauges are refreshed from the store.
+const COUNTS_EVERY: Duration = Duration::from_millis(200);
 
 /// The dispatcher's settings.
 #[derive(Debug, Clone)]
@@ -76,22 +92,17 @@ impl Dispatcher {
         let runtime = tokio::runtime::Builder::new_current_thread()
             // I/O too: a remote target scrapes and posts over HTTP.
             .enable_all()
+            // The store calls' threads: below every serving thread, as this one.
+            .on_thread_start(kiln_core::sched::background_thread)
             .build()?;
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
             .name("kiln-jobs".into())
             .spawn(move || {
-                let mut round = Rounds {
-                    queue,
-                    target,
-                    budget: Budget::new(config.budget),
-                    metrics,
-                    config,
-                    in_flight: JoinSet::new(),
-                    results: Vec::new(),
-                    released: Vec::new(),
-                    backoff_until: None,
-                };
+                // Jobs are the lowest priority in the OS too: this thread decodes
+                // them and encodes their results only on a core realtime leaves idle.
+                kiln_core::sched::background_thread();
+                let mut round = Rounds::new(queue, target, config, metrics);
                 runtime.block_on(round.run(&flag));
             })?;
         Ok(Dispatcher {
@@ -130,19 +141,67 @@ struct Rounds {
     metrics: DispatchMetrics,
     config: DispatcherConfig,
     in_flight: JoinSet<(JobId, Dispatched)>,
+    /// Claimed and not started yet, with when they were claimed.
+    ready: VecDeque<(Instant, ClaimedJob)>,
     results: Vec<(JobId, Outcome)>,
     released: Vec<JobId>,
+    /// The store call under way (one at a time, on the blocking pool).
+    store: Option<TaskHandle<Stored>>,
     /// No claims before this (after the target was unavailable).
     backoff_until: Option<Instant>,
+    /// No claims before this: the last claim found the queue empty.
+    empty_until: Option<Instant>,
+    last_counts: Instant,
+    last_expire: Instant,
+    last_reclaim: Instant,
+}
+
+/// What one store call was given and did.
+struct Stored {
+    /// The results and releases it was to store, given back when it failed.
+    results: Vec<(JobId, Outcome)>,
+    released: Vec<JobId>,
+    asked: usize,
+    claimed: Result<Vec<ClaimedJob>, JobsError>,
+    counts: Option<StateCounts>,
+}
+
+/// The maintenance a store call does besides its round.
+#[derive(Clone, Copy, Default)]
+struct Chores {
+    counts: bool,
+    expire_before: Option<SystemTime>,
+    reclaim_idle: Option<Duration>,
 }
 
 impl Rounds {
+    fn new(
+        queue: Arc<dyn JobQueue>,
+        target: Arc<dyn DispatchTarget>,
+        config: DispatcherConfig,
+        metrics: DispatchMetrics,
+    ) -> Rounds {
+        let now = Instant::now();
+        Rounds {
+            queue,
+            target,
+            budget: Budget::new(config.budget),
+            metrics,
+            config,
+            in_flight: JoinSet::new(),
+            ready: VecDeque::new(),
+            results: Vec::new(),
+            released: Vec::new(),
+            store: None,
+            backoff_until: None,
+            empty_until: None,
+            last_counts: now - COUNTS_EVERY,
+            last_expire: now - Duration::from_secs(3600),
+            last_reclaim: now,
+        }
+    }
+
     async fn run(&mut self, stop: &(AtomicBool, Notify)) {
-        let expire_every =
-            (self.config.result_ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(60));
-        let mut last_expire = Instant::now() - expire_every;
-        let mut last_counts = Instant::now() - Duration::from_secs(1);
-        let mut last_reclaim = Instant::now();
         while !stop.0.load(Ordering::SeqCst) {
             self.dispatch_round().await;
             tokio::select! {
@@ -151,40 +210,28 @@ impl Rounds {
                         self.ended(ended);
                     }
                 }
+                stored = async {
+                    match self.store.as_mut() {
+                        Some(store) => store.await,
+                        None => std::future::pending().await,
+                    }
+                }, if self.store.is_some() => {
+                    self.store = None;
+                    self.stored(stored);
+                }
                 _ = tokio::time::sleep(self.config.tick) => {}
                 _ = stop.1.notified() => {}
             }
             while let Some(ended) = self.in_flight.try_join_next() {
                 self.ended(ended);
             }
-            let now = Instant::now();
-            if now.duration_since(last_counts) >= Duration::from_millis(200) {
-                last_counts = now;
-                match self.queue.counts() {
-                    Ok(counts) => self.metrics.set_counts(&counts),
-                    Err(e) => spdlog::warn!("jobs: cannot read the store's counts: {e}"),
-                }
-            }
-            if now.duration_since(last_expire) >= expire_every {
-                last_expire = now;
-                if let Err(e) = self
-                    .queue
-                    .expire(SystemTime::now() - self.config.result_ttl)
-                {
-                    spdlog::warn!("jobs: expiring old results failed: {e}");
-                }
-            }
-            if now.duration_since(last_reclaim) >= self.config.reclaim_after / 4 {
-                last_reclaim = now;
-                if let Err(e) = self
-                    .queue
-                    .reclaim(&self.config.consumer, self.config.reclaim_after)
-                {
-                    spdlog::warn!("jobs: reclaiming a dead consumer's jobs failed: {e}");
-                }
-            }
         }
-        // Stopping: the jobs in flight get a few seconds to end.
+        // Stopping: the store call under way ends, the jobs in flight get a few
+        // seconds, and the jobs claimed but not started go back to the queue.
+        if let Some(store) = self.store.take() {
+            let stored = store.await;
+            self.stored(stored);
+        }
         let deadline = tokio::time::sleep(Duration::from_secs(5));
         tokio::pin!(deadline);
         while !self.in_flight.is_empty() {
@@ -194,51 +241,135 @@ impl Rounds {
             }
         }
         self.in_flight.abort_all();
+        while let Some((_, job)) = self.ready.pop_front() {
+            self.release(job.id, "stopped");
+        }
         self.store_results();
     }
 
-    /// Reads the target, updates the budget, stores what ended and claims what
-    /// the budget allows, in one store call, and starts the claimed jobs.
+    /// Reads the target, updates the budget, starts claimed jobs while the budget
+    /// has room, and starts a store call when there is something to store or
+    /// claim and none is under way.
     async fn dispatch_round(&mut self) {
         let reading = self.target.read().await;
-        let in_flight = self.in_flight.len();
-        let figures = self.budget.update(reading, in_flight);
-        self.metrics.set_figures(&figures, in_flight);
-        let backing_off = self.backoff_until.is_some_and(|t| Instant::now() < t);
-        let room = match backing_off {
-            true => 0,
-            false => figures.budget.saturating_sub(in_flight).min(MAX_CLAIM),
-        };
-        if room == 0 && self.results.is_empty() && self.released.is_empty() {
+        let figures = self.budget.update(reading, self.in_flight.len());
+        let now = Instant::now();
+        let backing_off = self.backoff_until.is_some_and(|t| now < t);
+        if !backing_off {
+            while self.in_flight.len() < figures.budget {
+                let Some((_, job)) = self.ready.pop_front() else {
+                    break;
+                };
+                let id = job.id.clone();
+                let run = self.target.dispatch(job);
+                self.in_flight.spawn(async move { (id, run.await) });
+                self.metrics.dispatched.inc();
+            }
+        }
+        self.metrics.set_figures(&figures, self.in_flight.len());
+        self.metrics.in_flight.set(self.in_flight.len() as i64);
+        if self.store.is_none() {
+            self.release_stale(figures.budget, now);
+            self.start_store(figures.budget, backing_off, now);
+        }
+    }
+
+    /// Claimed jobs that waited past half the reclaim timeout without a budget
+    /// go back to the queue (another consumer would take them for a dead one's).
+    fn release_stale(&mut self, budget: usize, now: Instant) {
+        if budget > 0 {
             return;
         }
-        let jobs = match self.queue.settle_and_claim(
-            &self.results,
-            &self.released,
-            &self.config.consumer,
-            room,
-        ) {
-            Ok(jobs) => {
-                self.results.clear();
-                self.released.clear();
-                jobs
+        let stale = self.config.reclaim_after / 2;
+        while let Some((claimed, _)) = self.ready.front() {
+            if now.duration_since(*claimed) < stale {
+                break;
             }
+            if let Some((_, job)) = self.ready.pop_front() {
+                self.release(job.id, "stale");
+            }
+        }
+    }
+
+    /// Starts a store call: the results and releases gathered, a claim that keeps
+    /// up to one budget of jobs ready beside the budget in flight (at most
+    /// [`MAX_CLAIM`]), and the chores that are due.
+    fn start_store(&mut self, budget: usize, backing_off: bool, now: Instant) {
+        let claiming = !backing_off && self.empty_until.is_none_or(|t| now >= t);
+        let asked = match claiming {
+            true => (2 * budget)
+                .saturating_sub(self.in_flight.len() + self.ready.len())
+                .min(MAX_CLAIM),
+            false => 0,
+        };
+        let chores = self.chores_due(now);
+        let chore =
+            chores.counts || chores.expire_before.is_some() || chores.reclaim_idle.is_some();
+        if asked == 0 && self.results.is_empty() && self.released.is_empty() && !chore {
+            return;
+        }
+        let queue = Arc::clone(&self.queue);
+        let consumer = self.config.consumer.clone();
+        let results = std::mem::take(&mut self.results);
+        let released = std::mem::take(&mut self.released);
+        self.store = Some(tokio::task::spawn_blocking(move || {
+            store_round(&*queue, &consumer, results, released, asked, chores)
+        }));
+    }
+
+    /// Which chores are due now (and marks them done).
+    fn chores_due(&mut self, now: Instant) -> Chores {
+        let mut chores = Chores::default();
+        if now.duration_since(self.last_counts) >= COUNTS_EVERY {
+            self.last_counts = now;
+            chores.counts = true;
+        }
+        let expire_every =
+            (self.config.result_ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(60));
+        if now.duration_since(self.last_expire) >= expire_every {
+            self.last_expire = now;
+            chores.expire_before = Some(SystemTime::now() - self.config.result_ttl);
+        }
+        if now.duration_since(self.last_reclaim) >= self.config.reclaim_after / 4 {
+            self.last_reclaim = now;
+            chores.reclaim_idle = Some(self.config.reclaim_after);
+        }
+        chores
+    }
+
+    /// Takes in what a store call did: the jobs it claimed become ready; on an
+    /// error its results and releases are kept for the next call.
+    fn stored(&mut self, stored: Result<Stored, tokio::task::JoinError>) {
+        let stored = match stored {
+            Ok(stored) => stored,
+            // The store call panicked: its results are lost to this process, and
+            // their jobs stay running until reclaimed (at the next start).
             Err(e) => {
-                // Kept: tried again next round (the jobs stay running meanwhile).
-                spdlog::error!(
-                    "jobs: storing {} result(s) and claiming failed: {e}",
-                    self.results.len()
-                );
+                spdlog::error!("jobs: a store call failed: {e}");
                 return;
             }
         };
-        for job in jobs {
-            let id = job.id.clone();
-            let run = self.target.dispatch(job);
-            self.in_flight.spawn(async move { (id, run.await) });
-            self.metrics.dispatched.inc();
+        if let Some(counts) = &stored.counts {
+            self.metrics.set_counts(counts);
         }
-        self.metrics.in_flight.set(self.in_flight.len() as i64);
+        match stored.claimed {
+            Ok(jobs) => {
+                if jobs.len() < stored.asked {
+                    self.empty_until = Some(Instant::now() + EMPTY_POLL);
+                }
+                let now = Instant::now();
+                self.ready.extend(jobs.into_iter().map(|job| (now, job)));
+            }
+            Err(e) => {
+                spdlog::error!(
+                    "jobs: storing {} result(s) and claiming failed: {e}",
+                    stored.results.len()
+                );
+                // Kept: tried again next call (the jobs stay running meanwhile).
+                self.results.extend(stored.results);
+                self.released.extend(stored.released);
+            }
+        }
     }
 
     /// Notes how a job went.
@@ -277,13 +408,12 @@ impl Rounds {
         self.released.push(id);
     }
 
-    /// Stores the results and releases gathered so far (kept to retry when the
-    /// store fails).
+    /// Stores the results and releases gathered so far, on this thread (the
+    /// last call, when stopping).
     fn store_results(&mut self) {
         if !self.results.is_empty() {
             match self.queue.complete(&self.results) {
                 Ok(()) => self.results.clear(),
-                // Kept: tried again next round (the jobs stay running meanwhile).
                 Err(e) => {
                     spdlog::error!("jobs: storing {} result(s) failed: {e}", self.results.len())
                 }
@@ -296,5 +426,44 @@ impl Rounds {
             self.released.clear();
         }
         self.metrics.in_flight.set(self.in_flight.len() as i64);
+    }
+}
+
+/// One store call, on the blocking pool: stores `results`, releases `released`
+/// and claims up to `asked` jobs (one transaction in the embedded store), then
+/// does the chores that are due. A failing chore is logged and tried again at
+/// its next turn.
+fn store_round(
+    queue: &dyn JobQueue,
+    consumer: &str,
+    results: Vec<(JobId, Outcome)>,
+    released: Vec<JobId>,
+    asked: usize,
+    chores: Chores,
+) -> Stored {
+    let claimed = queue.settle_and_claim(&results, &released, consumer, asked);
+    if let Some(before) = chores.expire_before {
+        if let Err(e) = queue.expire(before) {
+            spdlog::warn!("jobs: expiring old results failed: {e}");
+        }
+    }
+    if let Some(idle) = chores.reclaim_idle {
+        if let Err(e) = queue.reclaim(consumer, idle) {
+            spdlog::warn!("jobs: reclaiming a dead consumer's jobs failed: {e}");
+        }
+    }
+    let counts = match chores.counts {
+        true => queue
+            .counts()
+            .map_err(|e| spdlog::warn!("jobs: cannot read the store's counts: {e}"))
+            .ok(),
+        false => None,
+    };
+    Stored {
+        results,
+        released,
+        asked,
+        claimed,
+        counts,
     }
 }

@@ -95,7 +95,7 @@ impl DispatchMetrics {
         );
         registry.register(
             "kiln_jobs_released",
-            "Jobs sent back to the queue without running, by reason (overloaded, unavailable)",
+            "Jobs sent back to the queue without running, by reason (overloaded, unavailable, stale, stopped)",
             self.released.clone(),
         );
         registry.register(

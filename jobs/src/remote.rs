@@ -14,9 +14,10 @@
 //!   than realtime) and, with `--jobs-target-priority N`, set to `N` (the target's
 //!   lowest level). 200: done, with the response; 429: overloaded (the dispatcher
 //!   drops its budget to 0 until the next reading, the job goes back to the queue);
-//!   503, 404 (the model not there now) or no answer: unavailable, back to the
-//!   queue; any other status: the job failed with the target's `error`. No retry
-//!   here: the job waits in the queue for the next budget.
+//!   503 or no answer: unavailable, back to the queue; any other status (404: the
+//!   model is not loaded there, as the local target fails a job whose model is
+//!   not loaded) the job failed with the target's `error`. No retry here: the job
+//!   waits in the queue for the next budget.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -197,7 +198,9 @@ impl DispatchTarget for RemoteTarget {
             match status {
                 200 => Dispatched::Ran(Outcome::Done(bytes)),
                 429 => Dispatched::Overloaded,
-                404 | 503 => Dispatched::Unavailable(error_text(status, &bytes)),
+                // Not loaded there: failed, as the local target fails a job
+                // whose model is not loaded (no retry of a model that may never come).
+                503 => Dispatched::Unavailable(error_text(status, &bytes)),
                 _ => Dispatched::Ran(Outcome::Failed(error_text(status, &bytes))),
             }
         })

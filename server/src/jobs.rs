@@ -32,9 +32,9 @@ pub struct JobsArgs {
     /// Seconds a finished job (done, failed, cancelled) and its result are kept.
     #[arg(long, env = "KILN_JOBS_RESULT_TTL", default_value_t = 86_400.0)]
     pub jobs_result_ttl: f64,
-    /// The dispatch budget's max_sys: requests the server can have in flight
-    /// (default: the sum over the loaded models of buffer sets × batch_size, each
-    /// at most its queue_size).
+    /// The dispatch budget's max_sys: requests the server runs at once (default:
+    /// the sum over the loaded models of instances × batch_size, each at most its
+    /// queue_size); 0 holds every job queued.
     #[arg(long, env = "KILN_JOBS_MAX_SYS")]
     pub jobs_max_sys: Option<f64>,
     /// The budget's baseline B, kept for realtime bursts.

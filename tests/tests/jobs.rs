@@ -94,9 +94,9 @@ async fn bad_requests_are_refused_by_index_and_nothing_is_stored() {
 
 #[tokio::test]
 async fn queued_jobs_cancel_and_pages_list_them_in_order() {
-    // max_sys 1: floor(1 × u) = 0 jobs in flight, so every job stays queued.
+    // max_sys 0: no job is dispatched, so every job stays queued.
     let dir = store_dir("cancel");
-    let kiln = Kiln::start(&["--load", "echo", &jobs_arg(&dir), "--jobs-max-sys", "1"]);
+    let kiln = Kiln::start(&["--load", "echo", &jobs_arg(&dir), "--jobs-max-sys", "0"]);
     let url = &kiln.url;
     let requests: Vec<Value> = (0..25).map(echo_job).collect();
     let ids = submit_ok(url, "echo", json_lines(&requests)).await;
@@ -179,7 +179,7 @@ async fn a_submission_streams_past_the_body_limit_with_a_bound_per_request() {
         "--max-body-bytes",
         "4096",
         "--jobs-max-sys",
-        "1",
+        "0",
     ]);
     let url = &kiln.url;
     let requests: Vec<Value> = (0..30_000).map(echo_job).collect();

@@ -3,7 +3,7 @@
 //! `D ≤ 0`; once realtime stops the jobs drain, and the jobs in flight never
 //! exceed `floor(max_sys × u)` — all read from the server's metrics.
 //!
-//! The model: batch_size 1, 4 buffer sets → max_sys = 4, an idle budget of
+//! The model: 4 instances of batch_size 1 → max_sys = 4, an idle budget of
 //! floor(4 × 0.8) = 3; two priority levels, so jobs run at level 2 behind
 //! realtime's level 1. Twelve realtime callers keep at least 4 requests in it
 //! (F_sys + F_q ≥ 1, so D < 0).
@@ -18,8 +18,8 @@ use kiln_tests::jobs::{get, jobs_arg, json_lines, store_dir, submit_ok};
 use kiln_tests::{metric, Kiln};
 use serde_json::{json, Value};
 
-const MODEL_SPEC: &str = "cost:dim=4,fixed_passes=1500,batch_size=1,max_buffers=4,\
-                          priority_levels=2,default_priority_level=1";
+const MODEL_SPEC: &str = "cost:dim=4,fixed_passes=1500,batch_size=1,instances=4,\
+                          max_buffers=4,priority_levels=2,default_priority_level=1";
 
 fn cost_request(v: f32) -> Value {
     json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [v, v, v, v]}]})

@@ -6,7 +6,8 @@
 //!   finishes everything: nothing lost, nothing shown twice.
 //! - The remote target (`--jobs-target`): a dispatcher feeding another kiln over
 //!   HTTP, reading its `/metrics`; its 429s put the jobs back and drop the budget;
-//!   a target that is down gives a budget of 0 and loses no job.
+//!   a target that is down gives a budget of 0 and loses no job; a job whose model
+//!   the target lacks fails once with the target's error.
 
 // Test code: a failed setup step should fail the test loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -51,6 +52,16 @@ async fn figure(url: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 /// Waits (up to 60 s) until `name{labels}` of `kiln` satisfies `ok`.
 async fn wait_figure(kiln: &Kiln, name: &str, labels: &[(&str, &str)], ok: impl Fn(f64) -> bool) {
     wait_sample(&kiln.client, name, labels, Duration::from_secs(60), ok).await;
+}
+
+/// A kiln that validates cost jobs against its own `SLOW_COST`, queues them on
+/// `redis` and feeds them to `target`, scraping it every `scrape` seconds.
+fn dispatcher(redis: &RedisServer, target: &str, more: &[&str], scrape: &str) -> Kiln {
+    let jobs = format!("--jobs={}", redis.url());
+    let mut args = vec!["--load", SLOW_COST, &jobs, "--jobs-target", target];
+    args.extend_from_slice(more);
+    args.extend(["--jobs-target-scrape-interval", scrape]);
+    Kiln::start(&args)
 }
 
 /// Every job through the API: each id once, each done with one response.
@@ -141,17 +152,7 @@ async fn a_dispatcher_feeds_a_remote_kiln_and_backs_off_on_429() {
     // The target: a small queue (2) and one slow instance.
     let target = Kiln::start(&["--load", &format!("{SLOW_COST},queue_size=2")]);
     // The dispatcher believes the target takes 40 at once: most get 429.
-    let dispatcher = Kiln::start(&[
-        "--load",
-        SLOW_COST,
-        &format!("--jobs={}", redis.url()),
-        "--jobs-target",
-        &target.url,
-        "--jobs-max-sys",
-        "50",
-        "--jobs-target-scrape-interval",
-        "0.2",
-    ]);
+    let dispatcher = dispatcher(&redis, &target.url, &["--jobs-max-sys", "50"], "0.2");
     let n = 60;
     let ids = submit_ok(&dispatcher.url, "cost", lines((0..n).map(cost_job))).await;
     assert_all_done_once(&dispatcher.url, &ids).await;
@@ -180,15 +181,7 @@ async fn a_target_that_is_down_gets_nothing_and_loses_nothing() {
         .unwrap()
         .port();
     let target_url = format!("http://127.0.0.1:{port}");
-    let dispatcher = Kiln::start(&[
-        "--load",
-        SLOW_COST,
-        &format!("--jobs={}", redis.url()),
-        "--jobs-target",
-        &target_url,
-        "--jobs-target-scrape-interval",
-        "0.05",
-    ]);
+    let dispatcher = dispatcher(&redis, &target_url, &[], "0.05");
     let d = &dispatcher.url;
     let ids = submit_ok(d, "cost", lines((0..20).map(cost_job))).await;
     // Nothing listens there: no reading, so no budget, and the jobs wait.
@@ -208,4 +201,28 @@ async fn a_target_that_is_down_gets_nothing_and_loses_nothing() {
     assert_eq!(figure(d, "kiln_jobs_failed_total", &[]).await, 0.0);
     let ran = kiln_tests::requests_outcome(&metrics(&target.url).await, "cost", "success");
     assert_eq!(ran, Some(20.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_whose_model_the_target_lacks_fails_once_with_its_error() {
+    let redis = RedisServer::start();
+    // The target serves echo only; the dispatcher validates cost jobs against
+    // its own cost model and feeds them to the target, which answers 404.
+    let target = Kiln::start(&["--load", "echo"]);
+    let dispatcher = dispatcher(&redis, &target.url, &[], "0.05");
+    let d = &dispatcher.url;
+    let ids = submit_ok(d, "cost", lines((0..3).map(cost_job))).await;
+    for id in &ids {
+        let job = wait_finished(d, id, Duration::from_secs(60)).await;
+        assert_eq!(job["state"], "failed", "{job}");
+        let error = job["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains("cost"),
+            "the target's error names the model: {job}"
+        );
+        assert_eq!(job["attempts"], 1, "failed at once, not retried: {job}");
+    }
+    assert_eq!(figure(d, "kiln_jobs_failed_total", &[]).await, 3.0);
+    let released = figure(d, "kiln_jobs_released_total", &[("reason", "unavailable")]).await;
+    assert_eq!(released, 0.0, "a missing model is not a wait");
 }
