@@ -430,7 +430,7 @@ impl WorkerGroup {
         }
         let mut log = RequestLog {
             id: request.id.take(),
-            trace_id: trace.map(|t| t.trace_id),
+            trace_id: trace.map(|t| Box::new(t.trace_id)),
         };
         self.admit(request, &mut log, trace).inspect_err(|e| {
             crate::request_log::failed(&log, &self.endpoint, e);
@@ -522,7 +522,7 @@ impl WorkerGroup {
                 tx: reply_tx,
                 log: std::mem::take(log),
                 output_mask: valid.output_mask,
-                trace,
+                trace: trace.map(Box::new),
             },
         };
         metrics.pending.inc();

@@ -122,7 +122,10 @@ pub fn run_instance(
         let queue_ns = observe_start(&ctx, &batch, started);
         // Empty (no allocation) unless a member's trace is sampled.
         let mut traced = BatchTrace::of(
-            batch.members.iter().map(|m| (m.reply.trace, m.arrived)),
+            batch
+                .members
+                .iter()
+                .map(|m| (m.reply.trace.as_deref().copied(), m.arrived)),
             started,
             batch.len(),
             batch.rows,

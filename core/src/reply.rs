@@ -39,7 +39,8 @@ pub struct Reply {
     /// Bit `i` set: return output `i`.
     pub output_mask: u64,
     /// The request's span, when its trace is sampled ([`crate::trace`]).
-    pub trace: Option<crate::trace::SpanIds>,
+    /// Boxed, as [`RequestLog`]'s trace id: one word for a request not traced.
+    pub trace: Option<Box<crate::trace::SpanIds>>,
 }
 
 /// The model an instance's answers name: built once per group.

@@ -14,8 +14,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub struct RequestLog {
     /// The client's request id (KServe's `id`); `None` when it gave none.
     pub id: Option<String>,
-    /// The request's trace id, when it is traced (sampled).
-    pub trace_id: Option<opentelemetry::trace::TraceId>,
+    /// The request's trace id, when it is traced (sampled). Boxed: a request
+    /// that is not traced carries one word for it (it travels with the request
+    /// through the group's queue and its batch).
+    pub trace_id: Option<Box<opentelemetry::trace::TraceId>>,
 }
 
 /// What a line shows for a request without an id (Triton's words).
@@ -36,11 +38,11 @@ impl RequestLog {
 macro_rules! request_log {
     ($level:expr, $log:expr, $($arg:tt)+) => {{
         let log: &$crate::request_log::RequestLog = $log;
-        match log.trace_id {
+        match log.trace_id.as_deref() {
             Some(trace_id) => spdlog::log!(
                 $level,
                 $($arg)+,
-                kv: { request_id = log.request_id(), trace_id: = trace_id }
+                kv: { request_id = log.request_id(), trace_id: = *trace_id }
             ),
             None => spdlog::log!($level, $($arg)+, kv: { request_id = log.request_id() }),
         }
@@ -90,7 +92,7 @@ pub fn when_logged(
     if VERBOSE.load(Ordering::Relaxed) {
         RequestLog {
             id: id.clone(),
-            trace_id,
+            trace_id: trace_id.map(Box::new),
         }
     } else {
         RequestLog::default()
