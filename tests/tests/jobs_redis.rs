@@ -8,6 +8,8 @@
 //!   HTTP, reading its `/metrics`; its 429s put the jobs back and drop the budget;
 //!   a target that is down gives a budget of 0 and loses no job; a job whose model
 //!   the target lacks fails once with the target's error.
+//! - A dispatcher stopped gracefully (SIGTERM) leaves no job claimed: the jobs it
+//!   claimed ahead go back to the queue.
 
 // Test code: a failed setup step should fail the test loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -225,4 +227,31 @@ async fn a_job_whose_model_the_target_lacks_fails_once_with_its_error() {
     assert_eq!(figure(d, "kiln_jobs_failed_total", &[]).await, 3.0);
     let released = figure(d, "kiln_jobs_released_total", &[("reason", "unavailable")]).await;
     assert_eq!(released, 0.0, "a missing model is not a wait");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_dispatcher_leaves_no_job_claimed() {
+    let redis = RedisServer::start();
+    let jobs = format!("--jobs={}", redis.url());
+    // max_sys 10: 8 jobs in flight and up to 8 more claimed ahead of them.
+    let mut first = Kiln::start(&["--load", SLOW_COST, &jobs, "--jobs-max-sys", "10"]);
+    let ids = submit_ok(&first.url, "cost", lines((0..60).map(cost_job))).await;
+    wait_figure(&first, "kiln_jobs_completed_total", &[], |v| v >= 5.0).await;
+    // A graceful stop: the jobs in flight finish and are stored, the ones claimed
+    // ahead go back to the queue (not left to the claim timeout).
+    assert_eq!(unsafe { libc::kill(first.pid() as i32, libc::SIGTERM) }, 0);
+    assert!(
+        first.exit_within(Duration::from_secs(30)).is_some(),
+        "kiln did not stop"
+    );
+    // Another server on the same queue that runs nothing sees what was left.
+    let second = Kiln::start(&["--load", SLOW_COST, &jobs, "--jobs-max-sys", "0"]);
+    let listed = list_all(&second.url, "", 500).await;
+    assert_eq!(listed.len(), ids.len());
+    let running: Vec<&Value> = listed.iter().filter(|j| j["state"] == "running").collect();
+    assert!(running.is_empty(), "left claimed: {running:?}");
+    let done = listed.iter().filter(|j| j["state"] == "done").count();
+    let queued = listed.iter().filter(|j| j["state"] == "queued").count();
+    assert_eq!(done + queued, ids.len(), "{listed:?}");
+    assert!(done >= 5 && queued > 0, "done {done}, queued {queued}");
 }
