@@ -233,9 +233,12 @@ async fn a_job_whose_model_the_target_lacks_fails_once_with_its_error() {
 async fn a_stopped_dispatcher_leaves_no_job_claimed() {
     let redis = RedisServer::start();
     let jobs = format!("--jobs={}", redis.url());
-    // max_sys 10: 8 jobs in flight and up to 8 more claimed ahead of them.
-    let mut first = Kiln::start(&["--load", SLOW_COST, &jobs, "--jobs-max-sys", "10"]);
-    let ids = submit_ok(&first.url, "cost", lines((0..60).map(cost_job))).await;
+    // max_sys 10: 8 jobs in flight and up to 8 more claimed ahead of them. Ten
+    // times SLOW_COST's work a job, and 300 jobs: far more than can run while
+    // the server stops (its HTTP and gRPC servers first, then the dispatcher).
+    let model = "cost:dim=4,fixed_passes=4000,batch_size=1";
+    let mut first = Kiln::start(&["--load", model, &jobs, "--jobs-max-sys", "10"]);
+    let ids = submit_ok(&first.url, "cost", lines((0..300).map(cost_job))).await;
     wait_figure(&first, "kiln_jobs_completed_total", &[], |v| v >= 5.0).await;
     // A graceful stop: the jobs in flight finish and are stored, the ones claimed
     // ahead go back to the queue (not left to the claim timeout).
@@ -245,7 +248,7 @@ async fn a_stopped_dispatcher_leaves_no_job_claimed() {
         "kiln did not stop"
     );
     // Another server on the same queue that runs nothing sees what was left.
-    let second = Kiln::start(&["--load", SLOW_COST, &jobs, "--jobs-max-sys", "0"]);
+    let second = Kiln::start(&["--load", model, &jobs, "--jobs-max-sys", "0"]);
     let listed = list_all(&second.url, "", 500).await;
     assert_eq!(listed.len(), ids.len());
     let running: Vec<&Value> = listed.iter().filter(|j| j["state"] == "running").collect();
