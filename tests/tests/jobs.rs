@@ -93,6 +93,28 @@ async fn bad_requests_are_refused_by_index_and_nothing_is_stored() {
 }
 
 #[tokio::test]
+async fn an_idle_dispatcher_writes_nothing_to_its_store() {
+    let dir = store_dir("idle");
+    let kiln = Kiln::start(&["--load", "echo", &jobs_arg(&dir)]);
+    let ids = submit_ok(&kiln.url, "echo", json_lines(&[echo_job(1), echo_job(2)])).await;
+    for id in &ids {
+        let job = wait_finished(&kiln.url, id, Duration::from_secs(30)).await;
+        assert_eq!(job["state"], "done", "{job}");
+    }
+    // The queue is empty: the dispatcher keeps polling it (every 20 ms), by
+    // reading. A second of that changes nothing on disk: no empty commits (each
+    // an fsync), as there were when every poll was a write transaction.
+    let file = dir.join("jobs.redb");
+    let stamp = || {
+        let meta = std::fs::metadata(&file).unwrap();
+        (meta.modified().unwrap(), meta.len())
+    };
+    let before = stamp();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(stamp(), before, "the store was written while idle");
+}
+
+#[tokio::test]
 async fn queued_jobs_cancel_and_pages_list_them_in_order() {
     // max_sys 0: no job is dispatched, so every job stays queued.
     let dir = store_dir("cancel");

@@ -165,6 +165,14 @@ impl EmbeddedQueue {
         Ok(out)
     }
 
+    /// Whether no job is queued (a read transaction: nothing to commit).
+    fn nothing_queued(&self) -> Result<bool> {
+        let txn = self.db.begin_read().map_err(store)?;
+        let queue = txn.open_table(QUEUE).map_err(store)?;
+        let empty = queue.first().map_err(store)?.is_none();
+        Ok(empty)
+    }
+
     fn init(&self) -> Result<()> {
         let txn = self.db.begin_write().map_err(store)?;
         txn.open_table(JOBS).map_err(store)?;
@@ -234,6 +242,9 @@ impl JobQueue for EmbeddedQueue {
     }
 
     fn claim(&self, consumer: &str, max: usize) -> Result<Vec<ClaimedJob>> {
+        if max == 0 || self.nothing_queued()? {
+            return Ok(Vec::new());
+        }
         self.write(|txn| txn::claim_in(txn, consumer, max))
     }
 
@@ -252,6 +263,11 @@ impl JobQueue for EmbeddedQueue {
         consumer: &str,
         max: usize,
     ) -> Result<Vec<ClaimedJob>> {
+        // Nothing to store and nothing to claim: no transaction (an idle
+        // dispatcher polling an empty queue writes nothing to the disk).
+        if results.is_empty() && released.is_empty() && (max == 0 || self.nothing_queued()?) {
+            return Ok(Vec::new());
+        }
         // One transaction, one fsync, for the whole round.
         self.write(|txn| {
             txn::complete_in(txn, results)?;
