@@ -441,11 +441,8 @@ fn store_round(
     asked: usize,
     chores: Chores,
 ) -> Stored {
-    // Chores alone (an idle dispatcher) write nothing: no empty transaction.
-    let claimed = match results.is_empty() && released.is_empty() && asked == 0 {
-        true => Ok(Vec::new()),
-        false => queue.settle_and_claim(&results, &released, consumer, asked),
-    };
+    // With nothing to store or claim, the stores write nothing.
+    let claimed = queue.settle_and_claim(&results, &released, consumer, asked);
     if let Some(before) = chores.expire_before {
         if let Err(e) = queue.expire(before) {
             spdlog::warn!("jobs: expiring old results failed: {e}");

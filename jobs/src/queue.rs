@@ -225,7 +225,8 @@ pub trait JobQueue: Send + Sync {
 
     /// Claims up to `max` queued jobs for `consumer`, highest priority first and,
     /// within one priority, in submission order: each becomes `running`, owned by
-    /// `consumer`, with its attempts counted.
+    /// `consumer`, with its attempts counted. With `max` 0, or nothing queued,
+    /// it writes nothing (the dispatcher polls an empty queue with it).
     fn claim(&self, consumer: &str, max: usize) -> Result<Vec<ClaimedJob>>;
 
     /// Puts claimed jobs back in the queue without a result (the target was

@@ -10,6 +10,7 @@ use std::time::Duration;
 use kiln_client::{DataType, InferRequest, InputTensor};
 use kiln_tests::ensembles::{counts, get, graph, step, IN_U32, OUT_U32};
 use kiln_tests::fixtures::TempRepository;
+use kiln_tests::wait::wait_sample;
 use kiln_tests::Kiln;
 use serde_json::{json, Value};
 
@@ -234,16 +235,25 @@ async fn a_failing_step_fails_the_request_with_its_error() {
 
 /// Waits until `faults` has counted `n` requests cancelled.
 async fn wait_cancelled(kiln: &Kiln, n: f64) {
-    let mut cancelled = None;
-    for _ in 0..500 {
-        let metrics = kiln.client.metrics().await.unwrap();
-        cancelled = kiln_tests::requests_outcome(&metrics, "faults", "cancelled");
-        if cancelled == Some(n) {
-            return;
-        }
+    let labels = [("model", "faults"), ("outcome", "cancelled")];
+    let within = Duration::from_secs(5);
+    wait_sample(&kiln.client, "kiln_requests_total", &labels, within, |v| {
+        v == n
+    })
+    .await;
+}
+
+/// Waits until `model` has run `n` batches (its `execution_count`, counted once a
+/// batch has answered: any step it would start is under way by then).
+async fn wait_executions(kiln: &Kiln, model: &str, n: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while counts(kiln, model).await.2 < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "`{model}` ran fewer than {n} batches"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("`faults` counted {cancelled:?} cancelled, not {n}");
 }
 
 /// A `ModelInfer` of `faults` with IN = [-3] (the first step takes 1 s) sent over
@@ -305,8 +315,9 @@ async fn cancellation_and_deadlines_stop_the_remaining_steps() {
     assert!(sent.is_err(), "the client gave up");
     // The first step's batch ends after 1 s; the second step is never sent.
     wait_cancelled(&kiln, 1.0).await;
-    // Past the first step's 1 s: had the second step been sent, it would have run.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The first step's batch answered: had the second step been sent, it would
+    // have been then.
+    wait_executions(&kiln, "first", 1).await;
     assert_eq!(counts(&kiln, "first").await.2, 1, "the first step ran");
     assert_eq!(counts(&kiln, "second").await, (0, 0, 0));
 
@@ -317,7 +328,7 @@ async fn cancellation_and_deadlines_stop_the_remaining_steps() {
         tonic::Code::DeadlineExceeded as i32
     );
     wait_cancelled(&kiln, 2.0).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    wait_executions(&kiln, "first", 2).await;
     assert_eq!(counts(&kiln, "first").await.2, 2);
     assert_eq!(counts(&kiln, "second").await, (0, 0, 0));
 
