@@ -267,7 +267,6 @@ impl Rounds {
             }
         }
         self.metrics.set_figures(&figures, self.in_flight.len());
-        self.metrics.in_flight.set(self.in_flight.len() as i64);
         if self.store.is_none() {
             self.release_stale(figures.budget, now);
             self.start_store(figures.budget, backing_off, now);
@@ -281,10 +280,11 @@ impl Rounds {
             return;
         }
         let stale = self.config.reclaim_after / 2;
-        while let Some((claimed, _)) = self.ready.front() {
-            if now.duration_since(*claimed) < stale {
-                break;
-            }
+        while self
+            .ready
+            .front()
+            .is_some_and(|(claimed, _)| now.duration_since(*claimed) >= stale)
+        {
             if let Some((_, job)) = self.ready.pop_front() {
                 self.release(job.id, "stale");
             }

@@ -93,14 +93,3 @@ pub async fn until_closed(s: &mut StreamClient) -> (u16, String, Vec<serde_json:
         }
     }
 }
-
-/// The resident memory of process `pid` in bytes (`/proc/PID/status`, VmRSS).
-pub fn rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS");
-    kb * 1024
-}

@@ -9,24 +9,13 @@
 use std::time::{Duration, Instant};
 
 use kiln_tests::wait::wait_pending;
-use kiln_tests::Kiln;
+use kiln_tests::{rss_bytes, Kiln};
 use serde_json::json;
 
 /// Values per request: 4 MiB of INT32, well above glibc's initial mmap threshold.
 const VALUES: usize = 1 << 20;
 /// Requests of the flood, all pending at once: 160 MiB of tensors.
 const FLOOD: usize = 40;
-
-/// The resident memory of process `pid` in bytes (`VmRSS` of /proc/PID/status).
-fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS");
-    kb * 1024
-}
 
 /// Sends one request of `VALUES` INT32 values as a binary tensor, answered binary;
 /// returns the status.
@@ -74,7 +63,7 @@ async fn memory_is_returned_after_a_flood() {
         assert_eq!(big(&http, &kiln.url, "faulty").await, 200);
     }
     drop(http);
-    let before = rss(pid);
+    let before = rss_bytes(pid);
     let http = reqwest::Client::new();
     let flood: Vec<_> = (0..FLOOD)
         .map(|_| {
@@ -83,7 +72,7 @@ async fn memory_is_returned_after_a_flood() {
         })
         .collect();
     wait_pending(&c, &held, FLOOD as f64).await;
-    let peak = rss(pid);
+    let peak = rss_bytes(pid);
     assert!(
         peak > 3 * before,
         "the flood should be large against the server: {} MiB before, {} MiB at its peak",
@@ -97,10 +86,10 @@ async fn memory_is_returned_after_a_flood() {
     }
     drop(http);
     let ended = Instant::now();
-    let mut now = rss(pid);
+    let mut now = rss_bytes(pid);
     while now >= 2 * before && ended.elapsed() < Duration::from_secs(30) {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        now = rss(pid);
+        now = rss_bytes(pid);
     }
     let log = kiln.log();
     let trims: Vec<&str> = log.lines().filter(|l| l.contains("housekeeping")).collect();

@@ -10,9 +10,9 @@ use std::time::Duration;
 use kiln_client::stream::{raw_frame, Event, StreamClient};
 use kiln_client::DataType;
 use kiln_tests::stream::{
-    frame, inversion_error, invert_video, jpeg_frame, next, result_image, rss_bytes, session, BOUND,
+    frame, inversion_error, invert_video, jpeg_frame, next, result_image, session, BOUND,
 };
-use kiln_tests::{metric, Kiln};
+use kiln_tests::{metric, rss_bytes, Kiln};
 use serde_json::json;
 
 /// Sends `count` JPEG frames of `width`×`height`, keeping at most `window`
