@@ -5,7 +5,7 @@ use std::time::Instant;
 use kiln_buffers::{BufferSet, Pooled};
 use kiln_worker_sdk::{Param, Shape};
 
-use crate::request::Request;
+use crate::request::{Request, Tensor};
 
 /// What a batch keeps of each request once its tensors are copied in.
 #[derive(Debug)]
@@ -16,6 +16,12 @@ pub struct Member<R> {
     /// The sequence batcher's handle of the request's sequence: the instance reports
     /// the sequence's new state under it.
     pub sequence: Option<u64>,
+    /// The request's tensors, already copied into the batch: kept to be let go by
+    /// whoever answers the client (the thread that made them), not by the thread
+    /// that formed the batch. With glibc's per-thread arenas a free of memory
+    /// another thread allocated takes that thread's arena lock, and the two threads
+    /// then wait on each other once per request.
+    pub inputs: Vec<Tensor>,
     pub reply: R,
 }
 
@@ -91,6 +97,7 @@ impl<R> Batch<R> {
             params: request.params,
             arrived: request.arrived,
             sequence: request.sequence.map(|s| s.handle),
+            inputs: request.inputs,
             reply: request.reply,
         });
         // In a batch now: its place in the queue bound is free.

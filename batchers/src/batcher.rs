@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use kiln_buffers::{BufferSet, Pool};
 use kiln_worker_sdk::BatcherKind;
 use parking_lot::Mutex;
@@ -35,7 +35,7 @@ pub fn run_batcher<R>(
     batches: Sender<Batch<R>>,
 ) {
     let mut carried: Option<Request<R>> = None;
-    while let Some(batch) = form_batch(&config, &requests, &pool, &mut carried) {
+    while let Some(batch) = form_batch(&config, &requests, &pool, &mut carried, &mut ()) {
         if batches.send(batch).is_err() {
             return;
         }
@@ -46,17 +46,19 @@ pub fn run_batcher<R>(
 /// request (`carried`, the request a previous batch could not take, comes first),
 /// then for a buffer set from `pool`, and adds requests while they fit until the
 /// policy fires. `None` once `requests` is disconnected and drained; a request that
-/// does not fit is left in `carried` for the next batch.
+/// does not fit is left in `carried` for the next batch. `idle` is told when no
+/// request is ready (see [`Idle`]).
 pub fn form_batch<R>(
     config: &BatcherConfig,
     requests: &Receiver<Request<R>>,
     pool: &Arc<Pool<BufferSet>>,
     carried: &mut Option<Request<R>>,
+    idle: &mut dyn Idle,
 ) -> Option<Batch<R>> {
     let batch_size = config.batch_size.max(1);
     let first = match carried.take() {
         Some(request) => request,
-        None => requests.recv().ok()?,
+        None => wait_for_first(requests, idle)?,
     };
     let deadline = first.arrived + config.timeout;
     let mut batch = Batch::new(pool.acquire(), config.inputs, batch_size.min(256));
@@ -117,12 +119,55 @@ impl<R> BatchFormer<R> {
         }
     }
 
-    /// Waits for the turn, then forms a batch ([`form_batch`]) for the caller to run.
-    /// `None` once the request queue is disconnected and drained.
-    pub fn next_batch(&self) -> Option<Batch<R>> {
+    /// Waits for the turn, then forms a batch ([`form_batch`]) for the caller to run;
+    /// `idle` is told when no request is ready. `None` once the request queue is
+    /// disconnected and drained.
+    pub fn next_batch(&self, idle: &mut dyn Idle) -> Option<Batch<R>> {
         let mut carried = self.turn.lock();
-        form_batch(&self.config, &self.requests, &self.pool, &mut carried)
+        form_batch(&self.config, &self.requests, &self.pool, &mut carried, idle)
     }
+}
+
+/// What a thread that waits for work does meanwhile with what it holds (an
+/// instance thread frees its batches' outputs there, see kiln-core's `reply`).
+pub trait Idle {
+    /// Nothing is ready and the thread is about to wait; returns whether it still
+    /// holds something to let go of should the wait last [`IDLE_LINGER`].
+    fn idle(&mut self) -> bool;
+
+    /// The thread waited [`IDLE_LINGER`] and nothing came.
+    fn lingered(&mut self);
+}
+
+/// How long a thread that still holds something ([`Idle::idle`]) waits for work
+/// before [`Idle::lingered`].
+pub const IDLE_LINGER: Duration = Duration::from_millis(10);
+
+/// Holds nothing.
+impl Idle for () {
+    fn idle(&mut self) -> bool {
+        false
+    }
+
+    fn lingered(&mut self) {}
+}
+
+/// The next item of `rx`, telling `idle` first when none is ready at once; `None`
+/// once `rx` is disconnected and drained.
+pub fn wait_for_first<T>(rx: &Receiver<T>, idle: &mut dyn Idle) -> Option<T> {
+    match rx.try_recv() {
+        Ok(item) => return Some(item),
+        Err(TryRecvError::Disconnected) => return None,
+        Err(TryRecvError::Empty) => {}
+    }
+    if idle.idle() {
+        match rx.recv_timeout(IDLE_LINGER) {
+            Ok(item) => return Some(item),
+            Err(RecvTimeoutError::Disconnected) => return None,
+            Err(RecvTimeoutError::Timeout) => idle.lingered(),
+        }
+    }
+    rx.recv().ok()
 }
 
 fn recv_until<T>(rx: &Receiver<T>, deadline: Instant) -> Result<T, RecvTimeoutError> {
@@ -310,7 +355,7 @@ mod tests {
                 let former = Arc::clone(&former);
                 std::thread::spawn(move || {
                     let mut ran = Vec::new();
-                    while let Some(batch) = former.next_batch() {
+                    while let Some(batch) = former.next_batch(&mut ()) {
                         ran.push(batch.members.iter().map(|m| m.reply).collect::<Vec<_>>());
                     }
                     ran
@@ -340,9 +385,60 @@ mod tests {
         }
         drop(tx);
         let ids = |b: Batch<u32>| b.members.iter().map(|m| m.reply).collect::<Vec<_>>();
-        assert_eq!(former.next_batch().map(ids), Some(vec![0]));
-        assert_eq!(former.next_batch().map(ids), Some(vec![1, 2]));
-        assert!(former.next_batch().is_none());
+        assert_eq!(former.next_batch(&mut ()).map(ids), Some(vec![0]));
+        assert_eq!(former.next_batch(&mut ()).map(ids), Some(vec![1, 2]));
+        assert!(former.next_batch(&mut ()).is_none());
+    }
+
+    /// Counts what [`wait_for_first`] tells it.
+    #[derive(Default)]
+    struct Holding {
+        idle: usize,
+        lingered: usize,
+        holds: bool,
+    }
+
+    impl Idle for Holding {
+        fn idle(&mut self) -> bool {
+            self.idle += 1;
+            self.holds
+        }
+
+        fn lingered(&mut self) {
+            self.lingered += 1;
+            self.holds = false;
+        }
+    }
+
+    #[test]
+    fn the_idle_hook_hears_only_of_waits() {
+        let (tx, rx) = unbounded();
+        let mut hook = Holding::default();
+        tx.send(1).unwrap();
+        assert_eq!(wait_for_first(&rx, &mut hook), Some(1));
+        assert_eq!((hook.idle, hook.lingered), (0, 0), "a request was ready");
+        // Nothing held: no lingering, the wait is for the next request alone.
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            tx.send(2).unwrap();
+            tx
+        });
+        assert_eq!(wait_for_first(&rx, &mut hook), Some(2));
+        assert_eq!((hook.idle, hook.lingered), (1, 0));
+        // Disconnected and drained: nothing to wait for.
+        drop(sender.join().unwrap());
+        assert_eq!(wait_for_first(&rx, &mut hook), None);
+        assert_eq!((hook.idle, hook.lingered), (1, 0));
+        // Something held and nothing comes: let go after the linger, then wait on.
+        let (tx, rx) = unbounded();
+        hook.holds = true;
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(IDLE_LINGER * 3);
+            tx.send(3).unwrap();
+        });
+        assert_eq!(wait_for_first(&rx, &mut hook), Some(3));
+        assert_eq!((hook.idle, hook.lingered), (2, 1));
+        sender.join().unwrap();
     }
 
     #[test]

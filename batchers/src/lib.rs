@@ -27,5 +27,7 @@ pub mod sequence;
 
 pub use admission::{Admission, Ticket};
 pub use batch::{Batch, Member};
-pub use batcher::{form_batch, run_batcher, BatchFormer, BatcherConfig};
+pub use batcher::{
+    form_batch, run_batcher, wait_for_first, BatchFormer, BatcherConfig, Idle, IDLE_LINGER,
+};
 pub use request::{Request, Tensor};

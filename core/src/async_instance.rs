@@ -73,7 +73,7 @@ pub fn run_async_instance(mut worker: WorkerBox, ctx: Arc<InstanceContext>, batc
         // A slot first: no batch is pulled (nor its buffer set held) while the
         // worker has `max` of ours.
         slots.take(max);
-        let Some(batch) = batches.next() else {
+        let Some(batch) = batches.next(&mut ()) else {
             slots.give_back();
             break;
         };
@@ -182,7 +182,9 @@ impl InFlight {
                     built: self.built,
                     ran,
                 };
-                answer(&ctx, batch, ran, self.queue_ns);
+                // The worker's completing thread keeps nothing: the last answer
+                // let go frees the outputs.
+                drop(answer(&ctx, batch, ran, self.queue_ns));
             }
             Err(message) => {
                 spdlog::error!(

@@ -433,6 +433,7 @@ mod tests {
             params,
             arrived,
             sequence: None,
+            inputs: Vec::new(),
             reply: Reply {
                 tx,
                 log: RequestLog::default(),

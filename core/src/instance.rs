@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use crossbeam_channel::Receiver;
-use kiln_batchers::{Batch, BatchFormer, Member};
+use kiln_batchers::{wait_for_first, Batch, BatchFormer, Idle, Member};
 use kiln_buffers::BufferSet;
 use kiln_worker_sdk::reexports::RStr;
 use kiln_worker_sdk::{
@@ -23,7 +23,9 @@ use kiln_worker_sdk::{
 use crate::error::ServerError;
 use crate::metrics::ModelMetrics;
 use crate::ordering::{send, Answers, OrderGate};
-use crate::reply::{AnswerModel, Answered, BatchOutputs, Reply, RunOutput, SequenceLink, Tally};
+use crate::reply::{
+    AnswerModel, Answered, BatchOutputs, KeptOutputs, Reply, RunOutput, SequenceLink, Share, Tally,
+};
 use crate::request_log::request_ids;
 use crate::stats::{nanos, BatchTiming, ModelStats};
 use crate::trace::BatchTrace;
@@ -79,10 +81,11 @@ pub enum BatchSource {
 }
 
 impl BatchSource {
-    pub(crate) fn next(&self) -> Option<Batch<Reply>> {
+    /// The next batch; `idle` is told when none is ready at once.
+    pub(crate) fn next(&self, idle: &mut dyn Idle) -> Option<Batch<Reply>> {
         match self {
-            BatchSource::Queue(batches) => batches.recv().ok(),
-            BatchSource::Former(former) => former.next_batch(),
+            BatchSource::Queue(batches) => wait_for_first(batches, idle),
+            BatchSource::Former(former) => former.next_batch(idle),
         }
     }
 }
@@ -97,7 +100,8 @@ pub fn run_instance(
     index: usize,
 ) {
     let mut healthy = true;
-    while let Some(mut batch) = batches.next() {
+    let mut kept = KeptOutputs::default();
+    while let Some(mut batch) = batches.next(&mut kept) {
         // Should this thread unwind on the batch, later batches are not held.
         let _in_order = ctx.ordering.as_ref().map(|gate| gate.guard(batch.order));
         if !healthy {
@@ -146,7 +150,7 @@ pub fn run_instance(
         match result {
             Ok(ran) => {
                 let stages = (ran.building, ran.built, ran.ran);
-                answer(&ctx, batch, ran, queue_ns);
+                kept.keep(answer(&ctx, batch, ran, queue_ns));
                 traced.record(&ctx.endpoint, &ctx.version, Some(stages), None);
             }
             Err(message) => {
@@ -434,7 +438,13 @@ pub(crate) fn split_outputs(
 /// here, the answered ones by the batch's [`Tally`] once every answer is let go
 /// (see [`crate::reply`]); this thread lets go of its share before sending, so a
 /// client that has its answer, and whose batch-mates have theirs, sees it counted.
-pub(crate) fn answer(ctx: &InstanceContext, batch: Batch<Reply>, ran: Ran, queue_ns: u64) {
+/// Returns the batch's outputs for the answering thread to keep ([`KeptOutputs`]).
+pub(crate) fn answer(
+    ctx: &InstanceContext,
+    batch: Batch<Reply>,
+    ran: Ran,
+    queue_ns: u64,
+) -> Arc<BatchOutputs> {
     let (requests, order) = (batch.len(), batch.order);
     let Ran {
         outputs,
@@ -456,7 +466,7 @@ pub(crate) fn answer(ctx: &InstanceContext, batch: Batch<Reply>, ran: Ran, queue
         output: ran.elapsed(),
     };
     // The answers share the outputs; each caller builds its own response.
-    let shared = Arc::new(BatchOutputs {
+    let shared = Share::first(BatchOutputs {
         model: Arc::clone(&ctx.answer_model),
         outputs,
         tally: Tally::new(
@@ -484,17 +494,19 @@ pub(crate) fn answer(ctx: &InstanceContext, batch: Batch<Reply>, ran: Ran, queue
             continue;
         }
         let answered = Answered {
-            batch: Arc::clone(&shared),
+            batch: shared.clone(),
             index: j,
             output_mask: reply.output_mask,
             id: reply.log.id,
             rows: member.rows,
             arrived: member.arrived,
             queue_ns,
+            inputs: member.inputs,
         };
         replies.push((reply.tx, Ok(answered)));
     }
-    // Only the answers hold the outputs now: the last one let go counts them.
+    // Only the answers share the outputs now: the last one let go counts them.
+    let outputs = shared.outputs();
     drop(shared);
     if invalid + failed > 0 {
         ctx.stats
@@ -505,6 +517,7 @@ pub(crate) fn answer(ctx: &InstanceContext, batch: Batch<Reply>, ran: Ran, queue
     m.invalid.inc_by(invalid);
     m.failure.inc_by(failed);
     deliver(ctx, order, replies);
+    outputs
 }
 
 /// Sends a batch's answers, through the group's order gate when it preserves ordering.

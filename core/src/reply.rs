@@ -5,20 +5,24 @@
 //! batcher's host all use these types.
 //!
 //! An instance thread answers with its request's row of the batch's outputs
-//! ([`Answered`]: a shared pointer and an index), not with a built
+//! ([`Answered`]: a [`Share`] of them and an index), not with a built
 //! [`InferResponse`]: the response (its names, shape and output list) is built by
 //! whoever awaits it, on its own thread. So the instance thread allocates nothing
-//! per request, and nothing allocated by one thread per request is freed by the
-//! other: with glibc's per-thread arenas, such frees lock the other thread's arena
-//! and made the two threads wait on each other (a fifth of the in-process CPU,
-//! `docs/benchmarks.md`).
+//! per request, and nothing one thread allocates is freed by the other: with
+//! glibc's per-thread arenas such frees lock the other thread's arena, and the two
+//! threads then wait on each other (`docs/benchmarks.md`). Each answer carries its
+//! request's input tensors back to be let go where they were made, and the
+//! instance keeps its batches' outputs ([`KeptOutputs`]) until the last answer
+//! lets go of them, then frees them itself.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
 use kiln_batchers::sequence::SequenceEvent;
+use kiln_batchers::Tensor;
 use kiln_worker_sdk::{Shape, WorkerInfo};
 use tokio::sync::oneshot;
 
@@ -65,9 +69,89 @@ pub struct BatchOutputs {
     pub tally: Tally,
 }
 
+/// One hold on a batch's outputs that counts for its [`Tally`]: the instance's
+/// while it answers, then each answer's. The last let go counts the batch.
+pub struct Share(Arc<BatchOutputs>);
+
+impl Share {
+    /// The first share of a batch's outputs (the answering thread's).
+    pub fn first(outputs: BatchOutputs) -> Share {
+        outputs.tally.shares.store(1, Ordering::Relaxed);
+        Share(Arc::new(outputs))
+    }
+
+    /// The outputs themselves, held apart from the shares (see [`KeptOutputs`]).
+    pub fn outputs(&self) -> Arc<BatchOutputs> {
+        Arc::clone(&self.0)
+    }
+}
+
+impl Clone for Share {
+    fn clone(&self) -> Share {
+        self.0.tally.shares.fetch_add(1, Ordering::Relaxed);
+        Share(Arc::clone(&self.0))
+    }
+}
+
+impl std::ops::Deref for Share {
+    type Target = BatchOutputs;
+
+    fn deref(&self) -> &BatchOutputs {
+        &self.0
+    }
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        // AcqRel: the last one sees every failure the others reported.
+        if self.0.tally.shares.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.tally.settle();
+        }
+    }
+}
+
+/// The outputs of an instance's recent batches, kept by the thread that made them
+/// until no answer holds them any more, and then freed there (see the module
+/// comment): on each new batch the oldest that are done, and all that are done
+/// when the thread waits for work. At most [`KeptOutputs::MOST`] are kept (past
+/// that the oldest is let go), and none once the thread has waited
+/// [`kiln_batchers::IDLE_LINGER`] with nothing to do: whichever holder is last
+/// then frees them.
+#[derive(Default)]
+pub struct KeptOutputs(VecDeque<Arc<BatchOutputs>>);
+
+impl KeptOutputs {
+    /// Batches kept at most: more than the batches a group's callers usually
+    /// hold answers of at once.
+    pub const MOST: usize = 64;
+
+    /// Frees the oldest kept outputs no answer holds any more, and keeps `outputs`.
+    pub fn keep(&mut self, outputs: Arc<BatchOutputs>) {
+        while self
+            .0
+            .front()
+            .is_some_and(|oldest| Arc::strong_count(oldest) == 1 || self.0.len() >= Self::MOST)
+        {
+            self.0.pop_front();
+        }
+        self.0.push_back(outputs);
+    }
+}
+
+impl kiln_batchers::Idle for KeptOutputs {
+    fn idle(&mut self) -> bool {
+        self.0.retain(|kept| Arc::strong_count(kept) > 1);
+        !self.0.is_empty()
+    }
+
+    fn lingered(&mut self) {
+        self.0.clear();
+    }
+}
+
 /// A batch's answered requests, counted in `/metrics` and `/stats` when the last
-/// of their answers is let go (the batch's outputs dropped): each as a success,
-/// unless whoever answered the client reported that it failed on the way out
+/// of their answers is let go (the last [`Share`]): each as a success, unless
+/// whoever answered the client reported that it failed on the way out
 /// ([`Delivery::failed`]: a shared-memory output that does not fit its window, an
 /// answer too large to encode). So the hot path counts once per batch, as before,
 /// and a request that failed after its inference is never counted a success.
@@ -79,6 +163,8 @@ pub struct Tally {
     pub rows: usize,
     pub queue_ns: u64,
     pub timing: BatchTiming,
+    /// The [`Share`]s not yet let go.
+    shares: AtomicUsize,
     /// Of those, the ones that failed on the way out (rare: atomics touched only
     /// then).
     invalid: AtomicU64,
@@ -104,6 +190,7 @@ impl Tally {
             rows,
             queue_ns,
             timing,
+            shares: AtomicUsize::new(0),
             invalid: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             failed_rows: AtomicU64::new(0),
@@ -113,24 +200,22 @@ impl Tally {
     }
 }
 
-impl Drop for Tally {
-    fn drop(&mut self) {
-        let invalid = *self.invalid.get_mut();
-        let failed = *self.failed.get_mut();
+impl Tally {
+    /// Counts the batch's answers, once the last [`Share`] is let go.
+    fn settle(&self) {
+        let load = |n: &AtomicU64| n.load(Ordering::Relaxed);
+        let invalid = load(&self.invalid);
+        let failed = load(&self.failed);
         let lost = (invalid + failed) as usize;
         let succeeded = self.requests.saturating_sub(lost);
         if succeeded > 0 {
-            let rows = self
-                .rows
-                .saturating_sub(*self.failed_rows.get_mut() as usize);
-            let queue_ns = self
-                .queue_ns
-                .saturating_sub(*self.failed_queue_ns.get_mut());
+            let rows = self.rows.saturating_sub(load(&self.failed_rows) as usize);
+            let queue_ns = self.queue_ns.saturating_sub(load(&self.failed_queue_ns));
             self.stats
                 .record_success(succeeded, rows, queue_ns, self.timing);
         }
         if lost > 0 {
-            self.stats.record_failure(lost, *self.failed_ns.get_mut());
+            self.stats.record_failure(lost, load(&self.failed_ns));
         }
         self.metrics.success.inc_by(succeeded as u64);
         self.metrics.invalid.inc_by(invalid);
@@ -141,7 +226,7 @@ impl Drop for Tally {
 /// One request's answer: row `index` of a batch's outputs, the outputs it asked
 /// for, its id, and what its tally needs should it fail on the way out.
 pub struct Answered {
-    pub batch: Arc<BatchOutputs>,
+    pub batch: Share,
     pub index: usize,
     /// Bit `k` set: return output `k`.
     pub output_mask: u64,
@@ -150,6 +235,9 @@ pub struct Answered {
     pub rows: usize,
     pub arrived: Instant,
     pub queue_ns: u64,
+    /// The request's input tensors (see [`kiln_batchers::Member::inputs`]): let go
+    /// with the answer, on the thread that awaits it.
+    pub inputs: Vec<Tensor>,
 }
 
 /// A request answered and on its way to its client: counted a success when
@@ -160,7 +248,7 @@ pub struct Delivery(Delivered);
 enum Delivered {
     /// A row of a batch: its batch's [`Tally`] counts it.
     Batch {
-        batch: Arc<BatchOutputs>,
+        batch: Share,
         rows: usize,
         arrived: Instant,
         queue_ns: u64,
@@ -333,5 +421,101 @@ impl SequenceLink {
                 }
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use kiln_batchers::Idle;
+    use kiln_worker_sdk::{BatcherKind, DataType, TensorSpec};
+
+    use super::*;
+    use crate::metrics::Metrics;
+
+    fn batch(stats: &Arc<ModelStats>, requests: usize) -> Share {
+        let info = WorkerInfo {
+            inputs: vec![TensorSpec::new("X", DataType::Uint8, &[1])].into(),
+            outputs: vec![TensorSpec::new("Y", DataType::Uint8, &[1])].into(),
+            max_batch_size: 8,
+            batcher: BatcherKind::Soft,
+            allow_ragged_batch: false,
+        };
+        Share::first(BatchOutputs {
+            model: Arc::new(AnswerModel {
+                name: "m".into(),
+                version: "1".into(),
+                info: Arc::new(info),
+            }),
+            outputs: Vec::new(),
+            tally: Tally::new(
+                Arc::new(Metrics::new().model("m")),
+                Arc::clone(stats),
+                (requests, requests, 0),
+                BatchTiming {
+                    input: Duration::ZERO,
+                    infer: Duration::ZERO,
+                    output: Duration::ZERO,
+                },
+            ),
+        })
+    }
+
+    #[test]
+    fn the_last_share_let_go_counts_the_batch_once() {
+        let stats = Arc::new(ModelStats::default());
+        let first = batch(&stats, 2);
+        let kept = first.outputs();
+        let (a, b) = (first.clone(), first.clone());
+        drop(first);
+        drop(a);
+        assert_eq!(stats.snapshot().inference_count, 0, "one answer still out");
+        drop(b);
+        assert_eq!(stats.snapshot().inference_count, 2);
+        // The outputs outlive their shares without counting again.
+        drop(kept);
+        assert_eq!(stats.snapshot().inference_count, 2);
+    }
+
+    #[test]
+    fn kept_outputs_are_freed_once_no_answer_holds_them() {
+        let stats = Arc::new(ModelStats::default());
+        let mut kept = KeptOutputs::default();
+        let answered = batch(&stats, 1);
+        let outputs = answered.outputs();
+        let watch = Arc::downgrade(&outputs);
+        kept.keep(outputs);
+        // Held by the answer: a new batch does not free it.
+        kept.keep(batch(&stats, 1).outputs());
+        assert!(watch.upgrade().is_some());
+        drop(answered);
+        assert!(
+            watch.upgrade().is_some(),
+            "freed by the keeper, not the answer"
+        );
+        kept.keep(batch(&stats, 1).outputs());
+        assert!(watch.upgrade().is_none());
+    }
+
+    #[test]
+    fn kept_outputs_are_bounded_and_let_go_after_idling() {
+        let stats = Arc::new(ModelStats::default());
+        let mut kept = KeptOutputs::default();
+        let mut answers: Vec<Share> = (0..KeptOutputs::MOST + 3)
+            .map(|_| batch(&stats, 1))
+            .collect();
+        for answer in &answers {
+            kept.keep(answer.outputs());
+        }
+        assert_eq!(kept.0.len(), KeptOutputs::MOST);
+        assert!(kept.idle(), "answers still hold them");
+        let held = answers.split_off(KeptOutputs::MOST);
+        drop(answers);
+        assert!(kept.idle());
+        assert_eq!(kept.0.len(), held.len());
+        kept.lingered();
+        assert!(kept.0.is_empty());
+        assert!(!kept.idle());
     }
 }

@@ -262,7 +262,10 @@ fn parse_input(spec: &str) -> anyhow::Result<InputTensor> {
         name: (*name).to_owned(),
         dtype,
         shape,
-        data: Bytes::from(data),
+        // Kept for the whole run: every request's clone of it is then free (no shared
+        // count that the callers and the instance would pass between cores; a real
+        // client's requests carry data of their own).
+        data: Bytes::from_static(Box::leak(data.into_boxed_slice())),
     })
 }
 
