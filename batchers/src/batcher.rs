@@ -123,7 +123,15 @@ impl<R> BatchFormer<R> {
     /// `idle` is told when no request is ready. `None` once the request queue is
     /// disconnected and drained.
     pub fn next_batch(&self, idle: &mut dyn Idle) -> Option<Batch<R>> {
-        let mut carried = self.turn.lock();
+        // Waiting for another instance to finish forming is waiting for work too.
+        let mut carried = match self.turn.try_lock() {
+            Some(turn) => turn,
+            None if idle.idle() => self.turn.try_lock_for(IDLE_LINGER).unwrap_or_else(|| {
+                idle.lingered();
+                self.turn.lock()
+            }),
+            None => self.turn.lock(),
+        };
         form_batch(&self.config, &self.requests, &self.pool, &mut carried, idle)
     }
 }
@@ -439,6 +447,55 @@ mod tests {
         assert_eq!(wait_for_first(&rx, &mut hook), Some(3));
         assert_eq!((hook.idle, hook.lingered), (2, 1));
         sender.join().unwrap();
+    }
+
+    /// Holds something until told to let go; counts the times it was.
+    struct LetGo(Arc<std::sync::atomic::AtomicUsize>);
+
+    impl Idle for LetGo {
+        fn idle(&mut self) -> bool {
+            self.0.load(std::sync::atomic::Ordering::SeqCst) == 0
+        }
+
+        fn lingered(&mut self) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn an_instance_waiting_for_the_turn_is_idle_too() {
+        let (tx, rx) = unbounded();
+        let pool = Pool::new(4, || BufferSet::with_capacities(&[64], &[64]));
+        let former = Arc::new(BatchFormer::new(
+            config(BatcherKind::Soft, 1, 0, false),
+            rx,
+            pool,
+        ));
+        // One instance takes the turn and waits for a request.
+        let first = {
+            let former = Arc::clone(&former);
+            std::thread::spawn(move || former.next_batch(&mut ()).map(|b| b.members[0].reply))
+        };
+        while former.turn.try_lock().is_some() {
+            std::thread::yield_now();
+        }
+        // The other, waiting for the turn with something held, lets go of it.
+        let let_go = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let second = {
+            let (former, mut hook) = (Arc::clone(&former), LetGo(Arc::clone(&let_go)));
+            std::thread::spawn(move || former.next_batch(&mut hook).map(|b| b.members[0].reply))
+        };
+        let waited_from = Instant::now();
+        while let_go.load(std::sync::atomic::Ordering::SeqCst) == 0
+            && waited_from.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        tx.send(request(0, &[1, 1])).unwrap();
+        tx.send(request(1, &[1, 1])).unwrap();
+        assert_eq!(first.join().unwrap(), Some(0));
+        assert_eq!(second.join().unwrap(), Some(1));
+        assert_eq!(let_go.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
     #[test]
