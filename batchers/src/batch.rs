@@ -7,6 +7,10 @@ use kiln_worker_sdk::{Param, Shape};
 
 use crate::request::{Request, Tensor};
 
+/// The most bytes of a request's tensors its batch keeps, to be let go with its
+/// answer ([`Member::inputs`]).
+pub const KEEP_INPUTS_UP_TO: usize = 64 * 1024;
+
 /// What a batch keeps of each request once its tensors are copied in.
 #[derive(Debug)]
 pub struct Member<R> {
@@ -20,7 +24,8 @@ pub struct Member<R> {
     /// whoever answers the client (the thread that made them), not by the thread
     /// that formed the batch. With glibc's per-thread arenas a free of memory
     /// another thread allocated takes that thread's arena lock, and the two threads
-    /// then wait on each other once per request.
+    /// then wait on each other once per request. Empty when the tensors came to
+    /// more than [`KEEP_INPUTS_UP_TO`] bytes: those are let go at once.
     pub inputs: Vec<Tensor>,
     pub reply: R,
 }
@@ -83,6 +88,7 @@ impl<R> Batch<R> {
         if self.members.is_empty() {
             self.first_shapes = request.inputs.iter().map(|t| t.shape).collect();
         }
+        let mut bytes = 0;
         for (i, tensor) in request.inputs.iter().enumerate() {
             if let (Some(buf), Some(shapes)) =
                 (self.buffers.inputs.get_mut(i), self.shapes.get_mut(i))
@@ -90,14 +96,23 @@ impl<R> Batch<R> {
                 buf.extend_from_slice(&tensor.data);
                 shapes.push(tensor.shape);
             }
+            bytes += tensor.data.len();
         }
+        // Large tensors are let go at once: the batch does not hold them beside
+        // their copy while it runs (and one free per request is nothing beside
+        // copying them).
+        let inputs = if bytes <= KEEP_INPUTS_UP_TO {
+            request.inputs
+        } else {
+            Vec::new()
+        };
         self.rows += request.rows;
         self.members.push(Member {
             rows: request.rows,
             params: request.params,
             arrived: request.arrived,
             sequence: request.sequence.map(|s| s.handle),
-            inputs: request.inputs,
+            inputs,
             reply: request.reply,
         });
         // In a batch now: its place in the queue bound is free.

@@ -499,6 +499,19 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_keeps_small_inputs_for_the_answer_and_lets_large_ones_go() {
+        let pool = Pool::new(1, || BufferSet::with_capacities(&[64], &[64]));
+        let mut batch = Batch::new(pool.acquire(), 1, 2);
+        batch.push(request(0, &[1, 16]));
+        let large = (crate::KEEP_INPUTS_UP_TO / 4 + 1) as i64;
+        batch.push(request(1, &[1, large]));
+        assert_eq!(batch.members[0].inputs.len(), 1);
+        assert!(batch.members[1].inputs.is_empty());
+        // Copied in either way.
+        assert_eq!(batch.buffers.inputs[0].len(), 4 * (16 + large as usize));
+    }
+
+    #[test]
     fn pool_bounds_batches_in_flight() {
         let (tx, rx) = bounded(64);
         let (btx, brx) = unbounded();

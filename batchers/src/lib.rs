@@ -26,7 +26,7 @@ mod request;
 pub mod sequence;
 
 pub use admission::{Admission, Ticket};
-pub use batch::{Batch, Member};
+pub use batch::{Batch, Member, KEEP_INPUTS_UP_TO};
 pub use batcher::{
     form_batch, run_batcher, wait_for_first, BatchFormer, BatcherConfig, Idle, IDLE_LINGER,
 };
