@@ -151,9 +151,42 @@ struct Rounds {
     backoff_until: Option<Instant>,
     /// No claims before this: the last claim found the queue empty.
     empty_until: Option<Instant>,
-    last_counts: Instant,
-    last_expire: Instant,
-    last_reclaim: Instant,
+    counts_every: Every,
+    expire_every: Every,
+    reclaim_every: Every,
+}
+
+/// When a chore is due: once a `period`, from its first check or from a start.
+struct Every {
+    period: Duration,
+    /// When it was last done (`None`: due at its first check).
+    last: Option<Instant>,
+}
+
+impl Every {
+    /// Due at the first check, then once a `period`.
+    fn at_once(period: Duration) -> Every {
+        Every { period, last: None }
+    }
+
+    /// Due a `period` after `start`, then once a `period`.
+    fn after(period: Duration, start: Instant) -> Every {
+        Every {
+            period,
+            last: Some(start),
+        }
+    }
+
+    /// Whether the chore is due at `now` (if so it counts as done then).
+    fn due(&mut self, now: Instant) -> bool {
+        let due = self
+            .last
+            .is_none_or(|last| now.saturating_duration_since(last) >= self.period);
+        if due {
+            self.last = Some(now);
+        }
+        due
+    }
 }
 
 /// What one store call was given and did.
@@ -167,11 +200,18 @@ struct Stored {
 }
 
 /// The maintenance a store call does besides its round.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 struct Chores {
     counts: bool,
     expire_before: Option<SystemTime>,
     reclaim_idle: Option<Duration>,
+}
+
+impl Chores {
+    /// Whether any chore is due.
+    fn any(&self) -> bool {
+        self.counts || self.expire_before.is_some() || self.reclaim_idle.is_some()
+    }
 }
 
 impl Rounds {
@@ -181,7 +221,9 @@ impl Rounds {
         config: DispatcherConfig,
         metrics: DispatchMetrics,
     ) -> Rounds {
-        let now = Instant::now();
+        let expire_every =
+            (config.result_ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(60));
+        let reclaim_every = Every::after(config.reclaim_after / 4, Instant::now());
         Rounds {
             queue,
             target,
@@ -195,9 +237,9 @@ impl Rounds {
             store: None,
             backoff_until: None,
             empty_until: None,
-            last_counts: now - COUNTS_EVERY,
-            last_expire: now - Duration::from_secs(3600),
-            last_reclaim: now,
+            counts_every: Every::at_once(COUNTS_EVERY),
+            expire_every: Every::at_once(expire_every),
+            reclaim_every,
         }
     }
 
@@ -296,16 +338,15 @@ impl Rounds {
     /// [`MAX_CLAIM`]), and the chores that are due.
     fn start_store(&mut self, budget: usize, backing_off: bool, now: Instant) {
         let claiming = !backing_off && self.empty_until.is_none_or(|t| now >= t);
-        let asked = match claiming {
-            true => (2 * budget)
+        let asked = if claiming {
+            (2 * budget)
                 .saturating_sub(self.in_flight.len() + self.ready.len())
-                .min(MAX_CLAIM),
-            false => 0,
+                .min(MAX_CLAIM)
+        } else {
+            0
         };
         let chores = self.chores_due(now);
-        let chore =
-            chores.counts || chores.expire_before.is_some() || chores.reclaim_idle.is_some();
-        if asked == 0 && self.results.is_empty() && self.released.is_empty() && !chore {
+        if asked == 0 && self.results.is_empty() && self.released.is_empty() && !chores.any() {
             return;
         }
         let queue = Arc::clone(&self.queue);
@@ -319,22 +360,17 @@ impl Rounds {
 
     /// Which chores are due now (and marks them done).
     fn chores_due(&mut self, now: Instant) -> Chores {
-        let mut chores = Chores::default();
-        if now.duration_since(self.last_counts) >= COUNTS_EVERY {
-            self.last_counts = now;
-            chores.counts = true;
+        Chores {
+            counts: self.counts_every.due(now),
+            expire_before: self
+                .expire_every
+                .due(now)
+                .then(|| SystemTime::now() - self.config.result_ttl),
+            reclaim_idle: self
+                .reclaim_every
+                .due(now)
+                .then_some(self.config.reclaim_after),
         }
-        let expire_every =
-            (self.config.result_ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(60));
-        if now.duration_since(self.last_expire) >= expire_every {
-            self.last_expire = now;
-            chores.expire_before = Some(SystemTime::now() - self.config.result_ttl);
-        }
-        if now.duration_since(self.last_reclaim) >= self.config.reclaim_after / 4 {
-            self.last_reclaim = now;
-            chores.reclaim_idle = Some(self.config.reclaim_after);
-        }
-        chores
     }
 
     /// Takes in what a store call did: the jobs it claimed become ready; on an
@@ -453,18 +489,39 @@ fn store_round(
             spdlog::warn!("jobs: reclaiming a dead consumer's jobs failed: {e}");
         }
     }
-    let counts = match chores.counts {
-        true => queue
-            .counts()
-            .map_err(|e| spdlog::warn!("jobs: cannot read the store's counts: {e}"))
-            .ok(),
-        false => None,
-    };
+    let counts = chores
+        .counts
+        .then(|| {
+            queue
+                .counts()
+                .map_err(|e| spdlog::warn!("jobs: cannot read the store's counts: {e}"))
+                .ok()
+        })
+        .flatten();
     Stored {
         results,
         released,
         asked,
         claimed,
         counts,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chore_is_due_once_a_period() {
+        let start = Instant::now();
+        let period = Duration::from_secs(10);
+        let mut at_once = Every::at_once(period);
+        assert!(at_once.due(start), "due at its first check");
+        assert!(!at_once.due(start + period / 2));
+        assert!(at_once.due(start + period));
+        let mut after = Every::after(period, start);
+        assert!(!after.due(start));
+        assert!(after.due(start + period));
+        assert!(!after.due(start + period + period / 2));
     }
 }

@@ -198,9 +198,10 @@ impl DispatchTarget for RemoteTarget {
             match status {
                 200 => Dispatched::Ran(Outcome::Done(bytes)),
                 429 => Dispatched::Overloaded,
-                // Not loaded there: failed, as the local target fails a job
-                // whose model is not loaded (no retry of a model that may never come).
                 503 => Dispatched::Unavailable(error_text(status, &bytes)),
+                // 404 among them (not loaded there): failed, as the local target
+                // fails a job whose model is not loaded (no retry of a model that
+                // may never come).
                 _ => Dispatched::Ran(Outcome::Failed(error_text(status, &bytes))),
             }
         })
