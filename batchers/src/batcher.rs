@@ -192,6 +192,9 @@ mod tests {
     use crossbeam_channel::{bounded, unbounded};
     use kiln_worker_sdk::{DataType, Shape};
 
+    use std::sync::atomic::Ordering::SeqCst;
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
+
     use crate::request::Tensor;
 
     fn request(id: u32, dims: &[i64]) -> Request<u32> {
@@ -398,68 +401,87 @@ mod tests {
         assert!(former.next_batch(&mut ()).is_none());
     }
 
-    /// Counts what [`wait_for_first`] tells it.
+    /// An idle hook a test watches from outside: counts what it is told, and holds
+    /// something (once told to) until it has lingered.
+    #[derive(Clone, Default)]
+    struct Watched(Arc<Seen>);
+
     #[derive(Default)]
-    struct Holding {
-        idle: usize,
-        lingered: usize,
-        holds: bool,
+    struct Seen {
+        idle: AtomicUsize,
+        lingered: AtomicUsize,
+        holds: AtomicBool,
     }
 
-    impl Idle for Holding {
+    impl Watched {
+        /// Times it was told it is idle, and told it lingered.
+        fn told(&self) -> (usize, usize) {
+            (self.0.idle.load(SeqCst), self.0.lingered.load(SeqCst))
+        }
+
+        fn hold(&self) {
+            self.0.holds.store(true, SeqCst);
+        }
+
+        /// Waits (up to 10 s) until it has been told `(idle, lingered)` at least.
+        fn wait_told(&self, idle: usize, lingered: usize) {
+            let from = Instant::now();
+            while {
+                let (i, l) = self.told();
+                (i < idle || l < lingered) && from.elapsed() < Duration::from_secs(10)
+            } {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+
+    impl Idle for Watched {
         fn idle(&mut self) -> bool {
-            self.idle += 1;
-            self.holds
+            self.0.idle.fetch_add(1, SeqCst);
+            self.0.holds.load(SeqCst)
         }
 
         fn lingered(&mut self) {
-            self.lingered += 1;
-            self.holds = false;
+            self.0.lingered.fetch_add(1, SeqCst);
+            self.0.holds.store(false, SeqCst);
         }
     }
 
     #[test]
     fn the_idle_hook_hears_only_of_waits() {
         let (tx, rx) = unbounded();
-        let mut hook = Holding::default();
+        let hook = Watched::default();
         tx.send(1).unwrap();
-        assert_eq!(wait_for_first(&rx, &mut hook), Some(1));
-        assert_eq!((hook.idle, hook.lingered), (0, 0), "a request was ready");
+        assert_eq!(wait_for_first(&rx, &mut hook.clone()), Some(1));
+        assert_eq!(hook.told(), (0, 0), "a request was ready");
         // Nothing held: no lingering, the wait is for the next request alone.
-        let sender = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(20));
-            tx.send(2).unwrap();
-            tx
-        });
-        assert_eq!(wait_for_first(&rx, &mut hook), Some(2));
-        assert_eq!((hook.idle, hook.lingered), (1, 0));
+        let sender = {
+            let hook = hook.clone();
+            std::thread::spawn(move || {
+                hook.wait_told(1, 0);
+                tx.send(2).unwrap();
+                tx
+            })
+        };
+        assert_eq!(wait_for_first(&rx, &mut hook.clone()), Some(2));
+        assert_eq!(hook.told(), (1, 0));
         // Disconnected and drained: nothing to wait for.
         drop(sender.join().unwrap());
-        assert_eq!(wait_for_first(&rx, &mut hook), None);
-        assert_eq!((hook.idle, hook.lingered), (1, 0));
+        assert_eq!(wait_for_first(&rx, &mut hook.clone()), None);
+        assert_eq!(hook.told(), (1, 0));
         // Something held and nothing comes: let go after the linger, then wait on.
         let (tx, rx) = unbounded();
-        hook.holds = true;
-        let sender = std::thread::spawn(move || {
-            std::thread::sleep(IDLE_LINGER * 3);
-            tx.send(3).unwrap();
-        });
-        assert_eq!(wait_for_first(&rx, &mut hook), Some(3));
-        assert_eq!((hook.idle, hook.lingered), (2, 1));
+        hook.hold();
+        let sender = {
+            let hook = hook.clone();
+            std::thread::spawn(move || {
+                hook.wait_told(2, 1);
+                tx.send(3).unwrap();
+            })
+        };
+        assert_eq!(wait_for_first(&rx, &mut hook.clone()), Some(3));
+        assert_eq!(hook.told(), (2, 1));
         sender.join().unwrap();
-    }
-
-    /// Holds something until told to let go; counts the times it was.
-    struct LetGo(Arc<std::sync::atomic::AtomicUsize>);
-
-    impl Idle for LetGo {
-        fn idle(&mut self) -> bool {
-            self.0.load(std::sync::atomic::Ordering::SeqCst) == 0
-        }
-
-        fn lingered(&mut self) {
-            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
     }
 
     #[test]
@@ -480,22 +502,18 @@ mod tests {
             std::thread::yield_now();
         }
         // The other, waiting for the turn with something held, lets go of it.
-        let let_go = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let hook = Watched::default();
+        hook.hold();
         let second = {
-            let (former, mut hook) = (Arc::clone(&former), LetGo(Arc::clone(&let_go)));
+            let (former, mut hook) = (Arc::clone(&former), hook.clone());
             std::thread::spawn(move || former.next_batch(&mut hook).map(|b| b.members[0].reply))
         };
-        let waited_from = Instant::now();
-        while let_go.load(std::sync::atomic::Ordering::SeqCst) == 0
-            && waited_from.elapsed() < Duration::from_secs(10)
-        {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        hook.wait_told(1, 1);
         tx.send(request(0, &[1, 1])).unwrap();
         tx.send(request(1, &[1, 1])).unwrap();
         assert_eq!(first.join().unwrap(), Some(0));
         assert_eq!(second.join().unwrap(), Some(1));
-        assert_eq!(let_go.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(hook.told().1, 1);
     }
 
     #[test]
