@@ -433,6 +433,22 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
+
+        /// Sends `item` on `tx` from another thread once told `told` (see
+        /// [`Watched::wait_told`]); the thread gives `tx` back.
+        fn send_when_told<T: Send + 'static>(
+            &self,
+            (idle, lingered): (usize, usize),
+            tx: crossbeam_channel::Sender<T>,
+            item: T,
+        ) -> std::thread::JoinHandle<crossbeam_channel::Sender<T>> {
+            let hook = self.clone();
+            std::thread::spawn(move || {
+                hook.wait_told(idle, lingered);
+                tx.send(item).unwrap_or_else(|_| panic!("receiver gone"));
+                tx
+            })
+        }
     }
 
     impl Idle for Watched {
@@ -455,14 +471,7 @@ mod tests {
         assert_eq!(wait_for_first(&rx, &mut hook.clone()), Some(1));
         assert_eq!(hook.told(), (0, 0), "a request was ready");
         // Nothing held: no lingering, the wait is for the next request alone.
-        let sender = {
-            let hook = hook.clone();
-            std::thread::spawn(move || {
-                hook.wait_told(1, 0);
-                tx.send(2).unwrap();
-                tx
-            })
-        };
+        let sender = hook.send_when_told((1, 0), tx, 2);
         assert_eq!(wait_for_first(&rx, &mut hook.clone()), Some(2));
         assert_eq!(hook.told(), (1, 0));
         // Disconnected and drained: nothing to wait for.
@@ -472,13 +481,7 @@ mod tests {
         // Something held and nothing comes: let go after the linger, then wait on.
         let (tx, rx) = unbounded();
         hook.hold();
-        let sender = {
-            let hook = hook.clone();
-            std::thread::spawn(move || {
-                hook.wait_told(2, 1);
-                tx.send(3).unwrap();
-            })
-        };
+        let sender = hook.send_when_told((2, 1), tx, 3);
         assert_eq!(wait_for_first(&rx, &mut hook.clone()), Some(3));
         assert_eq!(hook.told(), (2, 1));
         sender.join().unwrap();
