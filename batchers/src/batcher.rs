@@ -56,10 +56,20 @@ pub fn form_batch<R>(
     idle: &mut dyn Idle,
 ) -> Option<Batch<R>> {
     let batch_size = config.batch_size.max(1);
-    let first = match carried.take() {
-        Some(request) => request,
-        None => wait_for_first(requests, idle)?,
+    // Busy: a request was waiting already (none had to be waited for).
+    let (first, busy) = match carried.take() {
+        Some(request) => (request, true),
+        None => match requests.try_recv() {
+            Ok(request) => (request, true),
+            Err(TryRecvError::Disconnected) => return None,
+            Err(TryRecvError::Empty) => (wait_for_first(requests, idle)?, false),
+        },
     };
+    if busy && config.kind == BatcherKind::Soft && config.timeout.is_zero() {
+        if let Some(target) = gather_target(idle.held(2 * batch_size), batch_size) {
+            gather(requests, target);
+        }
+    }
     let deadline = first.arrived + config.timeout;
     let mut batch = Batch::new(pool.acquire(), config.inputs, batch_size.min(256));
     batch.push(first);
@@ -145,6 +155,11 @@ pub trait Idle {
 
     /// The thread waited [`IDLE_LINGER`] and nothing came.
     fn lingered(&mut self);
+
+    /// How many of the answers this thread gave their callers still hold (counted
+    /// up to `enough`): many means the callers, not this thread, are what limits
+    /// throughput (see [`gather_target`]).
+    fn held(&mut self, enough: usize) -> usize;
 }
 
 /// How long a thread that still holds something ([`Idle::idle`]) waits for work
@@ -158,6 +173,63 @@ impl Idle for () {
     }
 
     fn lingered(&mut self) {}
+
+    fn held(&mut self, _: usize) -> usize {
+        0
+    }
+}
+
+/// Answers held by callers from which a soft batcher with no timeout, finding
+/// requests already waiting, gathers a larger batch ([`gather_target`]).
+pub const GATHER_FROM_HELD: usize = 16;
+
+/// How often a gathering batcher looks at the queue, and how long without a new
+/// request ends the gathering.
+pub const GATHER_GAP: Duration = Duration::from_micros(5);
+
+/// The longest a batch is gathered.
+pub const GATHER_MOST: Duration = Duration::from_micros(60);
+
+/// How many requests a soft batcher with no timeout waits to have queued before it
+/// forms a batch, given that callers still hold `held` of its answers; `None`:
+/// it takes what is queued at once.
+///
+/// When the callers hold many answers they have not got to yet, they are what
+/// limits throughput: a batch of the requests that happen to be queued (two or
+/// three, as each is answered nearly as soon as it arrives) costs them a batch's
+/// worth of work per few requests. So the batcher lets half as many as they hold
+/// gather first (at most a batch): they keep the other half to work on meanwhile,
+/// and the batches grow until the callers no longer fall behind. With callers that
+/// keep up (few answers held) nothing waits, so a lone request or light load sees
+/// no added delay.
+pub fn gather_target(held: usize, batch_size: usize) -> Option<usize> {
+    (held >= GATHER_FROM_HELD).then(|| (held / 2).min(batch_size))
+}
+
+/// Lets requests gather until `target` are queued (counting the one already taken),
+/// no request came for [`GATHER_GAP`], or [`GATHER_MOST`] has passed. The queue's
+/// length is looked at once per gap only: the callers write its counters, and
+/// reading them more often would make each of their sends wait for the line.
+fn gather<T>(requests: &Receiver<T>, target: usize) {
+    let start = Instant::now();
+    let mut queued = requests.len() + 1;
+    let mut looked = start;
+    while queued < target {
+        std::thread::yield_now();
+        let now = Instant::now();
+        if now.duration_since(start) >= GATHER_MOST {
+            return;
+        }
+        if now.duration_since(looked) < GATHER_GAP {
+            continue;
+        }
+        looked = now;
+        let now_queued = requests.len() + 1;
+        if now_queued == queued {
+            return;
+        }
+        queued = now_queued;
+    }
 }
 
 /// The next item of `rx`, telling `idle` first when none is ready at once; `None`
@@ -461,6 +533,63 @@ mod tests {
             self.0.lingered.fetch_add(1, SeqCst);
             self.0.holds.store(false, SeqCst);
         }
+
+        fn held(&mut self, _: usize) -> usize {
+            0
+        }
+    }
+
+    /// Callers that hold `0` answers.
+    struct Holding(usize);
+
+    impl Idle for Holding {
+        fn idle(&mut self) -> bool {
+            false
+        }
+
+        fn lingered(&mut self) {}
+
+        fn held(&mut self, enough: usize) -> usize {
+            self.0.min(enough)
+        }
+    }
+
+    #[test]
+    fn batches_gather_only_while_callers_fall_behind() {
+        assert_eq!(gather_target(0, 64), None);
+        assert_eq!(gather_target(GATHER_FROM_HELD - 1, 64), None);
+        assert_eq!(
+            gather_target(GATHER_FROM_HELD, 64),
+            Some(GATHER_FROM_HELD / 2)
+        );
+        assert_eq!(gather_target(100, 64), Some(50));
+        assert_eq!(gather_target(1000, 64), Some(64));
+    }
+
+    #[test]
+    fn a_gathering_batch_takes_what_came_and_stops_when_nothing_more_does() {
+        let (tx, rx) = unbounded();
+        let pool = Pool::new(4, || BufferSet::with_capacities(&[64], &[64]));
+        let config = config(BatcherKind::Soft, 8, 0, false);
+        let ids = |b: Batch<u32>| b.members.iter().map(|m| m.reply).collect::<Vec<_>>();
+        for i in 0..3 {
+            tx.send(request(i, &[1, 1])).unwrap();
+        }
+        // Callers far behind: the batch would gather 8, but no more come.
+        let mut carried = None;
+        let batch = form_batch(&config, &rx, &pool, &mut carried, &mut Holding(100));
+        assert_eq!(batch.map(ids), Some(vec![0, 1, 2]));
+        // Enough queued already: taken at once, the rest left for the next batch.
+        for i in 3..12 {
+            tx.send(request(i, &[1, 1])).unwrap();
+        }
+        let batch = form_batch(&config, &rx, &pool, &mut carried, &mut Holding(100));
+        assert_eq!(batch.map(ids), Some((3..11).collect()));
+        // Callers keeping up: what is queued goes at once.
+        let batch = form_batch(&config, &rx, &pool, &mut carried, &mut Holding(2));
+        assert_eq!(batch.map(ids), Some(vec![11]));
+        drop(tx);
+        assert!(form_batch(&config, &rx, &pool, &mut carried, &mut Holding(100)).is_none());
     }
 
     #[test]

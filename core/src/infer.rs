@@ -110,7 +110,8 @@ fn check_input(
             spec.dtype, tensor.dtype
         )));
     }
-    let expected = expected_shape(spec, batching);
+    // The shape expected is built for an error message only.
+    let shape_error = || shape_error(name, &expected_shape(spec, batching), &tensor.shape);
     let shape = Shape::new(&tensor.shape)
         .filter(|_| tensor.shape.iter().all(|&d| d >= 0))
         .ok_or_else(|| {
@@ -121,14 +122,14 @@ fn check_input(
         })?;
     let (inner, rows) = if batching {
         if shape.dims().is_empty() {
-            return Err(shape_error(name, &expected, &tensor.shape));
+            return Err(shape_error());
         }
         (shape.inner(), shape.rows())
     } else {
         (shape, 1)
     };
     if !spec.accepts(inner.dims()) {
-        return Err(shape_error(name, &expected, &tensor.shape));
+        return Err(shape_error());
     }
     if batching && (rows == 0 || rows > batch_size) {
         return Err(ServerError::invalid(format!(

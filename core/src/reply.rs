@@ -147,6 +147,19 @@ impl kiln_batchers::Idle for KeptOutputs {
     fn lingered(&mut self) {
         self.0.clear();
     }
+
+    /// The answers of the kept batches not yet let go, newest first (the oldest
+    /// are the likeliest done).
+    fn held(&mut self, enough: usize) -> usize {
+        let mut held = 0;
+        for kept in self.0.iter().rev() {
+            held += Arc::strong_count(kept) - 1;
+            if held >= enough {
+                break;
+            }
+        }
+        held
+    }
 }
 
 /// A batch's answered requests, counted in `/metrics` and `/stats` when the last
@@ -517,5 +530,25 @@ mod tests {
         kept.lingered();
         assert!(kept.0.is_empty());
         assert!(!kept.idle());
+    }
+
+    #[test]
+    fn kept_outputs_count_the_answers_still_held() {
+        let stats = Arc::new(ModelStats::default());
+        let mut kept = KeptOutputs::default();
+        assert_eq!(kept.held(100), 0);
+        let first = batch(&stats, 3);
+        let answers = [first.clone(), first.clone(), first.clone()];
+        kept.keep(first.outputs());
+        drop(first);
+        let other = batch(&stats, 1);
+        kept.keep(other.outputs());
+        assert_eq!(kept.held(100), 4);
+        // Counted up to what is asked, newest first.
+        assert_eq!(kept.held(1), 1);
+        drop(answers);
+        assert_eq!(kept.held(100), 1);
+        drop(other);
+        assert_eq!(kept.held(100), 0);
     }
 }
