@@ -10,8 +10,10 @@
 //! refused), so no path can forget to give the place back. When every place is taken
 //! the caller is refused at once, before anything is queued.
 //!
-//! Cost: one compare-and-swap at admission and one atomic decrement when the request
-//! leaves, plus the `Arc`'s count; measured in `docs/benchmarks.md` ("Queue bound").
+//! Cost: one compare-and-swap at admission and the `Arc`'s count; a batch gives its
+//! requests' places back with one atomic subtraction once it is formed (a request
+//! that leaves unbatched gives its own back); measured in `docs/benchmarks.md`
+//! ("Queue bound").
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -23,9 +25,13 @@ pub struct Admission {
     limit: usize,
 }
 
-/// One request's place in the queue; dropping it gives the place back.
+/// Places in the queue (one request's, or a forming batch's, see
+/// [`Ticket::absorb`]); dropping it gives them back.
 #[derive(Debug)]
-pub struct Ticket(Arc<Admission>);
+pub struct Ticket {
+    admission: Arc<Admission>,
+    places: usize,
+}
 
 impl Admission {
     /// A bound of `limit` requests (at least 1).
@@ -45,7 +51,10 @@ impl Admission {
                 (n < self.limit).then_some(n + 1)
             })
             .ok()
-            .map(|_| Ticket(Arc::clone(self)))
+            .map(|_| Ticket {
+                admission: Arc::clone(self),
+                places: 1,
+            })
     }
 
     /// Requests accepted and not yet in a batch.
@@ -59,9 +68,26 @@ impl Admission {
     }
 }
 
+impl Ticket {
+    /// Takes over `other`'s places when both are of one bound, to give them all back
+    /// at once (a batch absorbs its requests' tickets as they join and gives the
+    /// places back when it is formed, so the count its callers write is written by
+    /// the batch's thread once per batch, not once per request); otherwise
+    /// `other`'s are given back now.
+    pub fn absorb(&mut self, mut other: Ticket) {
+        if Arc::ptr_eq(&self.admission, &other.admission) {
+            self.places += std::mem::take(&mut other.places);
+        }
+    }
+}
+
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.0.queued.fetch_sub(1, Ordering::AcqRel);
+        if self.places > 0 {
+            self.admission
+                .queued
+                .fetch_sub(self.places, Ordering::AcqRel);
+        }
     }
 }
 
@@ -79,6 +105,22 @@ mod tests {
         drop(a);
         let c = admission.try_admit().unwrap();
         drop((b, c));
+        assert_eq!(admission.queued(), 0);
+    }
+
+    #[test]
+    fn an_absorbed_ticket_gives_its_place_back_with_the_absorber() {
+        let admission = Admission::new(3);
+        let other = Admission::new(3);
+        let mut batch = admission.try_admit().unwrap();
+        batch.absorb(admission.try_admit().unwrap());
+        batch.absorb(admission.try_admit().unwrap());
+        assert_eq!(admission.queued(), 3);
+        assert!(admission.try_admit().is_none());
+        // Another bound's ticket is not taken over: its place is given back at once.
+        batch.absorb(other.try_admit().unwrap());
+        assert_eq!(other.queued(), 0);
+        drop(batch);
         assert_eq!(admission.queued(), 0);
     }
 

@@ -5,6 +5,7 @@ use std::time::Instant;
 use kiln_buffers::{BufferSet, Pooled};
 use kiln_worker_sdk::{Param, Shape};
 
+use crate::admission::Ticket;
 use crate::request::{Request, Tensor};
 
 /// The most bytes of a request's tensors its batch keeps, to be let go with its
@@ -42,6 +43,9 @@ pub struct Batch<R> {
     pub order: u64,
     /// The first request kept for shape comparisons (its tensors are already copied).
     first_shapes: Vec<Shape>,
+    /// The members' places in the queue bound, given back together by
+    /// [`Batch::release_places`] once the batch is formed (or when it is dropped).
+    places: Option<Ticket>,
 }
 
 impl<R> Batch<R> {
@@ -55,6 +59,7 @@ impl<R> Batch<R> {
             rows: 0,
             order: 0,
             first_shapes: Vec::new(),
+            places: None,
         }
     }
 
@@ -115,7 +120,26 @@ impl<R> Batch<R> {
             inputs,
             reply: request.reply,
         });
-        // In a batch now: its place in the queue bound is free.
-        drop(request.ticket);
+        // In a batch now: its place in the queue bound is free, given back with the
+        // batch's others (`release_places`).
+        match (&mut self.places, request.ticket) {
+            (Some(places), Some(ticket)) => places.absorb(ticket),
+            (places @ None, ticket) => *places = ticket,
+            (Some(_), None) => {}
+        }
+    }
+
+    /// Gives back the queue places of the requests pushed so far: a batcher calls it
+    /// once the batch is formed, and before it waits for more requests.
+    pub fn release_places(&mut self) {
+        self.places = None;
+    }
+
+    /// Pushes each of `requests`, then gives their places back.
+    pub fn push_all(&mut self, requests: impl IntoIterator<Item = Request<R>>) {
+        for request in requests {
+            self.push(request);
+        }
+        self.release_places();
     }
 }

@@ -77,10 +77,16 @@ pub fn form_batch<R>(
         let next = match requests.try_recv() {
             Ok(request) => Ok(request),
             Err(_) => match config.kind {
-                BatcherKind::Hard => requests.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                BatcherKind::Hard => {
+                    // Waiting with places held could leave the bound full and the
+                    // batch never filled.
+                    batch.release_places();
+                    requests.recv().map_err(|_| RecvTimeoutError::Disconnected)
+                }
                 // The dynamic and sequence batchers have their own loops; given to
                 // this one, they behave as soft.
                 BatcherKind::Soft | BatcherKind::Dynamic | BatcherKind::Sequence => {
+                    batch.release_places();
                     recv_until(requests, deadline)
                 }
             },
@@ -96,6 +102,7 @@ pub fn form_batch<R>(
             Err(_) => break,
         }
     }
+    batch.release_places();
     Some(batch)
 }
 

@@ -695,9 +695,7 @@ pub fn run_dynamic_batcher<R>(
                 let mut batch = crate::batch::Batch::new(set, inputs, taken.len());
                 batch.order = formed;
                 formed += 1;
-                for request in taken {
-                    batch.push(request);
-                }
+                batch.push_all(taken);
                 if batches.send(batch).is_err() {
                     return;
                 }

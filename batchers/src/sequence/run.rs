@@ -103,9 +103,7 @@ pub fn run_sequence_batcher<R>(
                     .iter()
                     .filter_map(|r| r.sequence.as_ref().map(|f| f.handle))
                     .collect();
-                for request in taken {
-                    batch.push(request);
-                }
+                batch.push_all(taken);
                 let sent = match outlets.get(instance).and_then(Option::as_ref) {
                     Some(tx) => tx.send(batch).is_ok(),
                     None => false,

@@ -481,11 +481,11 @@ struct Stats {
 }
 
 impl Stats {
-    fn record(&mut self, started: Instant, result: Result<(), String>) {
+    fn record(&mut self, latency: Duration, result: Result<(), String>) {
         match result {
             Ok(()) => {
                 self.ok += 1;
-                let micros = started.elapsed().as_micros().max(1) as u64;
+                let micros = latency.as_micros().max(1) as u64;
                 if let Some(h) = self.latency.as_mut() {
                     let _ = h.record(micros.min(h.high()));
                 }
@@ -547,6 +547,9 @@ async fn run(
                 latency: histogram(),
                 ..Default::default()
             };
+            // Closed loop: each call starts when the last one ended, so that moment is
+            // read once (one clock read per call, not two).
+            let mut ended = Instant::now();
             loop {
                 let scheduled = match rate {
                     Some(rate) => {
@@ -555,7 +558,7 @@ async fn run(
                         tokio::time::sleep_until(at.into()).await;
                         at
                     }
-                    None => Instant::now(),
+                    None => ended,
                 };
                 if scheduled >= end {
                     break;
@@ -564,8 +567,9 @@ async fn run(
                     caller.set_sequence(sequencer.next());
                 }
                 let result = caller.call().await;
+                ended = Instant::now();
                 if scheduled >= measure_from {
-                    stats.record(scheduled, result);
+                    stats.record(ended.duration_since(scheduled), result);
                 }
             }
             stats
