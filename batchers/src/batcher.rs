@@ -562,6 +562,40 @@ mod tests {
     }
 
     #[test]
+    fn a_hard_batch_larger_than_the_queue_bound_still_fills() {
+        // The former gives its members' places back before it waits for more: with
+        // them held, the bound (2) would stay full and the batch (4) never fill.
+        let admission = crate::Admission::new(2);
+        let (tx, rx) = unbounded();
+        let pool = Pool::new(2, || BufferSet::with_capacities(&[64], &[64]));
+        let sender = {
+            let admission = Arc::clone(&admission);
+            std::thread::spawn(move || {
+                for id in 0..4 {
+                    let from = Instant::now();
+                    let ticket = loop {
+                        match admission.try_admit() {
+                            Some(ticket) => break ticket,
+                            None if from.elapsed() < Duration::from_secs(10) => {
+                                std::thread::sleep(Duration::from_millis(1))
+                            }
+                            None => panic!("request {id} was never admitted"),
+                        }
+                    };
+                    let mut r = request(id, &[1, 1]);
+                    r.ticket = Some(ticket);
+                    tx.send(r).unwrap();
+                }
+            })
+        };
+        let config = config(BatcherKind::Hard, 4, 0, false);
+        let batch = form_batch(&config, &rx, &pool, &mut None, &mut ()).unwrap();
+        sender.join().unwrap();
+        assert_eq!(batch.len(), 4);
+        assert_eq!(admission.queued(), 0, "every place given back");
+    }
+
+    #[test]
     fn batches_gather_only_while_callers_fall_behind() {
         assert_eq!(gather_target(0, 64), None);
         assert_eq!(gather_target(GATHER_FROM_HELD - 1, 64), None);
