@@ -44,8 +44,9 @@ pub fn run_batcher<R>(
 
 /// Forms the next batch from `requests` by `config`'s policy: waits for a first
 /// request (`carried`, the request a previous batch could not take, comes first),
-/// then for a buffer set from `pool`, and adds requests while they fit until the
-/// policy fires. `None` once `requests` is disconnected and drained; a request that
+/// lets more gather when a soft batcher with no timeout found it waiting while its
+/// callers fall behind ([`gather_target`]), then waits for a buffer set from `pool`
+/// and adds requests while they fit until the policy fires. `None` once `requests` is disconnected and drained; a request that
 /// does not fit is left in `carried` for the next batch. `idle` is told when no
 /// request is ready (see [`Idle`]).
 pub fn form_batch<R>(

@@ -9,7 +9,9 @@
 //!
 //! - **hard**: exactly `batch_size` rows;
 //! - **soft**: up to `batch_size` rows, or what has arrived when `timeout` after the
-//!   first request (counted from its arrival) expires;
+//!   first request (counted from its arrival) expires; with no timeout, a batcher
+//!   that finds requests waiting while its callers fall behind lets up to half as
+//!   many as they hold answers of gather first ([`gather_target`]);
 //! - **dynamic** ([`dynamic`]): Triton's dynamic batcher;
 //! - **sequence** ([`sequence`]): Triton's sequence batcher, for stateful models.
 //!
@@ -28,6 +30,7 @@ pub mod sequence;
 pub use admission::{Admission, Ticket};
 pub use batch::{Batch, Member, KEEP_INPUTS_UP_TO};
 pub use batcher::{
-    form_batch, run_batcher, wait_for_first, BatchFormer, BatcherConfig, Idle, IDLE_LINGER,
+    form_batch, gather_target, run_batcher, wait_for_first, BatchFormer, BatcherConfig, Idle,
+    GATHER_FROM_HELD, GATHER_GAP, GATHER_MOST, IDLE_LINGER,
 };
 pub use request::{Request, Tensor};
