@@ -57,6 +57,7 @@ fn batcher(c: &mut Criterion) {
                         kind: BatcherKind::Soft,
                         batch_size,
                         timeout: std::time::Duration::ZERO,
+                        gather: false,
                         allow_ragged: false,
                         inputs: 1,
                     };

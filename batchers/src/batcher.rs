@@ -19,6 +19,9 @@ pub struct BatcherConfig {
     pub batch_size: usize,
     /// Soft batcher: how long after the first request's arrival a partial batch waits.
     pub timeout: Duration,
+    /// Soft batcher with no timeout: whether a batch gathers while the callers fall
+    /// behind ([`gather_target`]).
+    pub gather: bool,
     /// Whether requests with different non-batch dimensions may share a batch.
     pub allow_ragged: bool,
     /// Number of inputs the worker declares.
@@ -66,7 +69,7 @@ pub fn form_batch<R>(
             Err(TryRecvError::Empty) => (wait_for_first(requests, idle)?, false),
         },
     };
-    if busy && config.kind == BatcherKind::Soft && config.timeout.is_zero() {
+    if busy && config.gather && config.kind == BatcherKind::Soft && config.timeout.is_zero() {
         if let Some(target) = gather_target(idle.held(2 * batch_size), batch_size) {
             gather(requests, target);
         }
@@ -309,6 +312,7 @@ mod tests {
             kind,
             batch_size,
             timeout: Duration::from_millis(timeout_ms),
+            gather: true,
             allow_ragged: ragged,
             inputs: 1,
         }
@@ -547,8 +551,8 @@ mod tests {
         }
     }
 
-    /// Callers that hold `0` answers.
-    struct Holding(usize);
+    /// Callers that hold `.0` answers; `.1` counts the times they were asked.
+    struct Holding(usize, usize);
 
     impl Idle for Holding {
         fn idle(&mut self) -> bool {
@@ -558,6 +562,7 @@ mod tests {
         fn lingered(&mut self) {}
 
         fn held(&mut self, enough: usize) -> usize {
+            self.1 += 1;
             self.0.min(enough)
         }
     }
@@ -597,6 +602,23 @@ mod tests {
     }
 
     #[test]
+    fn a_batcher_that_may_not_gather_never_asks() {
+        let (tx, rx) = unbounded();
+        let pool = Pool::new(4, || BufferSet::with_capacities(&[64], &[64]));
+        let mut config = config(BatcherKind::Soft, 8, 0, false);
+        let mut callers = Holding(100, 0);
+        for gather in [false, true] {
+            config.gather = gather;
+            for i in 0..3 {
+                tx.send(request(i, &[1, 1])).unwrap();
+            }
+            let batch = form_batch(&config, &rx, &pool, &mut None, &mut callers).unwrap();
+            assert_eq!(batch.len(), 3);
+            assert_eq!(callers.1, usize::from(gather), "gather = {gather}");
+        }
+    }
+
+    #[test]
     fn batches_gather_only_while_callers_fall_behind() {
         assert_eq!(gather_target(0, 64), None);
         assert_eq!(gather_target(GATHER_FROM_HELD - 1, 64), None);
@@ -619,19 +641,19 @@ mod tests {
         }
         // Callers far behind: the batch would gather 8, but no more come.
         let mut carried = None;
-        let batch = form_batch(&config, &rx, &pool, &mut carried, &mut Holding(100));
+        let batch = form_batch(&config, &rx, &pool, &mut carried, &mut Holding(100, 0));
         assert_eq!(batch.map(ids), Some(vec![0, 1, 2]));
         // Enough queued already: taken at once, the rest left for the next batch.
         for i in 3..12 {
             tx.send(request(i, &[1, 1])).unwrap();
         }
-        let batch = form_batch(&config, &rx, &pool, &mut carried, &mut Holding(100));
+        let batch = form_batch(&config, &rx, &pool, &mut carried, &mut Holding(100, 0));
         assert_eq!(batch.map(ids), Some((3..11).collect()));
         // Callers keeping up: what is queued goes at once.
-        let batch = form_batch(&config, &rx, &pool, &mut carried, &mut Holding(2));
+        let batch = form_batch(&config, &rx, &pool, &mut carried, &mut Holding(2, 0));
         assert_eq!(batch.map(ids), Some(vec![11]));
         drop(tx);
-        assert!(form_batch(&config, &rx, &pool, &mut carried, &mut Holding(100)).is_none());
+        assert!(form_batch(&config, &rx, &pool, &mut carried, &mut Holding(100, 0)).is_none());
     }
 
     #[test]

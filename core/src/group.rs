@@ -39,6 +39,8 @@ pub struct GroupSettings {
     pub batch_size: usize,
     pub batcher: BatcherKind,
     pub timeout: Duration,
+    /// Soft, no timeout: whether batches gather while the callers fall behind.
+    pub gather: bool,
     pub batchers: usize,
     pub max_buffers: usize,
     /// An asynchronous worker's `max_outstanding` (`None`: a synchronous worker).
@@ -198,6 +200,7 @@ impl WorkerGroup {
             kind: settings.batcher,
             batch_size: settings.batch_size,
             timeout: settings.timeout,
+            gather: settings.gather,
             allow_ragged: info.allow_ragged_batch,
             inputs: info.inputs.len(),
         };
@@ -306,6 +309,7 @@ impl WorkerGroup {
             batch_size,
             batcher: BatcherKind::Hard,
             timeout: Duration::ZERO,
+            gather: false,
             batchers: 0,
             max_buffers: 0,
             max_outstanding: None,
@@ -878,6 +882,7 @@ pub fn resolve(
         batch_size,
         batcher,
         timeout: params.timeout,
+        gather: params.gather,
         batchers: params.batchers.get(),
         max_buffers: params
             .max_buffers

@@ -22,6 +22,9 @@ pub struct GroupParams {
     pub batch_size: Option<NonZeroUsize>,
     /// Soft batcher timeout after the first request (`timeout`, ms).
     pub timeout: Duration,
+    /// Soft batcher with no timeout: whether batches gather while the callers fall
+    /// behind (`gather`, default true; `kiln_batchers::gather_target`).
+    pub gather: bool,
     /// Batcher threads sharing the group's queues.
     pub batchers: NonZeroUsize,
     /// Worker instances (one thread each).
@@ -63,6 +66,7 @@ pub struct LoadParams {
     isolation: Option<IsolationName>,
     /// Milliseconds.
     timeout: Option<i64>,
+    gather: Option<bool>,
     // The dynamic batcher's (Triton's `dynamic_batching`).
     preferred_batch_size: Option<Vec<i64>>,
     max_queue_delay_microseconds: Option<i64>,
@@ -312,6 +316,7 @@ impl LoadParams {
         Ok(GroupParams {
             batch_size: counted("batch_size", self.batch_size, 1 << 16)?,
             timeout: Duration::from_millis(timeout_ms),
+            gather: self.gather.unwrap_or(true),
             batchers: counted("batchers", self.batchers, 64)?.unwrap_or(NonZeroUsize::MIN),
             instances: counted("instances", self.instances, 256)?.unwrap_or(NonZeroUsize::MIN),
             max_buffers: counted("max_buffers", self.max_buffers, 4096)?,
@@ -523,6 +528,7 @@ const SERVER_PARAMETERS: &[&str] = &[
     "queue_size",
     "share",
     "timeout",
+    "gather",
     "isolation",
     "model_dir",
     "preferred_batch_size",
@@ -810,23 +816,27 @@ mod tests {
         assert_eq!(g.batchers.get(), 1);
         assert_eq!(g.instances.get(), 1);
         assert!(g.share);
+        assert!(g.gather);
         assert_eq!(g.batch_size, None);
         let g = GroupParams::parse(&params_from_pairs(&[
             ("batch_size", "8"),
             ("timeout", "5"),
             ("batcher", "HARD"),
             ("share", "false"),
+            ("gather", "false"),
         ]))
         .unwrap();
         assert_eq!(g.batch_size.map(NonZeroUsize::get), Some(8));
         assert_eq!(g.timeout, Duration::from_millis(5));
         assert_eq!(g.batcher, Some(BatcherKind::Hard));
         assert!(!g.share);
+        assert!(!g.gather);
         for bad in [
             ("batch_size", "0"),
             ("timeout", "-1"),
             ("batcher", "x"),
             ("instances", "y"),
+            ("gather", "sometimes"),
         ] {
             assert!(
                 GroupParams::parse(&params_from_pairs(&[bad])).is_err(),

@@ -268,6 +268,7 @@ mod tests {
             batch_size,
             batcher,
             timeout: Duration::from_millis(timeout_ms),
+            gather: true,
             batchers: 1,
             max_buffers: 5,
             max_outstanding: None,
