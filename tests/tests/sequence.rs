@@ -8,12 +8,10 @@
 // `unwrap` is test support: a failure should fail the test loudly.
 #![allow(clippy::unwrap_used)]
 
-use std::time::Duration;
-
 use kiln_client::{
     DataType, GrpcClient, HttpClient, InferRequest, InferResponse, InputTensor, Param, ParamValue,
 };
-use kiln_tests::{metric, requests_outcome, Kiln};
+use kiln_tests::{metric, requests_outcome, wait_metric, Kiln};
 use serde_json::{json, Value};
 
 /// Load-time parameters serving `accumulate` as a stateful model.
@@ -260,8 +258,9 @@ async fn idle_sequences_expire_and_live_ones_are_bounded() {
     let (status, message) = error_of(&c, &step(&model, ParamValue::Int(3), 1.0, true, false)).await;
     assert_eq!(status, 429, "{message}");
     assert!(message.contains("sequence places are taken"), "{message}");
-    // Both go idle and expire; a later step of sequence 1 says so, and the slots are free.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Both go idle and expire (the batcher reports no live sequence once they have);
+    // a later step of sequence 1 says so, and the slots are free.
+    wait_metric(&c, "kiln_sequences_active", &model, 0.0).await;
     let (status, message) =
         error_of(&c, &step(&model, ParamValue::Int(1), 1.0, false, false)).await;
     assert_eq!(status, 400);
@@ -291,7 +290,8 @@ async fn idle_sequences_expire_and_live_ones_are_bounded() {
                 .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The second start waits in the backlog, unanswered, until the first ends.
+    wait_metric(&c, "kiln_sequence_backlog", &model, 1.0).await;
     assert!(!waiting.is_finished());
     c.infer(&step(&model, ParamValue::Int(1), 1.0, false, true))
         .await
