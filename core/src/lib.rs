@@ -7,6 +7,7 @@
 
 pub mod async_instance;
 pub mod calls;
+pub mod client_bytes;
 pub mod ensemble;
 pub mod error;
 pub mod fdlimit;

@@ -138,7 +138,8 @@ impl Limits {
 }
 
 /// The machine's memory in bytes (4 GiB when it cannot be read).
-fn physical_memory() -> u64 {
+/// The machine's memory in bytes (4 GiB when the system does not say).
+pub(crate) fn physical_memory() -> u64 {
     // SAFETY: sysconf only reads system configuration.
     let (pages, size) = unsafe {
         (

@@ -251,6 +251,11 @@ impl Metrics {
         metrics
     }
 
+    /// Adds a collector read on each scrape (a server-wide figure kept elsewhere).
+    pub fn register_collector(&self, collector: Box<dyn prometheus_client::collector::Collector>) {
+        self.registry.lock().register_collector(collector);
+    }
+
     /// The handles for `model`, created on first use.
     pub fn model(&self, model: &str) -> ModelMetrics {
         let m = ModelLabels {

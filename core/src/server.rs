@@ -7,6 +7,7 @@ use std::sync::{Arc, OnceLock};
 use arc_swap::ArcSwap;
 use kiln_worker_sdk::Param;
 
+use crate::client_bytes::ClientBytes;
 use crate::ensemble::config::EnsembleConfig;
 use crate::ensemble::plan::Plan;
 use crate::error::{Result, ServerError};
@@ -35,6 +36,9 @@ pub struct ServerConfig {
     /// How often memory freed after a burst is handed back to the system (`None`:
     /// never); see [`crate::housekeeping`].
     pub trim_interval: Option<std::time::Duration>,
+    /// The budget of bytes clients make the server hold (`--max-client-bytes`;
+    /// `None`: [`crate::client_bytes::default_max`]).
+    pub max_client_bytes: Option<usize>,
 }
 
 /// A running kiln server; cheap to clone.
@@ -50,6 +54,7 @@ struct Inner {
     ready: AtomicBool,
     repository: Option<Repository>,
     shared_memory: SharedMemory,
+    client_bytes: Arc<ClientBytes>,
     restricted: OnceLock<RestrictedApis>,
     /// Stops with the server.
     _housekeeping: Option<Housekeeping>,
@@ -66,6 +71,12 @@ impl Server {
         };
         let models = Arc::new(ArcSwap::from_pointee(Models::new()));
         let metrics = Arc::new(Metrics::new());
+        let client_bytes = ClientBytes::new(
+            config
+                .max_client_bytes
+                .unwrap_or_else(crate::client_bytes::default_max),
+        );
+        metrics.register_collector(client_bytes.collector());
         let manager = Manager::start(
             Plugins::new(dirs),
             Arc::clone(&models),
@@ -84,6 +95,7 @@ impl Server {
                 ready: AtomicBool::new(false),
                 repository: config.model_repository.map(Repository::new),
                 shared_memory: SharedMemory::new(),
+                client_bytes,
                 restricted: OnceLock::new(),
                 _housekeeping: housekeeping,
             }),
@@ -307,6 +319,12 @@ impl Server {
         trace.answered(result.as_ref().ok());
         trace.finish(result.as_ref().err().map(|e| e as _));
         result
+    }
+
+    /// The one budget of bytes clients make this server hold
+    /// ([`crate::client_bytes`]), shared by every surface.
+    pub fn client_bytes(&self) -> &Arc<ClientBytes> {
+        &self.inner.client_bytes
     }
 
     /// The server's registry of system shared-memory regions (one per server),

@@ -113,6 +113,12 @@ struct ServeArgs {
     /// input larger than this).
     #[arg(long, env = "KILN_SHM_MAX_HELD_BYTES", default_value_t = kiln_server::shm::DEFAULT_MAX_HELD_BYTES)]
     shm_max_held_bytes: usize,
+    /// The one budget of bytes clients can make the server hold at once: decoded
+    /// images and frames, stream results, shared-memory copies, unfinished gRPC
+    /// messages, job submissions and results (beyond: 429 / RESOURCE_EXHAUSTED, or
+    /// a frame dropped). Default: a quarter of the machine's memory.
+    #[arg(long, env = "KILN_MAX_CLIENT_BYTES")]
+    max_client_bytes: Option<usize>,
     // Queues and server-wide limits (hardening, slice "queues"): what loads may take
     // of the machine, per model and in total, and memory returned after floods.
     // The limits' defaults come from the machine (`Limits::for_machine`).
@@ -409,6 +415,7 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
         limits: args.limits(),
         trim_interval: (args.trim_interval_ms > 0)
             .then(|| std::time::Duration::from_millis(args.trim_interval_ms)),
+        max_client_bytes: args.max_client_bytes,
     })?;
     server.restrict(restricted)?;
     server
