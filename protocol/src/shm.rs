@@ -10,6 +10,7 @@
 use bytes::Bytes;
 
 use crate::error::{ProtocolError, Result};
+#[cfg(any(feature = "http", feature = "grpc"))]
 use crate::infer::OutputTensor;
 
 /// The parameter naming a tensor's shared-memory region.
@@ -92,7 +93,9 @@ impl<'a> ShmPlace<'a> {
 }
 
 /// `output` must fit its `window` (each output placed in shared memory is checked
-/// before any is written, so that a refused answer writes nothing).
+/// before any is written, so that a refused answer writes nothing). Used by the
+/// codecs only.
+#[cfg(any(feature = "http", feature = "grpc"))]
 pub(crate) fn check_fits<W: ShmWindow>(output: &OutputTensor, window: &W) -> Result<()> {
     if output.data.len() > window.len() {
         return Err(ProtocolError::invalid(format!(
