@@ -44,4 +44,5 @@ pub mod worker_params;
 pub use error::ServerError;
 pub use infer::{InferRequest, InferResponse, InputTensor, OutputTensor};
 pub use kiln_worker_sdk::{params_from_pairs, DataType, Param, ParamValue};
+pub use plugin::BuiltinWorker;
 pub use server::{Server, ServerConfig};

@@ -508,6 +508,13 @@ impl State {
         if params.isolation != Isolation::Process {
             return Ok(None);
         }
+        if self.plugins.is_builtin(worker) {
+            return Err(load_failed(
+                worker,
+                "a worker compiled into the server runs in its process only: \
+                 isolation = \"process\" needs a plugin library",
+            ));
+        }
         let plugin = self
             .plugins
             .path(worker)

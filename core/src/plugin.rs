@@ -74,9 +74,42 @@ struct Loaded {
     version: Option<FileVersion>,
 }
 
+/// A worker compiled into the host program rather than loaded from a library: an
+/// embedding program serves its own worker types through the same Manager, groups
+/// and instances (`ServerConfig::builtin_workers`), and kiln-core's own tests drive
+/// groups and the Manager with one. It runs in the server's process only
+/// (`isolation = "process"` needs a plugin file).
+#[derive(Clone)]
+pub struct BuiltinWorker {
+    /// The worker's name, as a plugin's would be (`[a-z0-9_-]`).
+    pub name: String,
+    /// Its root module ([`kiln_worker_sdk::ffi::root_module`]).
+    pub module: WorkerModRef,
+}
+
+impl BuiltinWorker {
+    /// The worker `W` under `name`.
+    pub fn new<W: kiln_worker_sdk::Worker>(name: &str) -> BuiltinWorker {
+        BuiltinWorker {
+            name: name.to_owned(),
+            module: kiln_worker_sdk::ffi::root_module::<W>(),
+        }
+    }
+}
+
+impl std::fmt::Debug for BuiltinWorker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BuiltinWorker")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The plugin directories and the libraries loaded from them.
 pub struct Plugins {
     dirs: Vec<PathBuf>,
+    /// Workers compiled into the host, found before any library.
+    builtin: HashMap<String, WorkerModRef>,
     loaded: HashMap<String, Loaded>,
     /// Each plugin file opened under its own path, with the version then mapped
     /// (loaded or refused: it stays mapped either way), which `dlopen` of that path
@@ -95,12 +128,30 @@ impl Plugins {
     pub fn new(dirs: Vec<PathBuf>) -> Plugins {
         Plugins {
             dirs,
+            builtin: HashMap::new(),
             loaded: HashMap::new(),
             mapped: HashMap::new(),
             copies_of: HashMap::new(),
             copies: None,
             copied: 0,
         }
+    }
+
+    /// Adds a worker compiled into the host; it is found before any library of
+    /// the same name.
+    pub fn add_builtin(&mut self, worker: BuiltinWorker) -> Result<()> {
+        check_name(&worker.name)?;
+        let module = worker.module;
+        (module.set_logger())(plugin_log_sink());
+        (module.set_tracer())(crate::trace::plugin_trace_sink());
+        (module.set_caller())(crate::calls::plugin_call_sink());
+        self.builtin.insert(worker.name, module);
+        Ok(())
+    }
+
+    /// Whether `name` is a worker compiled into the host.
+    pub fn is_builtin(&self, name: &str) -> bool {
+        self.builtin.contains_key(name)
     }
 
     /// Where plugins are looked for when none is configured: the directory of the
@@ -141,6 +192,9 @@ impl Plugins {
     /// its file has changed since.
     pub fn load(&mut self, name: &str) -> Result<WorkerModRef> {
         check_name(name)?;
+        if let Some(module) = self.builtin.get(name) {
+            return Ok(*module);
+        }
         let path = self.find(name)?;
         let version = FileVersion::of(&path);
         if let Some(loaded) = self.loaded.get(name) {

@@ -39,6 +39,9 @@ pub struct ServerConfig {
     /// The budget of bytes clients make the server hold (`--max-client-bytes`;
     /// `None`: [`crate::client_bytes::default_max`]).
     pub max_client_bytes: Option<usize>,
+    /// Workers compiled into the embedding program, served like plugins (found
+    /// before any library of the same name).
+    pub builtin_workers: Vec<crate::plugin::BuiltinWorker>,
 }
 
 /// A running kiln server; cheap to clone.
@@ -69,6 +72,10 @@ impl Server {
         } else {
             config.plugin_dirs.clone()
         };
+        let mut plugins = Plugins::new(dirs);
+        for worker in config.builtin_workers {
+            plugins.add_builtin(worker)?;
+        }
         let models = Arc::new(ArcSwap::from_pointee(Models::new()));
         let metrics = Arc::new(Metrics::new());
         let client_bytes = ClientBytes::new(
@@ -78,7 +85,7 @@ impl Server {
         );
         metrics.register_collector(client_bytes.collector());
         let manager = Manager::start(
-            Plugins::new(dirs),
+            plugins,
             Arc::clone(&models),
             Arc::clone(&metrics),
             config.limits,

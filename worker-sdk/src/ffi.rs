@@ -317,33 +317,48 @@ pub extern "C" fn set_caller(sink: CallSink) {
     let _ = catch_unwind(|| call::install(sink));
 }
 
+/// The root module of the worker `W`: what [`export_worker!`] exports from a plugin
+/// library, and what a host registers for a worker compiled into it
+/// (`kiln_core::BuiltinWorker`). Leaked: call it once per library or host.
+pub fn root_module<W: Worker>() -> WorkerModRef {
+    module(new_worker::<W>, parameters::<W>)
+}
+
+/// [`root_module`] of the asynchronous worker `W`.
+pub fn async_root_module<W: AsyncWorker>() -> WorkerModRef {
+    module(new_async_worker::<W>, async_parameters::<W>)
+}
+
+fn module(
+    new_worker: extern "C" fn() -> WorkerBox,
+    parameters: extern "C" fn() -> RSlice<'static, ParamSpec>,
+) -> WorkerModRef {
+    use abi_stable::prefix_type::PrefixTypeTrait;
+    WorkerMod {
+        set_logger,
+        new_worker,
+        parameters,
+        set_tracer,
+        set_caller,
+    }
+    .leak_into_prefix()
+}
+
 /// Exports a [`Worker`] type as a kiln plugin: `kiln_worker_sdk::export_worker!(MyWorker);`
 /// at the root of a `cdylib` crate; an [`AsyncWorker`] with
 /// `kiln_worker_sdk::export_worker!(async MyDevice);`.
 #[macro_export]
 macro_rules! export_worker {
     (async $worker:ty) => {
-        $crate::export_worker!(@root
-            $crate::ffi::new_async_worker::<$worker>,
-            $crate::ffi::async_parameters::<$worker>);
+        $crate::export_worker!(@root $crate::ffi::async_root_module::<$worker>);
     };
     ($worker:ty) => {
-        $crate::export_worker!(@root
-            $crate::ffi::new_worker::<$worker>,
-            $crate::ffi::parameters::<$worker>);
+        $crate::export_worker!(@root $crate::ffi::root_module::<$worker>);
     };
-    (@root $new_worker:expr, $parameters:expr) => {
+    (@root $root_module:expr) => {
         /// The root module of this plugin.
         pub fn kiln_worker_root_module() -> $crate::WorkerModRef {
-            use $crate::reexports::PrefixTypeTrait;
-            $crate::WorkerMod {
-                set_logger: $crate::ffi::set_logger,
-                new_worker: $new_worker,
-                parameters: $parameters,
-                set_tracer: $crate::ffi::set_tracer,
-                set_caller: $crate::ffi::set_caller,
-            }
-            .leak_into_prefix()
+            $root_module()
         }
 
         // What abi_stable's `#[export_root_module]` generates, spelled with paths
