@@ -416,6 +416,7 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
         trim_interval: (args.trim_interval_ms > 0)
             .then(|| std::time::Duration::from_millis(args.trim_interval_ms)),
         max_client_bytes: args.max_client_bytes,
+        builtin_workers: Vec::new(),
     })?;
     server.restrict(restricted)?;
     server
