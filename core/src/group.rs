@@ -103,6 +103,10 @@ pub struct WorkerGroup {
     /// The model version served ("1" for workers loaded directly).
     pub version: String,
     queue: ArcSwapOption<Sender<Request<Reply>>>,
+    /// The group that took this one's name when a reload replaced it: a request
+    /// that found this group in the snapshot just before the swap goes there, so a
+    /// reload under load fails no request ([`WorkerGroup::submit`]).
+    successor: ArcSwapOption<WorkerGroup>,
     /// `queue_size`: the bound on requests accepted and not yet in a batch, wherever
     /// they wait (the channel, a batcher's own queues, a batcher's hands).
     admission: Arc<Admission>,
@@ -262,6 +266,7 @@ impl WorkerGroup {
             identity,
             version,
             queue: ArcSwapOption::from_pointee(queue_tx),
+            successor: ArcSwapOption::empty(),
             admission,
             batches: batch_rx,
             formers,
@@ -327,6 +332,7 @@ impl WorkerGroup {
             identity: String::new(),
             version: version.to_owned(),
             queue: ArcSwapOption::empty(),
+            successor: ArcSwapOption::empty(),
             admission: Admission::new(1),
             batches: unbounded().1,
             formers: Vec::new(),
@@ -432,11 +438,21 @@ impl WorkerGroup {
                 self.endpoint
             )));
         }
+        // Held from here to the send: a group drained meanwhile still takes the
+        // request into its queue (its batchers drain until the last sender goes).
+        let queue = self.queue.load();
+        let Some(tx) = queue.as_ref() else {
+            return match self.successor.load_full() {
+                // Replaced by a reload: the name's new group answers.
+                Some(next) => next.submit(request, trace),
+                None => Err(self.gone()),
+            };
+        };
         let mut log = RequestLog {
             id: request.id.take(),
             trace_id: trace.map(|t| Box::new(t.trace_id)),
         };
-        self.admit(request, &mut log, trace).inspect_err(|e| {
+        self.admit(request, tx, &mut log, trace).inspect_err(|e| {
             crate::request_log::failed(&log, &self.endpoint, e);
         })
     }
@@ -445,6 +461,7 @@ impl WorkerGroup {
     fn admit(
         &self,
         request: InferRequest,
+        tx: &Sender<Request<Reply>>,
         log: &mut RequestLog,
         trace: Option<crate::trace::SpanIds>,
     ) -> Result<oneshot::Receiver<crate::reply::Answer>> {
@@ -492,10 +509,6 @@ impl WorkerGroup {
                 valid.output_mask = seq.model.worker_mask(valid.output_mask);
                 Some(flags)
             }
-        };
-        let queue = self.queue.load();
-        let Some(tx) = queue.as_ref() else {
-            return Err(self.gone());
         };
         if self.context.healthy.load(Ordering::SeqCst) == 0 {
             metrics.unavailable.inc();
@@ -692,6 +705,12 @@ impl WorkerGroup {
                 .set((busy as f64 / 1e9 / capacity).clamp(0.0, 1.0));
         }
         *last = (now, busy_ns);
+    }
+
+    /// Names `next` as the group that replaced this one (before this one drains):
+    /// requests that reach this group after it stopped taking them go there.
+    pub fn replaced_by(&self, next: &Arc<WorkerGroup>) {
+        self.successor.store(Some(Arc::clone(next)));
     }
 
     /// Refuses new requests, answers every accepted one, then stops the threads and

@@ -424,10 +424,14 @@ impl State {
             &group_params,
             &version,
         )?;
-        let replaced = self.groups.insert(name.clone(), group);
+        let replaced = self.groups.insert(name.clone(), Arc::clone(&group));
+        if let Some(old) = &replaced {
+            old.replaced_by(&group);
+        }
         self.publish();
         if let Some(old) = replaced {
-            // The name already serves the new group; the old one answers what it took.
+            // The name already serves the new group; the old one answers what it took
+            // (and hands on what reaches it late).
             old.drain();
             spdlog::info!("replaced `{name}` (now version {version})");
         }

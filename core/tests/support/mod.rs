@@ -174,3 +174,38 @@ pub fn request(model: &str, values: &[u32]) -> InferRequest {
         ..InferRequest::default()
     }
 }
+
+/// A model repository holding `fake` (versions 1 and 2) in a folder of its own;
+/// removed on drop.
+pub struct Repository(pub std::path::PathBuf);
+
+impl Repository {
+    /// A new repository for the test `name`.
+    pub fn new(name: &str) -> Repository {
+        let root =
+            std::env::temp_dir().join(format!("kiln-core-test-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for version in ["1", "2"] {
+            std::fs::create_dir_all(root.join("fake").join(version)).expect("a folder");
+        }
+        std::fs::write(root.join("fake/config.toml"), "worker = \"fake\"\n").expect("a file");
+        Repository(root)
+    }
+
+    /// A server serving this repository, with `fake` compiled in.
+    pub fn server(&self) -> Server {
+        Server::start(ServerConfig {
+            plugin_dirs: vec![std::env::temp_dir().join("kiln-core-tests-no-plugins")],
+            model_repository: Some(self.0.clone()),
+            builtin_workers: vec![BuiltinWorker::new::<Fake>("fake")],
+            ..ServerConfig::default()
+        })
+        .expect("the server starts")
+    }
+}
+
+impl Drop for Repository {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

@@ -1,0 +1,90 @@
+//! A model reloaded under load fails no request: a request that found the old
+//! group in the snapshot just before the swap is answered by the new one.
+
+// Test support: a failed step should fail the test loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use kiln_core::trace::Trace;
+use support::{params, request, Repository};
+
+#[tokio::test]
+async fn a_request_that_found_the_replaced_group_is_answered_by_the_new_one() {
+    let repo = Repository::new("late-request");
+    let server = repo.server();
+    server
+        .load_model("fake", Some(1), Vec::new())
+        .await
+        .unwrap();
+    // What an ingress holds between its lookup and its submit.
+    let old = server.model("fake").unwrap();
+    server
+        .load_model("fake", Some(2), Vec::new())
+        .await
+        .unwrap();
+    let (pending, ()) =
+        kiln_core::serve::submit(&old, Ok((request("fake", &[4]), ())), &mut Trace::default())
+            .expect("the replaced group hands the request on");
+    let response = pending.await.unwrap();
+    assert_eq!(response.model_version, "2");
+    assert_eq!(response.outputs[0].values::<u32>(), vec![5]);
+    // Unloaded, not replaced: refused.
+    server.unload("fake").await.unwrap();
+    let gone = server.model("fake");
+    assert!(gone.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reloads_under_load_fail_no_request() {
+    let repo = Repository::new("reloads");
+    let server = repo.server();
+    server
+        .load_model("fake", Some(1), Vec::new())
+        .await
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..16u32)
+        .map(|c| {
+            let (server, stop) = (server.clone(), stop.clone());
+            tokio::spawn(async move {
+                let (mut answered, mut failed) = (0u64, Vec::new());
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    match server.infer(request("fake", &[c + 100])).await {
+                        Ok(r) => {
+                            assert_eq!(r.outputs[0].values::<u32>(), vec![c + 101]);
+                            answered += 1;
+                        }
+                        Err(e) => failed.push(e.to_string()),
+                    }
+                }
+                (answered, failed)
+            })
+        })
+        .collect();
+    for i in 0..20i64 {
+        // Alternate the parameters and the version: each load replaces the group.
+        let version = 1 + (i as u64 % 2);
+        server
+            .load_model("fake", Some(version), params(&[("batch_size", 4 + i % 2)]))
+            .await
+            .unwrap();
+        tokio::task::yield_now().await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut answered, mut failed) = (0, Vec::new());
+    for client in clients {
+        let (a, f) = client.await.unwrap();
+        answered += a;
+        failed.extend(f);
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {} failed: {:?}",
+        failed.len(),
+        answered + failed.len() as u64,
+        &failed[..failed.len().min(5)]
+    );
+    assert!(answered > 0);
+    println!("{answered} requests answered across 20 reloads, none failed");
+}
