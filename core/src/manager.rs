@@ -81,6 +81,7 @@ impl Manager {
             models,
             metrics,
             groups: HashMap::new(),
+            built_from: HashMap::new(),
             limits,
         };
         let thread = std::thread::Builder::new()
@@ -204,7 +205,21 @@ struct State {
     models: Arc<ArcSwap<Models>>,
     metrics: Arc<Metrics>,
     groups: HashMap<String, Arc<WorkerGroup>>,
+    /// The plugin library each group's instances run (by its root module): a load
+    /// of a rebuilt library replaces the group that runs the old one.
+    built_from: HashMap<String, PluginId>,
     limits: Limits,
+}
+
+/// Which loaded library a root module is (each load of a changed file maps a new
+/// copy with a root module of its own; libraries are never unmapped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PluginId(usize);
+
+impl PluginId {
+    fn of(module: WorkerModRef) -> PluginId {
+        PluginId(module.0.to_raw_ptr() as usize)
+    }
 }
 
 impl State {
@@ -360,6 +375,23 @@ impl State {
             .find(|g| g.worker == worker && g.identity == id)
             .cloned();
         if let Some(group) = existing {
+            if !self.runs(&group, module) {
+                // A rebuilt library: the endpoint's new group runs it, the old one
+                // drains.
+                let endpoint = group.endpoint.clone();
+                let new = self.build_group(
+                    module,
+                    endpoint.clone(),
+                    worker,
+                    id,
+                    &params,
+                    &group_params,
+                    &group.version,
+                )?;
+                self.replace(&endpoint, new, module);
+                spdlog::info!("replaced `{endpoint}`: its worker's library was rebuilt");
+                return Ok(endpoint);
+            }
             if !group_params.share {
                 let grown = group.demand() + only_instances(1);
                 self.within_limits(&group.endpoint, grown, only_instances(1))?;
@@ -391,8 +423,32 @@ impl State {
             "1",
         )?;
         self.groups.insert(endpoint.clone(), group);
+        self.built_from
+            .insert(endpoint.clone(), PluginId::of(module));
         self.publish();
         Ok(endpoint)
+    }
+
+    /// Whether `group` runs the library `module` is the root module of.
+    fn runs(&self, group: &WorkerGroup, module: WorkerModRef) -> bool {
+        self.built_from.get(&group.endpoint) == Some(&PluginId::of(module))
+    }
+
+    /// Publishes `group` under `name` in place of the group there (if any), which
+    /// hands late requests to it and drains.
+    fn replace(&mut self, name: &str, group: Arc<WorkerGroup>, module: WorkerModRef) {
+        let replaced = self.groups.insert(name.to_owned(), Arc::clone(&group));
+        self.built_from
+            .insert(name.to_owned(), PluginId::of(module));
+        if let Some(old) = &replaced {
+            old.replaced_by(&group);
+        }
+        self.publish();
+        if let Some(old) = replaced {
+            // The name already serves the new group; the old one answers what it took
+            // (and hands on what reaches it late).
+            old.drain();
+        }
     }
 
     fn load_model(
@@ -411,7 +467,8 @@ impl State {
         let id = identity(&params);
         let version = version.to_string();
         if let Some(group) = self.groups.get(&name) {
-            if group.worker == worker && group.identity == id && group.version == version {
+            let same = group.worker == worker && group.identity == id && group.version == version;
+            if same && self.runs(group, module) {
                 return Ok(name);
             }
         }
@@ -424,15 +481,9 @@ impl State {
             &group_params,
             &version,
         )?;
-        let replaced = self.groups.insert(name.clone(), Arc::clone(&group));
-        if let Some(old) = &replaced {
-            old.replaced_by(&group);
-        }
-        self.publish();
-        if let Some(old) = replaced {
-            // The name already serves the new group; the old one answers what it took
-            // (and hands on what reaches it late).
-            old.drain();
+        let replacing = self.groups.contains_key(&name);
+        self.replace(&name, group, module);
+        if replacing {
             spdlog::info!("replaced `{name}` (now version {version})");
         }
         Ok(name)
@@ -554,6 +605,7 @@ impl State {
             .groups
             .remove(endpoint)
             .ok_or_else(|| ServerError::NotFound(format!("no model `{endpoint}` is loaded")))?;
+        self.built_from.remove(endpoint);
         // New requests stop finding it; then accepted ones are answered.
         self.publish();
         group.drain();
