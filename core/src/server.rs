@@ -101,7 +101,7 @@ impl Server {
                 metrics,
                 ready: AtomicBool::new(false),
                 repository: config.model_repository.map(Repository::new),
-                shared_memory: SharedMemory::new(),
+                shared_memory: SharedMemory::with_budget(Arc::clone(&client_bytes)),
                 client_bytes,
                 restricted: OnceLock::new(),
                 _housekeeping: housekeeping,

@@ -45,6 +45,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use parking_lot::RwLock;
 
+use crate::client_bytes::{ClientBytes, Reservation, Use};
 use crate::error::{Result, ServerError};
 
 /// Where Linux keeps POSIX shared-memory objects.
@@ -76,6 +77,9 @@ impl Default for SharedMemory {
 struct Held {
     bytes: AtomicUsize,
     max: AtomicUsize,
+    /// The server-wide budget these bytes are also reserved from
+    /// ([`crate::client_bytes`]); none in a registry of its own.
+    budget: Option<Arc<ClientBytes>>,
 }
 
 /// One registered region: `byte_size` bytes at `offset` of the object `key`.
@@ -125,6 +129,20 @@ impl SharedMemory {
             held: Arc::new(Held {
                 bytes: AtomicUsize::new(0),
                 max: AtomicUsize::new(max),
+                budget: None,
+            }),
+        }
+    }
+
+    /// An empty registry whose inputs are also reserved from the server-wide
+    /// `budget` (beyond it: [`ServerError::Exhausted`], 429).
+    pub fn with_budget(budget: Arc<ClientBytes>) -> Self {
+        SharedMemory {
+            regions: RwLock::default(),
+            held: Arc::new(Held {
+                bytes: AtomicUsize::new(0),
+                max: AtomicUsize::new(DEFAULT_MAX_HELD_BYTES),
+                budget: Some(budget),
             }),
         }
     }
@@ -345,6 +363,7 @@ impl AsRef<[u8]> for Owned {
 struct HeldBytes {
     held: Arc<Held>,
     len: usize,
+    _reserved: Option<Reservation>,
 }
 
 impl HeldBytes {
@@ -356,6 +375,11 @@ impl HeldBytes {
                  bytes read from shared memory"
             )));
         }
+        // The server-wide budget first: refused there, nothing is taken here.
+        let reserved = match &held.budget {
+            Some(budget) => Some(budget.reserve(Use::SharedMemory, len)?),
+            None => None,
+        };
         held.bytes
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
                 now.checked_add(len).filter(|&total| total <= max)
@@ -369,6 +393,7 @@ impl HeldBytes {
         Ok(HeldBytes {
             held: Arc::clone(held),
             len,
+            _reserved: reserved,
         })
     }
 }
@@ -700,6 +725,33 @@ mod tests {
         // A failed read holds nothing.
         truncate(&object, 4);
         assert!(shm.read("r", 0, 8).is_err());
+        assert_eq!(shm.held_bytes(), 0);
+    }
+
+    #[test]
+    fn bytes_held_count_against_the_server_wide_budget() {
+        let object = Object::new(&[1u8; 64]);
+        let budget = crate::client_bytes::ClientBytes::new(48);
+        let shm = SharedMemory::with_budget(std::sync::Arc::clone(&budget));
+        shm.register("r", &object.key, 0, 64).unwrap();
+        // Another surface holds 16 of the 48 bytes.
+        let other = budget.reserve(Use::DecodedImage, 16).unwrap();
+        let first = shm.read("r", 0, 32).unwrap();
+        assert_eq!(budget.held(), 48);
+        let err = shm.read("r", 0, 1).unwrap_err();
+        assert!(
+            matches!(err, ServerError::Exhausted(ref m) if m.contains("--max-client-bytes")),
+            "{err}"
+        );
+        assert_eq!(
+            shm.held_bytes(),
+            32,
+            "a refusal by the budget holds nothing here"
+        );
+        drop(other);
+        let second = shm.read("r", 0, 16).unwrap();
+        drop((first, second));
+        assert_eq!(budget.held(), 0);
         assert_eq!(shm.held_bytes(), 0);
     }
 

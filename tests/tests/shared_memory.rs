@@ -339,3 +339,60 @@ async fn shared_memory_inputs_held_are_bounded() {
         "{v}"
     );
 }
+
+/// The same bytes count against the server-wide budget of bytes held for clients
+/// (`--max-client-bytes`, issue #27): with the shared-memory bound at its default,
+/// that budget refuses at once with 429, and frees with the answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_memory_inputs_count_against_the_client_bytes_budget() {
+    let kiln = Kiln::start(&[
+        "--load",
+        "faulty:instances=1,max_buffers=1",
+        "--max-client-bytes",
+        "8192",
+    ]);
+    let object = Object::new(16384);
+    assert_eq!(register(&kiln, "in", &object.key, 0, 16384).await.0, 200);
+    let from_region = |count: usize| {
+        json!({"inputs": [{"name": "INPUT0", "shape": [1, count], "datatype": "INT32",
+                           "parameters": place("in", 4 * count, 0)}]})
+    };
+    let send = |body: Value| {
+        let url = kiln.url.clone();
+        tokio::spawn(async move { call(&url, "POST", "/v2/models/faulty/infer", Some(body)).await })
+    };
+    let slow = send(
+        json!({"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "INT32",
+                                       "data": [-3]}]}),
+    );
+    wait_faulty(&kiln, "kiln_batch_size_count", 1.0).await;
+    let waiting = [send(from_region(1024)), send(from_region(1024))];
+    wait_faulty(&kiln, "kiln_pending_requests", 3.0).await;
+    let (status, v) = call(
+        &kiln.url,
+        "POST",
+        "/v2/models/faulty/infer",
+        Some(from_region(1)),
+    )
+    .await;
+    assert_eq!(status, 429, "{v}");
+    assert!(error(&v).contains("--max-client-bytes 8192"), "{v}");
+    let text = kiln.client.metrics().await.unwrap();
+    assert!(
+        text.contains("kiln_client_bytes_refused_total{use=\"shared_memory\"} 1"),
+        "{text}"
+    );
+    assert_eq!(slow.await.unwrap().0, 200);
+    for task in waiting {
+        let (status, v) = task.await.unwrap();
+        assert_eq!(status, 200, "{v}");
+    }
+    let (status, v) = call(
+        &kiln.url,
+        "POST",
+        "/v2/models/faulty/infer",
+        Some(from_region(2048)),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+}

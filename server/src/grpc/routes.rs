@@ -95,12 +95,13 @@ impl GrpcRoutes {
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes);
         let restricted = Some(Arc::clone(&server.restricted().grpc)).filter(|r| !r.is_empty());
+        let budget = Budget::within(limits.max_pending_bytes, Arc::clone(server.client_bytes()));
         GrpcRoutes {
             tonic,
             server,
             max_message_bytes,
             restricted,
-            budget: Budget::new(limits.max_pending_bytes),
+            budget,
             activity: None,
         }
     }
