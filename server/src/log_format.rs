@@ -2,11 +2,26 @@
 //! extension). Every format writes a record's key-values (the `request_id` of a
 //! line about a request, [`kiln_core::request_log`]): the default format as
 //! ` { request_id=… }`, ISO8601 likewise, JSON as its `kv` object.
+//!
+//! Lines carry what clients send (request ids, model and tensor names, values in
+//! error messages), so every format writes one line per record whatever a client
+//! put in it, and a bounded one: in the text formats control characters are
+//! escaped (`\n`, `\r`, `\t`, `\u{1b}`: a newline in an id cannot forge a line)
+//! and a line longer than [`MAX_LINE_BYTES`] is cut, saying how much was left out;
+//! in JSON (whose strings escape control characters themselves) the payload and
+//! each key-value are cut to [`MAX_JSON_FIELD_BYTES`]. So a failing request with a
+//! 16 MiB id costs the log one bounded line.
 
 use std::time::UNIX_EPOCH;
 
-use spdlog::formatter::{Formatter, FormatterContext, FullFormatter, JsonFormatter};
+use spdlog::formatter::{Formatter, FormatterContext, FullFormatter};
 use spdlog::{Level, Record, StringBuf};
+
+/// The longest line the text formats write, in bytes (before its newline).
+pub const MAX_LINE_BYTES: usize = 16 << 10;
+
+/// The longest payload or key-value JSON lines carry, in bytes.
+pub const MAX_JSON_FIELD_BYTES: usize = 8 << 10;
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,10 +58,112 @@ impl LogFormat {
     /// The formatter writing lines in this format.
     pub fn formatter(self) -> Box<dyn Formatter> {
         match self {
-            LogFormat::Default => Box::new(FullFormatter::new()),
-            LogFormat::Iso8601 => Box::new(Iso8601),
-            LogFormat::Json => Box::new(JsonFormatter::new()),
+            LogFormat::Default => Box::new(OneLine(FullFormatter::new())),
+            LogFormat::Iso8601 => Box::new(OneLine(Iso8601)),
+            LogFormat::Json => Box::new(BoundedJson),
         }
+    }
+}
+
+/// A text format's line made safe: control characters escaped (but the line's own
+/// end), cut at [`MAX_LINE_BYTES`].
+#[derive(Clone)]
+struct OneLine<F>(F);
+
+impl<F: Formatter + Clone> Formatter for OneLine<F> {
+    fn format(
+        &self,
+        record: &Record,
+        dest: &mut StringBuf,
+        ctx: &mut FormatterContext,
+    ) -> spdlog::Result<()> {
+        let mut line = StringBuf::new();
+        self.0.format(record, &mut line, ctx)?;
+        let text = line.strip_suffix('\n').unwrap_or(&line);
+        write_escaped(dest, text, MAX_LINE_BYTES).map_err(spdlog::Error::FormatRecord)?;
+        dest.push('\n');
+        Ok(())
+    }
+}
+
+/// Writes `text` with control characters escaped, at most `max` bytes of it; what
+/// is cut is said (`…[N more bytes]`).
+fn write_escaped(dest: &mut impl std::fmt::Write, text: &str, max: usize) -> std::fmt::Result {
+    let mut written = 0;
+    for (at, c) in text.char_indices() {
+        if written >= max {
+            return write!(dest, "…[{} more bytes]", text.len() - at);
+        }
+        written += match c {
+            '\n' => dest.write_str("\\n").map(|()| 2)?,
+            '\r' => dest.write_str("\\r").map(|()| 2)?,
+            '\t' => dest.write_str("\\t").map(|()| 2)?,
+            c if c.is_control() => {
+                write!(dest, "\\u{{{:x}}}", c as u32)?;
+                6
+            }
+            c => dest.write_char(c).map(|()| c.len_utf8())?,
+        };
+    }
+    Ok(())
+}
+
+/// `text` cut to at most `max` bytes (at a character's boundary), saying how
+/// much was left out.
+fn bounded(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return text.into();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…[{} more bytes]", &text[..end], text.len() - end).into()
+}
+
+/// spdlog's JSON line (`level`, `timestamp` in ms, `payload`, `kv`, `logger`,
+/// `tid`) with the payload and the key-values bounded.
+#[derive(Clone)]
+struct BoundedJson;
+
+impl Formatter for BoundedJson {
+    fn format(
+        &self,
+        record: &Record,
+        dest: &mut StringBuf,
+        _ctx: &mut FormatterContext,
+    ) -> spdlog::Result<()> {
+        let mut line = serde_json::Map::new();
+        line.insert("level".into(), record.level().as_str().into());
+        let millis = record
+            .time()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        line.insert("timestamp".into(), millis.into());
+        line.insert(
+            "payload".into(),
+            bounded(record.payload(), MAX_JSON_FIELD_BYTES).into(),
+        );
+        let kv = record.key_values();
+        if !kv.is_empty() {
+            let values = kv
+                .iter()
+                .map(|(key, value)| {
+                    let value = value.to_string();
+                    let value = bounded(&value, MAX_JSON_FIELD_BYTES).into_owned();
+                    (key.as_str().to_owned(), value.into())
+                })
+                .collect::<serde_json::Map<_, _>>();
+            line.insert("kv".into(), values.into());
+        }
+        if let Some(logger) = record.logger_name() {
+            line.insert("logger".into(), logger.into());
+        }
+        line.insert("tid".into(), record.tid().into());
+        let text = serde_json::Value::Object(line).to_string();
+        dest.push_str(&text);
+        dest.push('\n');
+        Ok(())
     }
 }
 
@@ -172,5 +289,17 @@ mod tests {
         line.clear();
         write_line(&mut line, 0, 'I', "up", std::iter::empty::<(&str, &str)>()).unwrap();
         assert_eq!(line, "1970-01-01T00:00:00Z I up\n");
+    }
+
+    #[test]
+    fn client_text_is_escaped_and_bounded() {
+        let mut out = String::new();
+        write_escaped(&mut out, "a\nb\r\tc\u{1b}[31m", 100).unwrap();
+        assert_eq!(out, "a\\nb\\r\\tc\\u{1b}[31m");
+        out.clear();
+        write_escaped(&mut out, &"x".repeat(1000), 10).unwrap();
+        assert_eq!(out, format!("{}…[990 more bytes]", "x".repeat(10)));
+        assert_eq!(bounded("héllo", 2), "h…[5 more bytes]");
+        assert_eq!(bounded("ok", 2), "ok");
     }
 }

@@ -213,3 +213,77 @@ async fn log_settings_over_grpc() {
     assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
     assert!(refused.message().contains("boolean"), "{refused:?}");
 }
+
+/// Finding 13 of issue #27: ids that clients send go into lines about failed
+/// requests. A 16 MiB id costs the log one bounded line (it was 16 MiB a line), and
+/// an id holding a newline cannot forge a line of its own, in every format.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_strings_cannot_flood_or_forge_log_lines() {
+    for format in ["default", "ISO8601", "json"] {
+        let dir = kiln_tests::fixtures::TempRepository::new(&[]);
+        let file = dir.path().join("kiln.log");
+        let file_arg = file.display().to_string();
+        let kiln = Kiln::start(&[
+            "--load",
+            "echo",
+            "--log-file",
+            &file_arg,
+            "--log-format",
+            format,
+        ]);
+        assert_eq!(post(&kiln, r#"{"log_verbose_level": 1}"#).await.0, 200);
+        let before = std::fs::metadata(&file).unwrap().len();
+        let forged = "x\n[2030-01-01 00:00:00.000] [critical] FORGED LINE admin logged in";
+        let huge = "i".repeat(16 << 20);
+        let http = reqwest::Client::new();
+        for id in [huge.as_str(), forged, huge.as_str()] {
+            // A wrong datatype: the request fails, and its id is logged.
+            let body = json!({"id": id, "inputs": [{"name": "INPUT0", "shape": [1, 1],
+                                                  "datatype": "FP32", "data": [1.0]}]});
+            let status = http
+                .post(format!("{}/v2/models/echo/infer", kiln.url))
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap()
+                .status();
+            assert_eq!(status.as_u16(), 400);
+        }
+        // Lines are written as they come; wait until the three failures are there.
+        let mut log = String::new();
+        for _ in 0..200 {
+            log = std::fs::read_to_string(&file).unwrap();
+            if log.matches("request failed").count() >= 3 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert!(
+            log.matches("request failed").count() >= 3,
+            "{format}: {log}"
+        );
+        let grown = std::fs::metadata(&file).unwrap().len() - before;
+        assert!(
+            grown < 64 << 10,
+            "{format}: three failed requests grew the log by {grown} bytes"
+        );
+        for line in log.lines() {
+            let shown: String = line.chars().take(300).collect();
+            assert!(
+                !line.contains("FORGED LINE") || line.contains("request failed"),
+                "{format}: a forged line: {shown}"
+            );
+            let well_formed = match format {
+                "json" => serde_json::from_str::<Value>(line).is_ok(),
+                // `2026-11-25T06:18:35Z V …`
+                "ISO8601" => {
+                    line.get(10..11) == Some("T")
+                        && line.get(19..20) == Some("Z")
+                        && ["I ", "W ", "E ", "V "].contains(&line.get(21..23).unwrap_or(""))
+                }
+                _ => line.starts_with("[20"),
+            };
+            assert!(well_formed, "{format}: {shown}");
+        }
+    }
+}
