@@ -80,10 +80,11 @@ def main():
     ap.add_argument("images")
     ap.add_argument("--url", required=True)
     ap.add_argument("--seconds", type=float, default=20)
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 8])
     args = ap.parse_args()
     images = [p.read_bytes() for p in sorted(Path(args.images).glob("bench-*.png"))]
     rows = []
-    for clients in (1, 8):
+    for clients in args.clients:
         # One warm-up pass over the images, then the measured run.
         for png in images:
             kiln_client_once(args.url, png)
@@ -91,8 +92,8 @@ def main():
         kiln = run(lambda stop, counts, i: kiln_client(args.url, images, stop, counts, i), clients, args.seconds)
         after = batch_sizes(args.url)
         rows.append(("kiln", clients, kiln))
-        if clients == 8:
-            print("kiln batch sizes in the 8-client run (requests per batch, mean):")
+        if clients == max(args.clients):
+            print(f"kiln batch sizes in the {clients}-client run (requests per batch, mean):")
             for model, (count, mean) in after.items():
                 c0, m0 = before.get(model, (0.0, 0.0))
                 n = count - c0
@@ -100,7 +101,7 @@ def main():
                     print(f"  {model}: {n:.0f} batches, mean {(mean * count - m0 * c0) / n:.2f}")
     from rapidocr_onnxruntime import RapidOCR
 
-    for clients in (1, 8):
+    for clients in args.clients:
         engines = [RapidOCR() for _ in range(clients)]
         for png in images:
             engines[0](png)
@@ -110,7 +111,7 @@ def main():
     for name, clients, rate in rows:
         print(f"{name:<22}{clients:>8}{rate:>10.2f}")
     by = {(n, c): r for n, c, r in rows}
-    for c in (1, 8):
+    for c in args.clients:
         print(f"kiln / rapidocr at {c} client(s): {by[('kiln', c)] / by[('rapidocr_onnxruntime', c)]:.2f}x")
 
 
