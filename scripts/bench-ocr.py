@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """The measuring half of scripts/bench-ocr: images per second for kiln (HTTP,
 binary BYTES tensor) and rapidocr_onnxruntime (in-process threads), at 1 and 8
-clients, then kiln's batch sizes per model from /metrics."""
+clients, then kiln's batch sizes per model from /metrics, and where an image's
+time went at one client (kiln_compute_duration_seconds and
+kiln_queue_duration_seconds per model, per image: the ocr worker's compute holds
+its calls of the three models and its own work: decode, resize, boxes, crops,
+copies)."""
 import argparse
 import http.client
 import json
@@ -75,24 +79,56 @@ def batch_sizes(url):
     return out
 
 
+def seconds_sums(url):
+    u = urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    out = {}
+    for model in ("ocr-det", "ocr-cls", "ocr-rec", "ocr"):
+        for kind in ("compute", "queue"):
+            m = re.search(rf'kiln_{kind}_duration_seconds_sum{{[^}}]*model="{model}"[^}}]*}} (\S+)', text)
+            out[(model, kind)] = float(m.group(1)) if m else 0.0
+    m = re.search(r'kiln_requests_total{[^}]*model="ocr"[^}]*outcome="success"[^}]*} (\S+)', text)
+    out["images"] = float(m.group(1)) if m else 0.0
+    return out
+
+
+def print_time_split(before, after):
+    images = after["images"] - before["images"]
+    if images <= 0:
+        return
+    print(f"where an image's time went at 1 client (ms per image, {images:.0f} images):")
+    for model in ("ocr", "ocr-det", "ocr-cls", "ocr-rec"):
+        c = (after[(model, "compute")] - before[(model, "compute")]) * 1000 / images
+        q = (after[(model, "queue")] - before[(model, "queue")]) * 1000 / images
+        print(f"  {model:<8} compute {c:7.1f}  queued {q:6.1f}")
+    print("  (ocr's compute is the image's whole time in its worker; it sends a line's crops to")
+    print("  ocr-cls and ocr-rec in several requests at once, so their queued times overlap)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("images")
     ap.add_argument("--url", required=True)
     ap.add_argument("--seconds", type=float, default=20)
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 8])
     args = ap.parse_args()
     images = [p.read_bytes() for p in sorted(Path(args.images).glob("bench-*.png"))]
     rows = []
-    for clients in (1, 8):
+    for clients in args.clients:
         # One warm-up pass over the images, then the measured run.
         for png in images:
             kiln_client_once(args.url, png)
         before = batch_sizes(args.url)
+        times = seconds_sums(args.url)
         kiln = run(lambda stop, counts, i: kiln_client(args.url, images, stop, counts, i), clients, args.seconds)
         after = batch_sizes(args.url)
         rows.append(("kiln", clients, kiln))
-        if clients == 8:
-            print("kiln batch sizes in the 8-client run (requests per batch, mean):")
+        if clients == 1:
+            print_time_split(times, seconds_sums(args.url))
+        if clients == max(args.clients):
+            print(f"kiln batch sizes in the {clients}-client run (requests per batch, mean):")
             for model, (count, mean) in after.items():
                 c0, m0 = before.get(model, (0.0, 0.0))
                 n = count - c0
@@ -100,7 +136,7 @@ def main():
                     print(f"  {model}: {n:.0f} batches, mean {(mean * count - m0 * c0) / n:.2f}")
     from rapidocr_onnxruntime import RapidOCR
 
-    for clients in (1, 8):
+    for clients in args.clients:
         engines = [RapidOCR() for _ in range(clients)]
         for png in images:
             engines[0](png)
@@ -110,7 +146,7 @@ def main():
     for name, clients, rate in rows:
         print(f"{name:<22}{clients:>8}{rate:>10.2f}")
     by = {(n, c): r for n, c, r in rows}
-    for c in (1, 8):
+    for c in args.clients:
         print(f"kiln / rapidocr at {c} client(s): {by[('kiln', c)] / by[('rapidocr_onnxruntime', c)]:.2f}x")
 
 

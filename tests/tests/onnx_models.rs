@@ -334,45 +334,52 @@ async fn a_missing_or_foreign_runtime_is_a_clear_load_error() {
     assert!(c.is_ready().await.unwrap());
 }
 
-/// The intra-op threads each `init` of `model` logged, in order.
+/// The intra-op threads of its own pool each `init` of `model` logged, in order.
 fn intra_op_threads_logged(log: &str, model: &str) -> Vec<usize> {
     log.lines()
         .filter(|l| l.contains(&format!("{model}/1/model.onnx")))
         .filter_map(|l| {
             let (before, _) = l.split_once(" intra-op thread(s)")?;
+            let (_, before) = before.rsplit_once("own pool of")?;
             before.rsplit(' ').next()?.parse().ok()
         })
         .collect()
 }
 
-/// Without `intra_op_threads` the onnx worker takes ONNX Runtime's default (one per
-/// physical core) divided among the group's instances, which the server passes to
-/// every `init`; a set `intra_op_threads` wins.
+/// Without thread settings a session runs on the process's shared pool (one
+/// thread per physical core); `intra_op_threads` or `allow_spinning` give it a pool
+/// of its own, whose threads default to the cores divided among the group's
+/// instances (the server passes their count to every `init`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn intra_op_threads_default_to_the_cores_shared_among_instances() {
+async fn sessions_share_one_pool_unless_threads_are_set() {
     let repo = model_repository();
     let kiln = Kiln::start(&["--model-repository", repo.to_str().unwrap()]);
     let c = &kiln.client;
     c.load_model("ocr-cls", &json!({})).await.unwrap();
-    let logged = intra_op_threads_logged(&kiln.log(), "ocr-cls");
-    let cores = *logged.last().unwrap();
+    let log = kiln.log();
+    let shared = log
+        .lines()
+        .rfind(|l| l.contains("ocr-cls/1/model.onnx"))
+        .unwrap();
+    let (_, pool) = shared.split_once("shared pool of ").unwrap();
+    let cores: usize = pool.split(' ').next().unwrap().parse().unwrap();
     let available = std::thread::available_parallelism().unwrap().get();
-    assert!(cores >= 1 && cores <= available, "{logged:?}");
-    c.load_model("ocr-cls", &json!({"instances": 2}))
+    assert!(cores >= 1 && cores <= available, "{shared}");
+    assert!(intra_op_threads_logged(&log, "ocr-cls").is_empty(), "{log}");
+    c.load_model("ocr-cls", &json!({"instances": 2, "allow_spinning": true}))
         .await
         .unwrap();
     let logged = intra_op_threads_logged(&kiln.log(), "ocr-cls");
     // One signature-reading init per instance, each told of both.
-    assert_eq!(logged[1..], [(cores / 2).max(1); 2], "{logged:?}");
+    assert_eq!(logged, [(cores / 2).max(1); 2], "{logged:?}");
     let overrides = json!({"instances": 2, "intra_op_threads": 3});
     c.load_model("ocr-cls", &overrides).await.unwrap();
     let logged = intra_op_threads_logged(&kiln.log(), "ocr-cls");
-    assert_eq!(logged[3..], [3, 3], "{logged:?}");
+    assert_eq!(logged[2..], [3, 3], "{logged:?}");
 }
 
-/// The repository's PP-OCR models turn ONNX Runtime's spinning off (they run side
-/// by side in the OCR pipeline); a load may turn it back on, and a value that is not
-/// a boolean is refused.
+/// The shared pool needs no spinning setting; an operator may still give a model
+/// its own pool without spinning, and a value that is not a boolean is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allow_spinning_is_a_load_parameter() {
     let repo = model_repository();
@@ -387,16 +394,14 @@ async fn allow_spinning_is_a_load_parameter() {
     };
     c.load_model("ocr-rec", &json!({})).await.unwrap();
     let logged = inits(&kiln);
-    assert!(
-        logged.last().unwrap().contains("(no spinning)"),
-        "{logged:?}"
-    );
-    c.load_model("ocr-rec", &json!({"allow_spinning": true}))
+    assert!(logged.last().unwrap().contains("shared pool"), "{logged:?}");
+    c.load_model("ocr-rec", &json!({"allow_spinning": false}))
         .await
         .unwrap();
     let logged = inits(&kiln);
     assert!(
-        !logged.last().unwrap().contains("(no spinning)"),
+        logged.last().unwrap().contains("own pool")
+            && logged.last().unwrap().contains("(no spinning)"),
         "{logged:?}"
     );
     let err = c

@@ -17,12 +17,12 @@
 //! `model.onnx`), `model_dir` (set by the server's model repository), `runtime` (the
 //! `libonnxruntime.so`; else `$KILN_ONNXRUNTIME`, else
 //! `$KILN_CACHE/onnxruntime/libonnxruntime.so.1.31.1`, else `./.cache/onnxruntime/…`),
-//! `intra_op_threads` (default: the physical cores divided among the group's
-//! `instances`, at least 1, as ONNX Runtime would pick for one session; see
-//! [`threads`]), `inter_op_threads` (1), `allow_spinning` (ONNX Runtime's
-//! `session.intra_op.allow_spinning`, default true: idle intra-op threads spin a
-//! while before sleeping; false for models that share the cores with others,
-//! such as a pipeline's steps), `optimization_level`
+//! `intra_op_threads`, `inter_op_threads`, `allow_spinning` (by default none: the
+//! session runs on the process's one ONNX Runtime thread pool, one thread per
+//! physical core, shared by every model; setting any of them gives the session a
+//! pool of its own: intra-op threads default to the physical cores divided among
+//! the group's `instances`, inter-op 1, spinning on; see [`threads`]),
+//! `optimization_level`
 //! (`disable`, `basic`, `extended`, `all`; default `all`), `max_batch_size`,
 //! `batch_axis.<tensor>`, `input.<name>`, `execution_provider` (`cpu`, the default,
 //! or `cuda`: ONNX Runtime's CUDA provider, from the onnxruntime-gpu build named by
@@ -55,14 +55,13 @@ use ort::value::DynValue;
 use axes::{AlignedBytes, Split};
 use provider::Provider;
 use signature::{Feed, ModelTensor, Signature, Tensor};
+use threads::Threads;
 
 /// The onnx worker.
 pub struct Onnx {
     path: PathBuf,
     environment: Environment,
-    intra_op_threads: usize,
-    inter_op_threads: usize,
-    allow_spinning: bool,
+    threads: Threads,
     level: GraphOptimizationLevel,
     provider: Provider,
     signature: Signature,
@@ -138,17 +137,30 @@ fn optimization_level(params: &Params<'_>) -> Result<GraphOptimizationLevel, Wor
 
 impl Onnx {
     fn session(&self) -> Result<Session, WorkerError> {
-        Session::builder(&self.environment)
+        let builder = Session::builder(&self.environment)
             .map_err(ort_error("session options"))?
             .with_optimization_level(self.level)
-            .map_err(|e| WorkerError::new(format!("optimization level: {e}")))?
-            .with_intra_threads(self.intra_op_threads)
-            .map_err(|e| WorkerError::new(format!("intra-op threads: {e}")))?
-            .with_inter_threads(self.inter_op_threads)
-            .map_err(|e| WorkerError::new(format!("inter-op threads: {e}")))?
-            .with_intra_op_spinning(self.allow_spinning)
-            .map_err(|e| WorkerError::new(format!("allow_spinning: {e}")))
-            .and_then(|builder| self.provider.register(builder))?
+            .map_err(|e| WorkerError::new(format!("optimization level: {e}")))?;
+        // `Shared`: `ort` disables the session's own threads itself, since the
+        // environment has global pools.
+        let builder = match self.threads {
+            Threads::Shared => builder,
+            Threads::Own {
+                intra,
+                inter,
+                spinning,
+            } => builder
+                .with_independent_thread_pool()
+                .map_err(|e| WorkerError::new(format!("own thread pool: {e}")))?
+                .with_intra_threads(intra)
+                .map_err(|e| WorkerError::new(format!("intra-op threads: {e}")))?
+                .with_inter_threads(inter)
+                .map_err(|e| WorkerError::new(format!("inter-op threads: {e}")))?
+                .with_intra_op_spinning(spinning)
+                .map_err(|e| WorkerError::new(format!("allow_spinning: {e}")))?,
+        };
+        self.provider
+            .register(builder)?
             .commit_from_file(&self.path)
             .map_err(|e| WorkerError::new(format!("cannot load {}: {e}", self.path.display())))
     }
@@ -371,12 +383,7 @@ impl Worker for Onnx {
         let mut worker = Onnx {
             path,
             environment,
-            intra_op_threads: threads::intra_op_threads(&params, threads::physical_cores())?,
-            inter_op_threads: count(&params, "inter_op_threads", 1)?,
-            allow_spinning: params
-                .bool("allow_spinning")
-                .map_err(WorkerError::new)?
-                .unwrap_or(true),
+            threads: Threads::from_params(&params, threads::physical_cores())?,
             level: optimization_level(&params)?,
             provider,
             signature: Signature::default(),
@@ -395,17 +402,12 @@ impl Worker for Onnx {
             .map(|_| AlignedBytes::default())
             .collect();
         log::info!(
-            "onnx: {} — {} input(s), {} output(s), max_batch_size {}, {} intra-op thread(s){}, {:?}{}",
+            "onnx: {} — {} input(s), {} output(s), max_batch_size {}, on {}, {:?}{}",
             worker.path.display(),
             worker.signature.inputs.len(),
             worker.signature.outputs.len(),
             worker.signature.max_batch_size,
-            worker.intra_op_threads,
-            if worker.allow_spinning {
-                ""
-            } else {
-                " (no spinning)"
-            },
+            worker.threads,
             worker.provider,
             worker.signature.describe_options()
         );

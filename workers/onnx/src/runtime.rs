@@ -1,10 +1,14 @@
-//! Finding and loading the ONNX Runtime library, once per process.
+//! Finding and loading the ONNX Runtime library, once per process, and its one
+//! environment with the global thread pools every session shares by default
+//! ([`crate::threads`]). "Per process" is per copy of this plugin: every model the
+//! onnx worker serves lives in the one copy the server loads, so they share one
+//! pool (the OCR worker runs no ONNX Runtime itself: it calls these models).
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use kiln_worker_sdk::WorkerError;
-use ort::environment::Environment;
+use ort::environment::{Environment, GlobalThreadPoolOptions};
 
 /// The runtime file the project's `scripts/fetch-models` provides.
 pub const RUNTIME_FILE: &str = "libonnxruntime.so.1.31.1";
@@ -12,6 +16,22 @@ pub const RUNTIME_FILE: &str = "libonnxruntime.so.1.31.1";
 /// The loaded runtime and where it came from. Only a successful load is kept, so a
 /// wrong path can be corrected without restarting the server.
 static ENVIRONMENT: Mutex<Option<(PathBuf, Environment)>> = Mutex::new(None);
+
+/// The size of the global intra-op pool, once the environment exists.
+pub static GLOBAL_INTRA_OP_THREADS: OnceLock<usize> = OnceLock::new();
+
+/// The global pools: one intra-op thread per physical core (ONNX Runtime's own
+/// default for one session, the calling thread being one of them), one inter-op
+/// thread (only sessions with parallel execution use it), spinning allowed. With
+/// one pool, a thread that spins after its work takes the next work of any model
+/// rather than a core another model's pool needs; an idle pool stops spinning and
+/// parks within ONNX Runtime's spin budget (tests/tests/onnx_thread_pool.rs).
+fn global_pools(intra: usize) -> ort::Result<GlobalThreadPoolOptions> {
+    GlobalThreadPoolOptions::default()
+        .with_intra_threads(intra)?
+        .with_inter_threads(1)?
+        .with_spin_control(true)
+}
 
 /// Where the runtime is looked for, in order: the `runtime` load-time parameter,
 /// `$KILN_ONNXRUNTIME`, `$KILN_CACHE/onnxruntime/`, `./.cache/onnxruntime/`.
@@ -54,11 +74,15 @@ pub fn environment(path: &Path) -> Result<Environment, WorkerError> {
     if !path.is_file() {
         return Err(fail("file not found".into()));
     }
-    let environment = ort::init_from(path)
-        .map_err(|e| fail(e.to_string()))?
+    let builder = ort::init_from(path).map_err(|e| fail(e.to_string()))?;
+    let intra = crate::threads::physical_cores();
+    let pools = global_pools(intra).map_err(|e| fail(e.to_string()))?;
+    let environment = builder
         .with_name("kiln")
+        .with_global_thread_pool(pools)
         .build()
         .map_err(|e| fail(e.to_string()))?;
+    let _ = GLOBAL_INTRA_OP_THREADS.set(intra);
     *loaded = Some((path.to_path_buf(), environment.clone()));
     Ok(environment)
 }

@@ -1,21 +1,77 @@
-//! The default of `intra_op_threads`: what ONNX Runtime does when left alone — one
-//! intra-op thread per physical core — divided among the group's instances, so a
-//! model loaded with defaults neither runs on one thread of a many-core machine nor
-//! has its instances fight over the cores. On the 2-core development machine the
-//! PP-OCR detector served with 1 thread ran at 0.53× of `onnxruntime` in Python
-//! with its defaults (docs/benchmarks.md); an explicit `intra_op_threads` wins.
+//! Where a session's threads come from. By default every session of the process
+//! runs on ONNX Runtime's global thread pools, created once with the environment
+//! ([`crate::runtime`]): one intra-op thread per physical core, shared by every
+//! model loaded, spinning allowed. One pool means no model's idle threads spin
+//! against another's work (the reason the PP-OCR configs once turned spinning off,
+//! which cost each model alone: ocr-det 0.67× Python), and a pool that is idle
+//! parks (no CPU: tests/tests/onnx_thread_pool.rs). An operator who sets
+//! `intra_op_threads`, `inter_op_threads` or `allow_spinning` gets a pool of the
+//! session's own with those settings (the others at their former defaults).
 
 use kiln_worker_sdk::{Params, WorkerError, INSTANCES_PARAM};
 
-/// `intra_op_threads` if set, else `physical_cores` divided among the group's
-/// instances (the server passes their count as [`INSTANCES_PARAM`]).
-pub fn intra_op_threads(params: &Params<'_>, physical_cores: usize) -> Result<usize, WorkerError> {
-    if params.get("intra_op_threads").is_some() {
-        return crate::count(params, "intra_op_threads", 1);
+/// The load parameters that ask for a session's own pool.
+const OWN_POOL_PARAMS: [&str; 3] = ["intra_op_threads", "inter_op_threads", "allow_spinning"];
+
+/// A session's threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Threads {
+    /// The process's global pools (see [`crate::runtime`]).
+    Shared,
+    /// A pool of the session's own.
+    Own {
+        intra: usize,
+        inter: usize,
+        spinning: bool,
+    },
+}
+
+impl Threads {
+    /// [`Threads::Shared`] unless one of [`OWN_POOL_PARAMS`] is set; then its own
+    /// pool: `intra_op_threads` (default: `physical_cores` divided among the
+    /// group's instances, which the server passes as [`INSTANCES_PARAM`]),
+    /// `inter_op_threads` (1), `allow_spinning` (true).
+    pub fn from_params(params: &Params<'_>, physical_cores: usize) -> Result<Self, WorkerError> {
+        if OWN_POOL_PARAMS.iter().all(|p| params.get(p).is_none()) {
+            return Ok(Threads::Shared);
+        }
+        let intra = if params.get("intra_op_threads").is_some() {
+            crate::count(params, "intra_op_threads", 1)?
+        } else {
+            let instances = params.int(INSTANCES_PARAM)?.unwrap_or(1);
+            default_intra_op_threads(physical_cores, usize::try_from(instances).unwrap_or(1))
+        };
+        Ok(Threads::Own {
+            intra,
+            inter: crate::count(params, "inter_op_threads", 1)?,
+            spinning: params
+                .bool("allow_spinning")
+                .map_err(WorkerError::new)?
+                .unwrap_or(true),
+        })
     }
-    let instances = params.int(INSTANCES_PARAM)?.unwrap_or(1);
-    let instances = usize::try_from(instances).unwrap_or(1);
-    Ok(default_intra_op_threads(physical_cores, instances))
+}
+
+impl std::fmt::Display for Threads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Threads::Shared => write!(
+                f,
+                "the process's shared pool of {} intra-op thread(s)",
+                crate::runtime::GLOBAL_INTRA_OP_THREADS
+                    .get()
+                    .copied()
+                    .unwrap_or(0)
+            ),
+            Threads::Own {
+                intra, spinning, ..
+            } => write!(
+                f,
+                "its own pool of {intra} intra-op thread(s){}",
+                if *spinning { "" } else { " (no spinning)" }
+            ),
+        }
+    }
 }
 
 /// Physical cores this process may use: distinct (`physical id`, `core id`) pairs
@@ -47,8 +103,8 @@ pub fn count_physical_cores(cpuinfo: &str) -> Option<usize> {
     (!cores.is_empty()).then_some(cores.len())
 }
 
-/// Intra-op threads per instance when none is set: the physical cores divided
-/// among the group's `instances`, at least 1.
+/// Intra-op threads per instance of an own pool when none is set: the physical
+/// cores divided among the group's `instances`, at least 1.
 pub fn default_intra_op_threads(cores: usize, instances: usize) -> usize {
     (cores / instances.max(1)).max(1)
 }
@@ -57,7 +113,7 @@ pub fn default_intra_op_threads(cores: usize, instances: usize) -> usize {
 mod tests {
     use kiln_worker_sdk::{params_from_pairs, Params};
 
-    use super::{count_physical_cores, default_intra_op_threads, intra_op_threads, physical_cores};
+    use super::{count_physical_cores, default_intra_op_threads, physical_cores, Threads};
 
     /// Two packages of two cores with two hyperthreads each: 8 CPUs, 4 cores.
     const CPUINFO: &str = "\
@@ -91,19 +147,31 @@ processor\t: 7\nphysical id\t: 1\ncore id\t\t: 1\n";
     }
 
     #[test]
-    fn an_explicit_intra_op_threads_wins_over_the_default() {
+    fn the_shared_pool_unless_an_operator_sets_threads() {
         let threads = |pairs: &[(&str, &str)]| {
             let params = params_from_pairs(pairs);
-            intra_op_threads(&Params(&params), 8).map_err(|e| e.to_string())
+            Threads::from_params(&Params(&params), 8).map_err(|e| e.to_string())
         };
-        assert_eq!(threads(&[]), Ok(8));
-        assert_eq!(threads(&[("instances", "2")]), Ok(4));
+        let own = |intra, spinning| {
+            Ok(Threads::Own {
+                intra,
+                inter: 1,
+                spinning,
+            })
+        };
+        assert_eq!(threads(&[]), Ok(Threads::Shared));
+        assert_eq!(threads(&[("instances", "2")]), Ok(Threads::Shared));
         assert_eq!(
             threads(&[("instances", "2"), ("intra_op_threads", "3")]),
-            Ok(3)
+            own(3, true)
         );
-        assert_eq!(threads(&[("Intra_Op_Threads", "1")]), Ok(1));
+        assert_eq!(threads(&[("Intra_Op_Threads", "1")]), own(1, true));
+        assert_eq!(
+            threads(&[("instances", "2"), ("allow_spinning", "false")]),
+            own(4, false)
+        );
         assert!(threads(&[("intra_op_threads", "0")]).is_err());
         assert!(threads(&[("intra_op_threads", "many")]).is_err());
+        assert!(threads(&[("allow_spinning", "sometimes")]).is_err());
     }
 }

@@ -1,0 +1,111 @@
+//! The onnx worker's one ONNX Runtime thread pool (#32): every model of the process
+//! runs on the global pools created with the environment, so loading more models
+//! adds no ONNX Runtime threads, and models loaded and idle cost no CPU (the pool
+//! spins only while there is work, then parks). Counts, not timings: threads from
+//! `/proc/PID/status`, CPU ticks from `/proc/PID/stat`.
+
+// Test support: a failure should fail the test loudly.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use kiln_client::InferRequest;
+use kiln_tests::golden::golden;
+use kiln_tests::{model_repository, Kiln};
+use serde_json::{json, Value};
+
+const MODELS: [&str; 4] = ["ocr-det", "ocr-cls", "ocr-rec", "silero-vad"];
+
+fn start() -> Kiln {
+    let repo = model_repository();
+    Kiln::start(&["--model-repository", repo.to_str().unwrap()])
+}
+
+/// The process's thread count (`Threads:` of `/proc/PID/status`).
+fn threads(pid: u32) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// CPU time the process has used, user + system, in clock ticks (fields 14 and 15
+/// of `/proc/PID/stat`, counted after the `(comm)` field, which may hold spaces).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let (_, after_comm) = stat.rsplit_once(')').unwrap();
+    let fields: Vec<&str> = after_comm.split_whitespace().collect();
+    // After `)`: state is field 3, so utime (14) and stime (15) are at 11 and 12.
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+/// The thread count after loading each of [`MODELS`] in turn with `params`.
+async fn threads_per_load(params: &Value) -> Vec<usize> {
+    let kiln = start();
+    let mut counts = Vec::new();
+    for model in MODELS {
+        kiln.client.load_model(model, params).await.unwrap();
+        counts.push(threads(kiln.pid()));
+    }
+    counts
+}
+
+/// With the default (the shared pool), the second to fourth model add only the
+/// server's own threads for a model — as many as sessions with no pool threads at
+/// all (`intra_op_threads` 1: the calling thread only) — and the first adds at
+/// most the pool (one thread per core). Per-session pools (before #32) added
+/// `cores - 1` threads with every model: 3 more over the four loads on 2 cores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loading_more_models_adds_no_onnx_runtime_threads() {
+    let shared = threads_per_load(&json!({})).await;
+    let none = threads_per_load(&json!({"intra_op_threads": 1})).await;
+    let growth = |counts: &[usize]| counts[3] as i64 - counts[0] as i64;
+    assert_eq!(
+        growth(&shared),
+        growth(&none),
+        "threads after each load: shared pool {shared:?}, no pool threads {none:?}"
+    );
+    let cores = std::thread::available_parallelism().unwrap().get();
+    assert!(
+        shared[0] <= none[0] + cores,
+        "shared pool {shared:?}, no pool threads {none:?}"
+    );
+    // An operator's per-session pool is still one: 3 intra-op threads are the
+    // caller and 2 of the session's own, for every model loaded.
+    let own = threads_per_load(&json!({"intra_op_threads": 3})).await;
+    assert_eq!(growth(&own), growth(&none) + 3 * 2, "own pools {own:?}");
+}
+
+/// Four models loaded, three of them run (the pool's threads spin while there is
+/// work), then nothing: over the idle second that follows the server uses at most
+/// a few clock ticks of CPU. One thread spinning would use all 100 (at the usual
+/// 100 ticks a second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_loaded_and_idle_cost_no_cpu() {
+    let golden = golden();
+    let kiln = start();
+    for model in MODELS {
+        kiln.client.load_model(model, &json!({})).await.unwrap();
+    }
+    for model in ["ocr-det", "ocr-cls", "ocr-rec"] {
+        for case in golden.cases_for(model) {
+            let request = InferRequest {
+                model: case.model.clone(),
+                inputs: case.inputs.iter().map(|t| t.input()).collect(),
+                ..Default::default()
+            };
+            kiln.client.infer(&request).await.unwrap();
+        }
+    }
+    // Past ONNX Runtime's spin budget (microseconds to milliseconds) with margin;
+    // what is measured is the CPU time after it, not a duration.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = cpu_ticks(kiln.pid());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let used = cpu_ticks(kiln.pid()) - before;
+    assert!(used <= 5, "{used} clock ticks of CPU in an idle second");
+}
