@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use kiln_client::{ClientError, DataType, HttpClient, InferRequest, InferResponse, InputTensor};
 use kiln_tests::fixtures::TempRepository;
-use kiln_tests::{cache_dir, repo_root, Kiln};
+use kiln_tests::{cache_dir, metric, repo_root, Kiln};
 
 fn fixtures() -> PathBuf {
     repo_root().join("tests/fixtures/python-models")
@@ -175,17 +175,29 @@ async fn tritons_python_models_answer_unmodified() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_failure_costs_only_what_it_should() {
     let repo = repository(&["faults_python"], &[]);
+    // The same model.py whose batches are exactly three requests (hard batcher).
+    let trio = repo.path().join("faults_trio");
+    std::fs::create_dir_all(trio.join("1")).unwrap();
+    std::fs::copy(
+        fixtures().join("faults_python/1/model.py"),
+        trio.join("1/model.py"),
+    )
+    .unwrap();
+    let config = std::fs::read_to_string(repo.path().join("faults_python/config.toml")).unwrap();
+    let config = config.replace("\nbatch_size = 8", "\nbatch_size = 3\nbatcher = \"hard\"");
+    std::fs::write(trio.join("config.toml"), config).unwrap();
     let kiln = Kiln::start(&["--model-repository", &repo.arg(), "--load-model", "*"]);
     let client = &kiln.client;
     check_served(&faults(client, &[5, 6]).await.unwrap(), &[5, 6]);
 
     // InferenceResponse(error=...) fails its request alone: INVALID_ARG is 400,
-    // others 500; its batch-mates (batched within the 200 ms window) are answered.
-    let (bad, internal, good) = tokio::join!(
-        faults(client, &[-4]),
-        faults(client, &[-5, 1]),
-        faults(client, &[3])
+    // others 500; its batch-mate is answered. The three make one batch.
+    let (a, b, c) = (
+        int32("faults_trio", &[-4]),
+        int32("faults_trio", &[-5]),
+        int32("faults_trio", &[3]),
     );
+    let (bad, internal, good) = tokio::join!(client.infer(&a), client.infer(&b), client.infer(&c));
     let bad = bad.unwrap_err();
     assert_eq!(bad.status(), Some(400), "{bad}");
     assert!(bad.to_string().contains("request -4 is invalid"), "{bad}");
@@ -196,6 +208,9 @@ async fn each_failure_costs_only_what_it_should() {
         "{internal}"
     );
     check_served(&good.unwrap(), &[3]);
+    let text = client.metrics().await.unwrap();
+    let batches = metric(&text, "kiln_batch_size_count", &[("model", "faults_trio")]);
+    assert_eq!(batches, Some(1.0), "the three shared one batch: {text}");
 
     // A raised exception fails the batch with its message; the next is served.
     let raised = faults(client, &[-1]).await.unwrap_err();
