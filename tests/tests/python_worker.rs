@@ -245,13 +245,21 @@ async fn each_failure_costs_only_what_it_should() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_process_and_wrong_interpreters_are_refused_at_load() {
+async fn in_process_wrong_interpreters_and_clients_naming_one_are_refused() {
     let fixture = std::fs::read_to_string(fixtures().join("echo_python/config.toml")).unwrap();
     let in_process = fixture.replace("isolation = \"process\"", "isolation = \"none\"");
     let elsewhere = format!("{fixture}python = \"/nonexistent/bin/python\"\n");
-    for (config, want) in [
-        (in_process, "load it with isolation = \"process\""),
-        (elsewhere, "/nonexistent/bin/python"),
+    // The interpreter names a program: a client's load may not set it.
+    let by_client = serde_json::json!({ "python": "/bin/sh" });
+    let none = serde_json::json!({});
+    for (config, parameters, want) in [
+        (in_process, &none, "load it with isolation = \"process\""),
+        (elsewhere, &none, "/nonexistent/bin/python"),
+        (
+            fixture.clone(),
+            &by_client,
+            "parameter `python` of worker `python` may only be set by the operator",
+        ),
     ] {
         let repo = TempRepository::new(&[("echo_python", &config, &[1])]);
         std::fs::copy(
@@ -262,7 +270,7 @@ async fn in_process_and_wrong_interpreters_are_refused_at_load() {
         let kiln = Kiln::start(&["--model-repository", &repo.arg()]);
         let e = kiln
             .client
-            .load_model("echo_python", &serde_json::json!({}))
+            .load_model("echo_python", parameters)
             .await
             .unwrap_err();
         assert_eq!(e.status(), Some(400), "{e}");
