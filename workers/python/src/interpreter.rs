@@ -25,6 +25,8 @@ pub fn start(python: &Path) -> Result<(), String> {
                 for (i, dir) in paths.iter().enumerate() {
                     path.call_method1("insert", (i, dir))?;
                 }
+                // No `__pycache__` written into the operator's model repository.
+                sys.setattr("dont_write_bytecode", true)?;
                 // The host's stdout goes nowhere; its stderr reaches the server's log.
                 sys.setattr("stdout", sys.getattr("stderr")?)?;
                 Ok(())
