@@ -2,7 +2,8 @@
 //! unmodified, served from a model repository, each instance's interpreter in its
 //! own worker host. `echo_python` and `ocr_cls_python` (Triton's files, in
 //! `tests/fixtures/python-models`) answer what they should — ocr_cls_python what
-//! the onnx worker answers for the same model file; `faults_python` fails on
+//! the onnx worker answers for the same model file — and `upper_python` takes and
+//! gives BYTES as numpy object arrays; `faults_python` fails on
 //! purpose, and each failure costs only what it should while the server stays up.
 //! The interpreter's environment is `.cache/venv` (scripts/setup-python: numpy,
 //! onnxruntime).
@@ -14,6 +15,7 @@ use std::path::{Path, PathBuf};
 use kiln_client::{ClientError, DataType, HttpClient, InferRequest, InferResponse, InputTensor};
 use kiln_tests::fixtures::TempRepository;
 use kiln_tests::{cache_dir, metric, repo_root, Kiln};
+use kiln_worker_sdk::encode_bytes;
 
 fn fixtures() -> PathBuf {
     repo_root().join("tests/fixtures/python-models")
@@ -97,7 +99,7 @@ fn check_served(answer: &InferResponse, values: &[i32]) {
 async fn tritons_python_models_answer_unmodified() {
     let onnx_cls = "worker = \"onnx\"\n[parameters]\nmax_batch_size = 32\nintra_op_threads = 1\n";
     let repo = repository(
-        &["echo_python", "ocr_cls_python"],
+        &["echo_python", "ocr_cls_python", "upper_python"],
         &[("ocr_cls_onnx", onnx_cls)],
     );
     link_cls_model(repo.path(), "ocr_cls_python");
@@ -136,6 +138,27 @@ async fn tritons_python_models_answer_unmodified() {
         assert_eq!(answer.outputs[0].name, "OUTPUT0");
         assert_eq!(answer.outputs[0].values::<u32>(), want);
     }
+
+    // upper_python: BYTES in and out as numpy object arrays (an empty element too).
+    let request = InferRequest {
+        model: "upper_python".into(),
+        inputs: vec![InputTensor {
+            name: "TEXT".into(),
+            dtype: DataType::Bytes,
+            shape: vec![1, 3],
+            data: encode_bytes(&["kiln", "", "Fires"]).into(),
+        }],
+        ..Default::default()
+    };
+    let answer = client.infer(&request).await.unwrap();
+    let upper = answer.outputs.iter().find(|o| o.name == "UPPER").unwrap();
+    assert_eq!(
+        (upper.dtype, &upper.shape[..]),
+        (DataType::Bytes, &[1, 3][..])
+    );
+    assert_eq!(&upper.data[..], &encode_bytes(&["KILN", "", "FIRES"])[..]);
+    let lengths = answer.outputs.iter().find(|o| o.name == "LENGTHS").unwrap();
+    assert_eq!(lengths.values::<i32>(), vec![4, 0, 5]);
 
     // ocr_cls_python: onnxruntime inside model.py answers as the onnx worker does.
     let line: Vec<f32> = (0..3 * 48 * 192)
