@@ -3,7 +3,8 @@
 //! own worker host. `echo_python` and `ocr_cls_python` (Triton's files, in
 //! `tests/fixtures/python-models`) answer what they should — ocr_cls_python what
 //! the onnx worker answers for the same model file — and `upper_python` takes and
-//! gives BYTES as numpy object arrays; `faults_python` fails on
+//! gives BYTES as numpy object arrays, `auto_python` declares itself in
+//! `auto_complete_config`; `faults_python` fails on
 //! purpose, and each failure costs only what it should while the server stays up.
 //! The interpreter's environment is `.cache/venv` (scripts/setup-python: numpy,
 //! onnxruntime).
@@ -99,7 +100,12 @@ fn check_served(answer: &InferResponse, values: &[i32]) {
 async fn tritons_python_models_answer_unmodified() {
     let onnx_cls = "worker = \"onnx\"\n[parameters]\nmax_batch_size = 32\nintra_op_threads = 1\n";
     let repo = repository(
-        &["echo_python", "ocr_cls_python", "upper_python"],
+        &[
+            "echo_python",
+            "ocr_cls_python",
+            "upper_python",
+            "auto_python",
+        ],
         &[("ocr_cls_onnx", onnx_cls)],
     );
     link_cls_model(repo.path(), "ocr_cls_python");
@@ -159,6 +165,25 @@ async fn tritons_python_models_answer_unmodified() {
     assert_eq!(&upper.data[..], &encode_bytes(&["KILN", "", "FIRES"])[..]);
     let lengths = answer.outputs.iter().find(|o| o.name == "LENGTHS").unwrap();
     assert_eq!(lengths.values::<i32>(), vec![4, 0, 5]);
+
+    // auto_python declares its tensors and batching in auto_complete_config: two
+    // rows of three pass (max_batch_size 4) and are halved.
+    let request = InferRequest {
+        model: "auto_python".into(),
+        inputs: vec![InputTensor::from_slice(
+            "INPUT0",
+            DataType::Fp32,
+            &[2, 3],
+            &[1f32, 2., 3., 4., 5., 6.],
+        )],
+        ..Default::default()
+    };
+    let answer = client.infer(&request).await.unwrap();
+    assert_eq!(answer.outputs[0].shape, vec![2, 3]);
+    assert_eq!(
+        answer.outputs[0].values::<f32>(),
+        vec![0.5, 1., 1.5, 2., 2.5, 3.]
+    );
 
     // ocr_cls_python: onnxruntime inside model.py answers as the onnx worker does.
     let line: Vec<f32> = (0..3 * 48 * 192)

@@ -117,10 +117,11 @@ impl Drop for PythonWorker {
     }
 }
 
-/// Registers the utils module, imports `model.py` and calls `initialize(args)`.
+/// Registers the utils module, imports `model.py`, completes the config with the
+/// model's `auto_complete_config` if it has one, and calls `initialize(args)`.
 fn load(
     py: Python<'_>,
-    signature: Signature,
+    mut signature: Signature,
     model_dir: &Path,
     instances: i64,
 ) -> Result<PythonWorker, String> {
@@ -147,9 +148,9 @@ fn load(
         let module = util.call_method1("module_from_spec", (&spec,))?;
         spec.getattr("loader")?
             .call_method1("exec_module", (&module,))?;
-        module.getattr("TritonPythonModel")?.call0()
+        module.getattr("TritonPythonModel")
     };
-    let model = set_up().map_err(|e| failed(&format!("{}/model.py", model_dir.display()), e))?;
+    let class = set_up().map_err(|e| failed(&format!("{}/model.py", model_dir.display()), e))?;
     let version_dir = model_dir
         .canonicalize()
         .unwrap_or_else(|_| model_dir.into());
@@ -162,6 +163,18 @@ fn load(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    if class.hasattr("auto_complete_config").unwrap_or(false) {
+        let completed: String = utils
+            .getattr("_kiln_auto_complete")
+            .and_then(|f| f.call1((&class, signature.model_config(&name, instances))))
+            .and_then(|c| c.extract())
+            .map_err(|e| failed("auto_complete_config()", e))?;
+        signature.complete(&completed)?;
+    }
+    signature.check()?;
+    let model = class
+        .call0()
+        .map_err(|e| failed("TritonPythonModel()", e))?;
     let args = PyDict::new(py);
     let fill = || -> PyResult<()> {
         args.set_item("model_config", signature.model_config(&name, instances))?;

@@ -5,7 +5,8 @@
 //! "v"`), and `initialize(args)` gets them back as Triton's model config JSON
 //! (`args["model_config"]`). [`Signature::model_config`] builds that JSON; a
 //! `model_config` load parameter (the JSON itself, e.g. from a `config.pbtxt`)
-//! replaces it as it is.
+//! replaces it as it is. A model's `auto_complete_config` may add to it
+//! ([`Signature::complete`]).
 
 use kiln_worker_sdk::{DataType, Params, TensorSpec, MAX_RANK};
 use serde_json::{json, Map, Value};
@@ -50,12 +51,57 @@ impl Signature {
                     .insert(name.to_owned(), json!({ "string_value": text }));
             }
         }
-        if signature.outputs.is_empty() {
+        Ok(signature)
+    }
+
+    /// Takes the tensors and max batch size of a completed config (Triton's JSON,
+    /// from the model's `auto_complete_config`), which `initialize` then gets.
+    pub fn complete(&mut self, config: &str) -> Result<(), String> {
+        let bad = |why: String| format!("auto_complete_config: {why}");
+        let value: Value = serde_json::from_str(config).map_err(|e| bad(e.to_string()))?;
+        let read = |kind: &str| -> Result<Vec<TensorSpec>, String> {
+            let entries = value.get(kind).and_then(Value::as_array);
+            entries
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+                .iter()
+                .map(|t| {
+                    let name = t["name"].as_str().unwrap_or_default();
+                    let dtype = t["data_type"].as_str().unwrap_or_default();
+                    let dims: Vec<String> = t["dims"]
+                        .as_array()
+                        .map(Vec::as_slice)
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|d| d.as_str().map_or_else(|| d.to_string(), str::to_owned))
+                        .collect();
+                    let text = format!("{dtype} [{}]", dims.join(", "));
+                    tensor(&format!("{kind} `{name}`"), name, &text).map_err(bad)
+                })
+                .collect()
+        };
+        self.inputs = read("input")?;
+        self.outputs = read("output")?;
+        self.max_batch_size = match &value["max_batch_size"] {
+            Value::Null => 0,
+            n => n
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| bad(format!("max_batch_size {n} is out of range")))?,
+        };
+        self.config = Some(config.to_owned());
+        Ok(())
+    }
+
+    /// Whether the model can be served: it has outputs.
+    pub fn check(&self) -> Result<(), String> {
+        if self.outputs.is_empty() {
             return Err("a python model declares its outputs: \
-                 \"output.<name>\" = \"<DATATYPE> [dims]\" in config.toml's [parameters]"
+                 \"output.<name>\" = \"<DATATYPE> [dims]\" in config.toml's [parameters], \
+                 or add_output in its auto_complete_config"
                 .into());
         }
-        Ok(signature)
+        Ok(())
     }
 
     /// Triton's model config as JSON, as the python backend hands it to
@@ -178,7 +224,11 @@ mod tests {
             let e = Signature::from_params(Params(&params)).err().unwrap();
             assert!(e.contains("output.y"), "{e}");
         }
-        let e = Signature::from_params(Params(&[])).err().unwrap();
+        let e = Signature::from_params(Params(&[]))
+            .unwrap()
+            .check()
+            .err()
+            .unwrap();
         assert!(e.contains("declares its outputs"), "{e}");
     }
 }

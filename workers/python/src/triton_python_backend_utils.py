@@ -4,9 +4,9 @@ Triton's python backend import (as `pb_utils`), with the same names and behaviou
 Embedded in the python worker plugin and registered in `sys.modules` before the
 model is imported. The `_kiln_*` functions at the end are the worker's side: the
 Rust plugin builds the requests and reads the responses through them.
-Not supported (see docs/writing-a-worker.md, "Python workers"): DLPack and GPU
-tensors, decoupled mode (response senders), BLS (`InferenceRequest.exec`),
-`auto_complete_config`, request cancellation checks (always False)."""
+Not supported (see docs/writing-a-worker.md, "Workers in Python"): DLPack and GPU
+tensors, decoupled mode (response senders), BLS (`InferenceRequest.exec`), model
+warmup, request cancellation checks (always False)."""
 
 import json
 import struct
@@ -240,6 +240,56 @@ def get_output_config_by_name(model_config, name):
     return None
 
 
+class ModelConfig:
+    """The config handed to `TritonPythonModel.auto_complete_config`, which may add
+    inputs, outputs and a max batch size that config.toml does not declare."""
+
+    def __init__(self, model_config):
+        if isinstance(model_config, str):
+            model_config = json.loads(model_config)
+        self._model_config = model_config
+
+    def as_dict(self):
+        return self._model_config
+
+    def max_batch_size(self):
+        return self._model_config.get("max_batch_size", 0)
+
+    def set_max_batch_size(self, max_batch_size):
+        self._model_config["max_batch_size"] = int(max_batch_size)
+
+    def set_dynamic_batching(self):
+        self._model_config.setdefault("dynamic_batching", {})
+
+    def add_input(self, input):
+        self._add("input", input)
+
+    def add_output(self, output):
+        self._add("output", output)
+
+    def add_model_warmup(self, model_warmup):
+        raise TritonModelException("kiln's python worker does not support model warmup")
+
+    def set_model_transaction_policy(self, transaction_policy_dict):
+        if transaction_policy_dict.get("decoupled"):
+            raise TritonModelException("kiln's python worker does not support decoupled models")
+
+    def _add(self, kind, tensor):
+        for key in ("name", "data_type", "dims"):
+            if key not in tensor:
+                raise TritonModelException(f"{kind} {tensor!r} has no `{key}`")
+        entries = self._model_config.setdefault(kind, [])
+        for entry in entries:
+            if entry["name"] == tensor["name"]:
+                same = entry["data_type"].removeprefix("TYPE_") == tensor["data_type"].removeprefix("TYPE_")
+                if not same or [int(d) for d in entry["dims"]] != [int(d) for d in tensor["dims"]]:
+                    raise TritonModelException(
+                        f"{kind} `{tensor['name']}` is declared as {entry} and added as {tensor}"
+                    )
+                return
+        entries.append({"name": tensor["name"], "data_type": tensor["data_type"], "dims": list(tensor["dims"])})
+
+
 class Logger:
     """Triton's `pb_utils.Logger`: records go to the server's log."""
 
@@ -284,6 +334,17 @@ def _kiln_input(name, datatype, memory, shape):
     else:
         array = np.frombuffer(memory, dtype=_NUMPY[datatype]).reshape(shape)
     return Tensor(name, array)
+
+
+def _kiln_auto_complete(model_class, model_config):
+    """Triton's auto-completion: the config JSON after the model's
+    `auto_complete_config` (a static method) added to it."""
+    config = model_class.auto_complete_config(ModelConfig(model_config))
+    if not isinstance(config, ModelConfig):
+        raise TritonModelException(
+            f"auto_complete_config returned {type(config).__name__}, not the ModelConfig it was given"
+        )
+    return json.dumps(config.as_dict())
 
 
 def _kiln_request(inputs, requested, parameters):
