@@ -1,0 +1,327 @@
+//! The python worker (`workers/python`): Triton python-backend `model.py` files,
+//! unmodified, served from a model repository, each instance's interpreter in its
+//! own worker host. `echo_python` and `ocr_cls_python` (Triton's files, in
+//! `tests/fixtures/python-models`) answer what they should — ocr_cls_python what
+//! the onnx worker answers for the same model file — and `upper_python` takes and
+//! gives BYTES as numpy object arrays, `auto_python` declares itself in
+//! `auto_complete_config`; `faults_python` fails on
+//! purpose, and each failure costs only what it should while the server stays up.
+//! The interpreter's environment is `.cache/venv` (scripts/setup-python: numpy,
+//! onnxruntime).
+
+#![allow(clippy::unwrap_used)] // helpers of tests: a failure is the test failing
+
+use std::path::{Path, PathBuf};
+
+use kiln_client::{ClientError, DataType, HttpClient, InferRequest, InferResponse, InputTensor};
+use kiln_tests::fixtures::TempRepository;
+use kiln_tests::{cache_dir, metric, repo_root, Kiln};
+use kiln_worker_sdk::encode_bytes;
+
+fn fixtures() -> PathBuf {
+    repo_root().join("tests/fixtures/python-models")
+}
+
+/// A repository holding the fixture `models` (config.toml with the venv's
+/// interpreter as `python`, and 1/model.py), plus `extra` models (name, config).
+fn repository(models: &[&str], extra: &[(&str, &str)]) -> TempRepository {
+    let python = cache_dir().join("venv/bin/python");
+    assert!(
+        python.is_file(),
+        "{} is missing: run scripts/setup-python",
+        python.display()
+    );
+    let configs: Vec<(String, String)> = models
+        .iter()
+        .map(|m| {
+            let config = std::fs::read_to_string(fixtures().join(m).join("config.toml")).unwrap();
+            // [parameters] is the configs' last table.
+            let config = format!("{config}python = \"{}\"\n", python.display());
+            (m.to_string(), config)
+        })
+        .chain(extra.iter().map(|(m, c)| (m.to_string(), c.to_string())))
+        .collect();
+    let list: Vec<(&str, &str, &[u64])> = configs
+        .iter()
+        .map(|(m, c)| (m.as_str(), c.as_str(), &[1u64][..]))
+        .collect();
+    let repo = TempRepository::new(&list);
+    for m in models {
+        std::fs::copy(
+            fixtures().join(m).join("1/model.py"),
+            repo.path().join(m).join("1/model.py"),
+        )
+        .unwrap();
+    }
+    repo
+}
+
+fn link_cls_model(repo: &Path, model: &str) {
+    let onnx = repo_root().join("examples/models/ocr-cls/1/model.onnx");
+    assert!(
+        onnx.is_file(),
+        "{} is missing: run scripts/fetch-models",
+        onnx.display()
+    );
+    std::os::unix::fs::symlink(onnx, repo.join(model).join("1/model.onnx")).unwrap();
+}
+
+fn int32(model: &str, values: &[i32]) -> InferRequest {
+    InferRequest {
+        model: model.into(),
+        inputs: vec![InputTensor::from_slice(
+            "INPUT0",
+            DataType::Int32,
+            &[1, values.len() as i64],
+            values,
+        )],
+        ..Default::default()
+    }
+}
+
+async fn faults(client: &HttpClient, values: &[i32]) -> Result<InferResponse, ClientError> {
+    client.infer(&int32("faults_python", values)).await
+}
+
+/// The faults model's answer to a request it serves: 2 × INPUT0, and its first
+/// value as text.
+fn check_served(answer: &InferResponse, values: &[i32]) {
+    let doubled: Vec<i32> = values.iter().map(|v| v * 2).collect();
+    assert_eq!(answer.outputs[0].values::<i32>(), doubled);
+    let text = values[0].to_string();
+    let mut want = (text.len() as u32).to_le_bytes().to_vec();
+    want.extend_from_slice(text.as_bytes());
+    assert_eq!(answer.outputs[1].dtype, DataType::Bytes);
+    assert_eq!(answer.outputs[1].shape, vec![1, 1]);
+    assert_eq!(&answer.outputs[1].data[..], &want[..]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tritons_python_models_answer_unmodified() {
+    let onnx_cls = "worker = \"onnx\"\n[parameters]\nmax_batch_size = 32\nintra_op_threads = 1\n";
+    let repo = repository(
+        &[
+            "echo_python",
+            "ocr_cls_python",
+            "upper_python",
+            "auto_python",
+        ],
+        &[("ocr_cls_onnx", onnx_cls)],
+    );
+    link_cls_model(repo.path(), "ocr_cls_python");
+    link_cls_model(repo.path(), "ocr_cls_onnx");
+    let kiln = Kiln::start(&["--model-repository", &repo.arg(), "--load-model", "*"]);
+    let client = &kiln.client;
+
+    // echo_python: UINT32 + 1, eight clients at once (batched as they come).
+    let tasks: Vec<_> = (0..8u32)
+        .map(|i| {
+            let client = client.clone();
+            let values: Vec<u32> = (0..=i).map(|v| v * 1000 + i).collect();
+            tokio::spawn(async move {
+                let request = InferRequest {
+                    model: "echo_python".into(),
+                    inputs: vec![InputTensor::from_slice(
+                        "INPUT0",
+                        DataType::Uint32,
+                        &[1, values.len() as i64],
+                        &values,
+                    )],
+                    ..Default::default()
+                };
+                let answer = client.infer(&request).await;
+                (values, answer)
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.unwrap());
+    }
+    for (values, answer) in answers {
+        let answer = answer.unwrap();
+        let want: Vec<u32> = values.iter().map(|v| v + 1).collect();
+        assert_eq!(answer.outputs[0].name, "OUTPUT0");
+        assert_eq!(answer.outputs[0].values::<u32>(), want);
+    }
+
+    // upper_python: BYTES in and out as numpy object arrays (an empty element too).
+    let request = InferRequest {
+        model: "upper_python".into(),
+        inputs: vec![InputTensor {
+            name: "TEXT".into(),
+            dtype: DataType::Bytes,
+            shape: vec![1, 3],
+            data: encode_bytes(&["kiln", "", "Fires"]).into(),
+        }],
+        ..Default::default()
+    };
+    let answer = client.infer(&request).await.unwrap();
+    let upper = answer.outputs.iter().find(|o| o.name == "UPPER").unwrap();
+    assert_eq!(
+        (upper.dtype, &upper.shape[..]),
+        (DataType::Bytes, &[1, 3][..])
+    );
+    assert_eq!(&upper.data[..], &encode_bytes(&["KILN", "", "FIRES"])[..]);
+    let lengths = answer.outputs.iter().find(|o| o.name == "LENGTHS").unwrap();
+    assert_eq!(lengths.values::<i32>(), vec![4, 0, 5]);
+
+    // auto_python declares its tensors and batching in auto_complete_config: two
+    // rows of three pass (max_batch_size 4) and are halved.
+    let request = InferRequest {
+        model: "auto_python".into(),
+        inputs: vec![InputTensor::from_slice(
+            "INPUT0",
+            DataType::Fp32,
+            &[2, 3],
+            &[1f32, 2., 3., 4., 5., 6.],
+        )],
+        ..Default::default()
+    };
+    let answer = client.infer(&request).await.unwrap();
+    assert_eq!(answer.outputs[0].shape, vec![2, 3]);
+    assert_eq!(
+        answer.outputs[0].values::<f32>(),
+        vec![0.5, 1., 1.5, 2., 2.5, 3.]
+    );
+
+    // ocr_cls_python: onnxruntime inside model.py answers as the onnx worker does.
+    let line: Vec<f32> = (0..3 * 48 * 192)
+        .map(|i| ((i * 7919 % 255) as f32 / 127.5) - 1.0)
+        .collect();
+    for rows in [1usize, 3] {
+        let data: Vec<f32> = line
+            .iter()
+            .copied()
+            .cycle()
+            .take(line.len() * rows)
+            .collect();
+        let request = |model: &str| InferRequest {
+            model: model.into(),
+            inputs: vec![InputTensor::from_slice(
+                "x",
+                DataType::Fp32,
+                &[rows as i64, 3, 48, 192],
+                &data,
+            )],
+            ..Default::default()
+        };
+        let python = client.infer(&request("ocr_cls_python")).await.unwrap();
+        let onnx = client.infer(&request("ocr_cls_onnx")).await.unwrap();
+        assert_eq!(python.outputs[0].shape, vec![rows as i64, 2]);
+        let (p, o) = (
+            python.outputs[0].values::<f32>(),
+            onnx.outputs[0].values::<f32>(),
+        );
+        assert_eq!(p.len(), rows * 2);
+        for (a, b) in p.iter().zip(&o) {
+            assert!((a - b).abs() < 1e-4, "python {p:?} vs onnx {o:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_failure_costs_only_what_it_should() {
+    let repo = repository(&["faults_python"], &[]);
+    // The same model.py whose batches are exactly three requests (hard batcher).
+    let trio = repo.path().join("faults_trio");
+    std::fs::create_dir_all(trio.join("1")).unwrap();
+    std::fs::copy(
+        fixtures().join("faults_python/1/model.py"),
+        trio.join("1/model.py"),
+    )
+    .unwrap();
+    let config = std::fs::read_to_string(repo.path().join("faults_python/config.toml")).unwrap();
+    let config = config.replace("\nbatch_size = 8", "\nbatch_size = 3\nbatcher = \"hard\"");
+    std::fs::write(trio.join("config.toml"), config).unwrap();
+    let kiln = Kiln::start(&["--model-repository", &repo.arg(), "--load-model", "*"]);
+    let client = &kiln.client;
+    check_served(&faults(client, &[5, 6]).await.unwrap(), &[5, 6]);
+
+    // InferenceResponse(error=...) fails its request alone: INVALID_ARG is 400,
+    // others 500; its batch-mate is answered. The three make one batch.
+    let (a, b, c) = (
+        int32("faults_trio", &[-4]),
+        int32("faults_trio", &[-5]),
+        int32("faults_trio", &[3]),
+    );
+    let (bad, internal, good) = tokio::join!(client.infer(&a), client.infer(&b), client.infer(&c));
+    let bad = bad.unwrap_err();
+    assert_eq!(bad.status(), Some(400), "{bad}");
+    assert!(bad.to_string().contains("request -4 is invalid"), "{bad}");
+    let internal = internal.unwrap_err();
+    assert_eq!(internal.status(), Some(500), "{internal}");
+    assert!(
+        internal.to_string().contains("request -5 failed"),
+        "{internal}"
+    );
+    check_served(&good.unwrap(), &[3]);
+    let text = client.metrics().await.unwrap();
+    let batches = metric(&text, "kiln_batch_size_count", &[("model", "faults_trio")]);
+    assert_eq!(batches, Some(1.0), "the three shared one batch: {text}");
+
+    // A raised exception fails the batch with its message; the next is served.
+    let raised = faults(client, &[-1]).await.unwrap_err();
+    assert_eq!(raised.status(), Some(500), "{raised}");
+    assert!(raised.to_string().contains("asked to raise"), "{raised}");
+    check_served(&faults(client, &[7]).await.unwrap(), &[7]);
+
+    // Too few responses fail the batch, saying so.
+    let short = faults(client, &[-3]).await.unwrap_err();
+    assert_eq!(short.status(), Some(500), "{short}");
+    assert!(
+        short
+            .to_string()
+            .contains("returned 0 responses for 1 requests"),
+        "{short}"
+    );
+    check_served(&faults(client, &[8]).await.unwrap(), &[8]);
+
+    // os._exit(1) ends the interpreter's process: its batch fails, the host is
+    // started again (initialize runs again) and later requests are served.
+    for round in 0..2 {
+        let crashed = faults(client, &[-2]).await.unwrap_err();
+        assert_eq!(crashed.status(), Some(500), "{crashed}");
+        assert!(
+            crashed
+                .to_string()
+                .contains("worker host of model `faults_python`"),
+            "{crashed}"
+        );
+        check_served(&faults(client, &[round + 10]).await.unwrap(), &[round + 10]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_process_wrong_interpreters_and_clients_naming_one_are_refused() {
+    let fixture = std::fs::read_to_string(fixtures().join("echo_python/config.toml")).unwrap();
+    let in_process = fixture.replace("isolation = \"process\"", "isolation = \"none\"");
+    let elsewhere = format!("{fixture}python = \"/nonexistent/bin/python\"\n");
+    // The interpreter names a program: a client's load may not set it.
+    let by_client = serde_json::json!({ "python": "/bin/sh" });
+    let none = serde_json::json!({});
+    for (config, parameters, want) in [
+        (in_process, &none, "load it with isolation = \"process\""),
+        (elsewhere, &none, "/nonexistent/bin/python"),
+        (
+            fixture.clone(),
+            &by_client,
+            "parameter `python` of worker `python` may only be set by the operator",
+        ),
+    ] {
+        let repo = TempRepository::new(&[("echo_python", &config, &[1])]);
+        std::fs::copy(
+            fixtures().join("echo_python/1/model.py"),
+            repo.path().join("echo_python/1/model.py"),
+        )
+        .unwrap();
+        let kiln = Kiln::start(&["--model-repository", &repo.arg()]);
+        let e = kiln
+            .client
+            .load_model("echo_python", parameters)
+            .await
+            .unwrap_err();
+        assert_eq!(e.status(), Some(400), "{e}");
+        assert!(e.to_string().contains(want), "{e}");
+    }
+}
