@@ -55,7 +55,7 @@ struct ServeArgs {
     #[arg(long = "load", env = "KILN_LOAD", value_delimiter = ';')]
     load: Vec<String>,
     /// Model repository: one folder per model with a config.toml and version folders.
-    #[arg(long, env = "KILN_MODEL_REPOSITORY")]
+    #[arg(long, visible_alias = "model-store", env = "KILN_MODEL_REPOSITORY")]
     model_repository: Option<PathBuf>,
     /// Load a repository model at start (repeatable; `*` loads every model; env:
     /// `;`-separated).
