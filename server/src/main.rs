@@ -528,12 +528,11 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
     };
     spdlog::info!("stopping: HTTP and gRPC");
     // (`stop` sends its command when called, not when awaited.)
-    if grace.is_zero() {
-        http_handle.stop(false).await;
-    } else if tokio::time::timeout(grace, http_handle.stop(true))
-        .await
-        .is_err()
-    {
+    let graceful = !grace.is_zero()
+        && tokio::time::timeout(grace, http_handle.stop(true))
+            .await
+            .is_ok();
+    if !graceful {
         http_handle.stop(false).await;
     }
     grpc.stop(grace).await;
