@@ -8,7 +8,7 @@
 //! - an open sequence holds the drain: its continuation is let in, a new
 //!   sequence is refused, and the server exits 0 once the sequence ends.
 //! - a request that cannot finish within `--exit-timeout-secs` gets an error and
-//!   the exit status is non-zero.
+//!   the exit status is non-zero; so does one cut by a second signal.
 //!
 //! The slow requests are the `faulty` worker's -3 (1 s a batch).
 
@@ -221,12 +221,7 @@ async fn what_the_exit_timeout_leaves_gets_an_error_and_the_exit_status_says_so(
         .collect();
     wait_pending(&kiln.client, "faulty", 4.0).await;
     sigterm(&kiln);
-    let mut failed = 0;
-    for client in clients {
-        if client.await.unwrap().is_err() {
-            failed += 1;
-        }
-    }
+    let failed = failures(clients).await;
     assert!(failed >= 2, "{failed} of 4 requests failed");
     let status = kiln
         .exit_within(Duration::from_secs(30))
@@ -234,4 +229,39 @@ async fn what_the_exit_timeout_leaves_gets_an_error_and_the_exit_status_says_so(
     assert_eq!(status.code(), Some(1), "{}", kiln.log());
     let log = kiln.log_with("--exit-timeout-secs 1 expired");
     assert!(log.contains("--exit-timeout-secs 1 expired: cut"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_stops_at_once_with_a_non_zero_status() {
+    // 4 requests of 1 s each, one at a time: the drain would take 4 s of the 60.
+    let mut kiln = Kiln::start(&["--load", "faulty:batch_size=1", "--exit-timeout-secs", "60"]);
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let http = kiln.client.clone();
+            tokio::spawn(async move { http.infer(&faulty(-3)).await.map(|_| ()) })
+        })
+        .collect();
+    wait_pending(&kiln.client, "faulty", 4.0).await;
+    sigterm(&kiln);
+    wait_not_ready(&kiln).await;
+    assert_eq!(unsafe { libc::kill(kiln.pid() as i32, libc::SIGINT) }, 0);
+    let status = kiln
+        .exit_within(Duration::from_secs(30))
+        .expect("kiln did not exit on the second signal");
+    assert_eq!(status.code(), Some(1), "{}", kiln.log());
+    let log = kiln.log_with("SIGINT again");
+    assert!(log.contains("stopping: SIGINT again: cut"), "{log}");
+    let failed = failures(clients).await;
+    assert!(failed >= 1, "{failed} of 4 requests failed");
+}
+
+/// How many of `clients` ended in an error.
+async fn failures(clients: Vec<tokio::task::JoinHandle<Result<(), ClientError>>>) -> usize {
+    let mut failed = 0;
+    for client in clients {
+        if client.await.unwrap().is_err() {
+            failed += 1;
+        }
+    }
+    failed
 }
