@@ -590,6 +590,12 @@ impl WorkerGroup {
         }
     }
 
+    /// Sequences open in a stateful group (0 for the others): a server that stops
+    /// waits for them ([`crate::Server::is_idle`]).
+    pub fn live_sequences(&self) -> u64 {
+        self.context.metrics.sequences.get().max(0) as u64
+    }
+
     /// The lowest priority level this group's batcher has (the dynamic batcher's
     /// `priority_levels`; 1 for the others, which have one level).
     pub fn lowest_priority(&self) -> u32 {

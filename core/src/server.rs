@@ -55,6 +55,8 @@ struct Inner {
     models: Arc<ArcSwap<Models>>,
     metrics: Arc<Metrics>,
     ready: AtomicBool,
+    /// Set by [`Server::begin_stopping`]: new requests from clients are refused.
+    stopping: AtomicBool,
     repository: Option<Repository>,
     shared_memory: SharedMemory,
     client_bytes: Arc<ClientBytes>,
@@ -100,6 +102,7 @@ impl Server {
                 models,
                 metrics,
                 ready: AtomicBool::new(false),
+                stopping: AtomicBool::new(false),
                 repository: config.model_repository.map(Repository::new),
                 shared_memory: SharedMemory::with_budget(Arc::clone(&client_bytes)),
                 client_bytes,
@@ -363,6 +366,58 @@ impl Server {
     /// Marks the server ready (or not).
     pub fn set_ready(&self, ready: bool) {
         self.inner.ready.store(ready, Ordering::SeqCst);
+    }
+
+    /// Begins stopping, as Triton does on SIGTERM (`--exit-timeout-secs`): the
+    /// server is not ready from now on (liveness is unchanged) and
+    /// [`Server::refuse_if_stopping`] refuses new requests; what was accepted is
+    /// still answered. The binary then waits for [`Server::is_idle`].
+    pub fn begin_stopping(&self) {
+        self.inner.stopping.store(true, Ordering::SeqCst);
+        self.set_ready(false);
+    }
+
+    /// Whether [`Server::begin_stopping`] was called.
+    pub fn is_stopping(&self) -> bool {
+        self.inner.stopping.load(Ordering::Relaxed)
+    }
+
+    /// The admission check of a network ingress, before [`serve::submit`]: while
+    /// the server stops, a new request (`request`: decoded, or `None`) is refused
+    /// with [`ServerError::Unavailable`] ("server is stopping": 503, gRPC
+    /// UNAVAILABLE), except the continuation of a sequence already started (a
+    /// stateful model's request without `sequence_start`), which Triton also lets
+    /// through so open sequences can end. One relaxed load while serving.
+    pub fn refuse_if_stopping(
+        &self,
+        group: &WorkerGroup,
+        request: Option<&InferRequest>,
+    ) -> Result<()> {
+        if !self.is_stopping() {
+            return Ok(());
+        }
+        let continuation = group.settings.batcher == kiln_worker_sdk::BatcherKind::Sequence
+            && request.is_some_and(|r| {
+                crate::sequence::request_flags(&group.endpoint, &r.parameters)
+                    .is_ok_and(|flags| !flags.start)
+            });
+        if continuation {
+            return Ok(());
+        }
+        Err(ServerError::Unavailable(format!(
+            "server is stopping: model `{}` takes no new request",
+            group.endpoint
+        )))
+    }
+
+    /// Whether every accepted request has been answered: no group holds a
+    /// request queued or in a batch, nor an open sequence (whose continuations
+    /// are still let in while stopping).
+    pub fn is_idle(&self) -> bool {
+        self.inner.models.load().values().all(|group| {
+            let load = group.load();
+            load.queued == 0 && load.in_batches == 0 && group.live_sequences() == 0
+        })
     }
 
     /// The WebSocket stream metrics of `model` (`kiln_stream_*`; kiln-server's

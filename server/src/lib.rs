@@ -8,6 +8,7 @@
 
 pub use kiln_core::*;
 
+pub mod drain;
 pub mod grpc;
 pub mod http;
 pub mod jobs;

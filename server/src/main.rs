@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use kiln_server::drain::{self, Drained, StopSignals};
 use kiln_server::grpc::{GrpcConfig, GrpcLimits, GrpcServer};
 use kiln_server::http::{serve, HttpConfig};
 use kiln_server::restricted::RestrictedApis;
@@ -54,7 +55,7 @@ struct ServeArgs {
     #[arg(long = "load", env = "KILN_LOAD", value_delimiter = ';')]
     load: Vec<String>,
     /// Model repository: one folder per model with a config.toml and version folders.
-    #[arg(long, env = "KILN_MODEL_REPOSITORY")]
+    #[arg(long, visible_alias = "model-store", env = "KILN_MODEL_REPOSITORY")]
     model_repository: Option<PathBuf>,
     /// Load a repository model at start (repeatable; `*` loads every model; env:
     /// `;`-separated).
@@ -141,6 +142,12 @@ struct ServeArgs {
     /// Most buffer-pool bytes of all models together (default: half the memory).
     #[arg(long, env = "KILN_MAX_BUFFER_BYTES")]
     max_buffer_bytes: Option<u64>,
+    /// Seconds a stopping server (SIGTERM, SIGINT) waits for the requests it
+    /// accepted before it cuts them and exits non-zero (Triton's flag). Meanwhile it
+    /// is not ready, refuses new requests (503, gRPC UNAVAILABLE) but sequences'
+    /// continuations, and keeps its ports open (docs/operations.md).
+    #[arg(long, env = "KILN_EXIT_TIMEOUT_SECS", default_value_t = 30)]
+    exit_timeout_secs: u64,
     /// How often (ms) housekeeping looks for a quiet server to return memory freed
     /// after a burst to the system (malloc_trim); 0: never.
     #[arg(long, env = "KILN_TRIM_INTERVAL_MS", default_value_t = 1000)]
@@ -476,6 +483,8 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
         },
     )
     .with_context(|| format!("cannot listen on {}:{} (gRPC)", args.host, args.grpc_port))?;
+    // Caught from here on: a SIGTERM sent once the port is announced drains.
+    let mut signals = StopSignals::new().context("cannot catch SIGTERM and SIGINT")?;
     for addr in &addrs {
         // Stable lines for scripts and tests that start kiln on port 0.
         println!("kiln: HTTP listening on {addr}");
@@ -485,15 +494,63 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
     spdlog::info!("gRPC listening on {}", grpc.local_addr());
     std::io::stdout().flush()?;
     server.set_ready(true);
-    let served = http.await;
-    spdlog::info!("stopping: gRPC");
-    grpc.stop(std::time::Duration::from_secs(5)).await;
-    served?;
-    spdlog::info!("stopping: the jobs dispatcher");
-    jobs.stop();
-    spdlog::info!("stopping: draining every model");
+    let http_handle = http.handle();
+    let mut http = actix_web::rt::spawn(http);
+    let exit_timeout = std::time::Duration::from_secs(args.exit_timeout_secs);
+    let drained = tokio::select! {
+        name = signals.recv() => {
+            spdlog::info!(
+                "stopping ({name}): not ready, refusing new requests, answering the accepted ones (--exit-timeout-secs {})",
+                args.exit_timeout_secs
+            );
+            let deadline = tokio::time::Instant::now() + exit_timeout;
+            server.begin_stopping();
+            // The dispatcher stops first: its claimed jobs go back to the queue.
+            let jobs_stopped = tokio::task::spawn_blocking({
+                let jobs = jobs.clone();
+                move || jobs.stop()
+            });
+            let drained = drain::until_idle(&server, deadline, &mut signals).await;
+            let _ = jobs_stopped.await;
+            drained
+        }
+        // The HTTP server ended by itself (an error): stop the rest as before.
+        served = &mut http => {
+            served.context("the HTTP server failed")??;
+            jobs.stop();
+            Drained::Idle
+        }
+    };
+    // Answers being written finish; then the ports close.
+    let grace = match drained {
+        Drained::Idle => std::time::Duration::from_secs(1),
+        Drained::TimedOut | Drained::Interrupted(_) => std::time::Duration::ZERO,
+    };
+    spdlog::info!("stopping: HTTP and gRPC");
+    // (`stop` sends its command when called, not when awaited.)
+    let graceful = !grace.is_zero()
+        && tokio::time::timeout(grace, http_handle.stop(true))
+            .await
+            .is_ok();
+    if !graceful {
+        http_handle.stop(false).await;
+    }
+    grpc.stop(grace).await;
+    if drained != Drained::Idle {
+        let left = drain::left(&server);
+        let why = match drained {
+            Drained::Interrupted(name) => format!("{name} again"),
+            _ => format!("--exit-timeout-secs {} expired", args.exit_timeout_secs),
+        };
+        spdlog::error!("stopping: {why}: cut {left}");
+        kiln_server::trace::shutdown();
+        spdlog::default_logger().flush();
+        anyhow::bail!("stopped before every accepted request was answered ({why}): cut {left}");
+    }
+    spdlog::info!("stopping: unloading every model");
     server.shutdown().await;
     kiln_server::trace::shutdown();
+    spdlog::info!("stopped: every accepted request was answered");
     spdlog::default_logger().flush();
     Ok(())
 }

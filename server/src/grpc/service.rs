@@ -99,6 +99,8 @@ impl Pending {
             .lookup(&request.model_name, non_empty(&request.model_version))
             .and_then(|group| {
                 let decoded = decode_request_shm(request, server.shared_memory());
+                let request = decoded.as_ref().ok().map(|(r, _)| r);
+                server.refuse_if_stopping(&group, request)?;
                 let (pending, in_shm) = serve::submit(&group, decoded, &mut trace)?;
                 Ok((pending, in_shm, group))
             });

@@ -93,6 +93,9 @@ pub fn serve(
             .default_service(web::to(routes::not_found))
     })
     .on_connect(peer::on_connect)
+    // The binary handles SIGTERM and SIGINT itself (`crate::drain`): the listener
+    // stays open while the server drains, so probes see 503, not a refusal.
+    .disable_signals()
     .workers(config.workers.max(1))
     .max_connections(
         config

@@ -188,6 +188,9 @@ async fn live() -> HttpResponse {
 async fn ready(state: web::Data<State>) -> HttpResponse {
     if state.server.is_ready() {
         HttpResponse::Ok().finish()
+    } else if state.server.is_stopping() {
+        // Draining (SIGTERM): a balancer takes the replica out; live stays 200.
+        HttpResponse::ServiceUnavailable().json(json!({"error": "the server is stopping"}))
     } else {
         HttpResponse::ServiceUnavailable().json(json!({"error": "the server is not ready"}))
     }
@@ -278,6 +281,8 @@ async fn infer_traced(
         header.map(|v| v.as_bytes()),
     )
     .await;
+    let request = decoded.as_ref().ok().map(|(r, _)| r);
+    state.server.refuse_if_stopping(group, request)?;
     let (pending, placement) = serve::submit(group, decoded, trace)?;
     let response = match req.conn_data::<super::peer::Peer>() {
         // Returning drops the pending answer: a queued request is then cancelled.
