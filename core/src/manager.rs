@@ -578,6 +578,8 @@ impl State {
             model: endpoint.to_owned(),
             plugin: plugin.to_owned(),
             restarts: self.metrics.host_restarts(endpoint),
+            max_batch_bytes: usize::try_from(self.limits.buffer_bytes_per_model)
+                .unwrap_or(usize::MAX),
         }))
     }
 

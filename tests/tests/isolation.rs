@@ -302,3 +302,66 @@ async fn hosts_die_with_the_server() {
     }
     panic!("worker hosts {hosts:?} outlived the server");
 }
+
+/// `RssShmem` of process `pid` in bytes: the worker host's shared-memory pages.
+fn rss_shmem(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("RssShmem:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap()
+        * 1024
+}
+
+/// Finding 14 of issue #27: four concurrent 32 MiB requests to an isolated model
+/// left its arena at their peak (244 MiB resident long after). The pages past the
+/// first 16 MiB go back after every batch; and a batch past the model's buffer
+/// limit is refused instead of growing the arena up to 16 GiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_host_gives_its_memory_back_after_a_burst() {
+    let kiln = Kiln::start(&[
+        "--load",
+        "faulty:isolation=process,batch_size=4,timeout=50",
+        "--max-buffer-bytes-per-model",
+        "1073741824",
+    ]);
+    let values = vec![7i32; 8 << 20]; // 32 MiB
+    let burst: Vec<_> = (0..4)
+        .map(|_| {
+            let (client, request) = (
+                kiln.client.clone(),
+                request("faulty", DataType::Int32, &values),
+            );
+            tokio::spawn(async move { client.infer(&request).await })
+        })
+        .collect();
+    for answer in burst {
+        assert_eq!(
+            answer.await.unwrap().unwrap().outputs[0].data.len(),
+            32 << 20
+        );
+    }
+    let host = hosts_of(kiln.pid())[0];
+    let held = rss_shmem(host);
+    assert!(
+        held <= 24 << 20,
+        "the host still holds {} MiB of shared memory",
+        held >> 20
+    );
+    // One request is past a limit of 48 MiB a batch (its input and output: 64 MiB).
+    let small = Kiln::start(&[
+        "--load",
+        "faulty:isolation=process",
+        "--max-buffer-bytes-per-model",
+        "50331648",
+    ]);
+    match small
+        .client
+        .infer(&request("faulty", DataType::Int32, &values))
+        .await
+    {
+        Ok(_) => panic!("a batch past the model's buffer limit was run"),
+        Err(e) => assert!(e.to_string().contains("bytes at most per batch"), "{e}"),
+    }
+}

@@ -16,6 +16,11 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 /// address space reserved for it on both sides. Pages are only used as written.
 pub const ARENA_MAX: usize = 16 << 30;
 
+/// What a worker host's arena keeps of its pages between batches: the memory of
+/// the batches beyond it is given back after each ([`Arena::release_beyond`]), so
+/// a burst of large requests does not leave the host holding its peak.
+pub const ARENA_KEEP: usize = 16 << 20;
+
 /// Alignment of every tensor placed in the arena.
 pub const ALIGN: usize = 64;
 
@@ -25,6 +30,11 @@ pub struct Arena {
     base: *mut u8,
     /// The file's size as last seen or set: a lower bound (only ever grows).
     size: Cell<usize>,
+    /// The most bytes one batch may use (the model's buffer limit; at most
+    /// [`ARENA_MAX`]).
+    limit: Cell<usize>,
+    /// The end of the bytes this side touched since the last release.
+    touched: Cell<usize>,
 }
 
 // SAFETY: the mapping is owned by this value (unmapped on drop); moving it to
@@ -85,6 +95,8 @@ impl Arena {
             fd,
             base: base.cast(),
             size: Cell::new(0),
+            limit: Cell::new(ARENA_MAX),
+            touched: Cell::new(0),
         };
         arena.size.set(arena.file_size()?);
         Ok(arena)
@@ -105,16 +117,24 @@ impl Arena {
         Ok(usize::try_from(stat.st_size).unwrap_or(0))
     }
 
+    /// Bounds what one batch may use to `limit` bytes (the server's buffer limit
+    /// per model, `--max-buffer-bytes-per-model`).
+    pub fn set_limit(&self, limit: usize) {
+        self.limit.set(limit.min(ARENA_MAX));
+    }
+
     /// Makes the file at least `end` bytes long (growing by doubling, so a
-    /// steady load stops growing it); an error beyond [`ARENA_MAX`].
+    /// steady load stops growing it); an error beyond the arena's limit.
     pub fn ensure(&self, end: usize) -> Result<(), String> {
+        let limit = self.limit.get();
+        if end > limit {
+            return Err(format!(
+                "{end} bytes do not fit the worker host's shared memory ({limit} bytes at most per batch)"
+            ));
+        }
+        self.touched.set(self.touched.get().max(end));
         if end <= self.size.get() {
             return Ok(());
-        }
-        if end > ARENA_MAX {
-            return Err(format!(
-                "{end} bytes do not fit the worker host's shared memory ({ARENA_MAX} bytes at most per batch)"
-            ));
         }
         let seen = self.file_size().map_err(|e| format!("arena: {e}"))?;
         self.size.set(seen);
@@ -124,6 +144,7 @@ impl Arena {
         let grown = end
             .max(seen.saturating_mul(2))
             .next_multiple_of(4096)
+            .min(limit.next_multiple_of(4096))
             .min(ARENA_MAX);
         // SAFETY: ftruncate on our descriptor; growing a sealed-shrink memfd is allowed.
         if unsafe { libc::ftruncate(self.fd.as_raw_fd(), grown as libc::off_t) } < 0 {
@@ -139,10 +160,17 @@ impl Arena {
     /// Checks that `[offset, offset + len)` lies within the file (as the other
     /// side grew it), so reading it cannot fault.
     pub fn check(&self, offset: usize, len: usize) -> Result<(), String> {
+        let limit = self.limit.get();
         let end = offset
             .checked_add(len)
-            .filter(|&end| end <= ARENA_MAX)
-            .ok_or_else(|| format!("shared-memory range {offset}+{len} is out of bounds"))?;
+            .filter(|&end| end <= limit)
+            .ok_or_else(|| {
+                format!(
+                    "shared-memory range {offset}+{len} does not fit the worker host's \
+                     shared memory ({limit} bytes at most per batch)"
+                )
+            })?;
+        self.touched.set(self.touched.get().max(end));
         if end <= self.size.get() {
             return Ok(());
         }
@@ -155,6 +183,49 @@ impl Arena {
                 "shared-memory range {offset}+{len} is past its end ({seen} bytes)"
             ))
         }
+    }
+
+    /// Gives the pages past `keep` that batches touched back to the system
+    /// (`fallocate(PUNCH_HOLE)`: the file keeps its size, so nothing can fault;
+    /// the pages read as zeros and are taken again when written). The pages leave
+    /// both processes' mappings. Costs one system call, and only after a batch
+    /// that used more than `keep`.
+    pub fn release_beyond(&self, keep: usize) -> io::Result<()> {
+        let touched = self.touched.get();
+        if touched <= keep {
+            return Ok(());
+        }
+        let start = keep.next_multiple_of(4096);
+        let len = touched.next_multiple_of(4096).saturating_sub(start);
+        self.touched.set(keep);
+        if len == 0 {
+            return Ok(());
+        }
+        // SAFETY: fallocate on our descriptor over a range of the file; it keeps
+        // the size, so no mapping of the file can fault.
+        let done = unsafe {
+            libc::fallocate(
+                self.fd.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                start as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+        if done < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// The bytes of the file backed by memory now (its allocated blocks).
+    pub fn allocated_bytes(&self) -> io::Result<u64> {
+        // SAFETY: fstat into a zeroed struct of the right type.
+        let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::fstat(self.fd.as_raw_fd(), &mut stat) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(u64::try_from(stat.st_blocks).unwrap_or(0) * 512)
     }
 
     /// The bytes `[offset, offset + len)`.
@@ -215,6 +286,29 @@ mod tests {
         // Nobody can shrink it.
         // SAFETY: ftruncate on an open descriptor.
         assert!(unsafe { libc::ftruncate(b.fd(), 0) } < 0);
+    }
+
+    #[test]
+    fn a_large_batch_gives_its_pages_back_and_the_limit_holds() {
+        let a = Arena::create().unwrap();
+        a.set_limit(64 << 20);
+        assert!(a.ensure((64 << 20) + 1).is_err(), "past the model's limit");
+        a.ensure(48 << 20).unwrap();
+        // SAFETY: ensured above; one writer.
+        unsafe { a.slice_mut(0, 48 << 20) }.fill(7);
+        assert!(a.allocated_bytes().unwrap() >= 48 << 20);
+        a.release_beyond(ARENA_KEEP).unwrap();
+        let left = a.allocated_bytes().unwrap();
+        assert!(left <= ARENA_KEEP as u64, "{left} bytes still held");
+        // SAFETY: within the file (its size is kept); read only.
+        assert_eq!(
+            unsafe { a.slice(ARENA_KEEP - 1, 2) },
+            [7, 0],
+            "kept, then given back"
+        );
+        // Small batches afterwards release nothing (and cost no system call).
+        a.ensure(1000).unwrap();
+        a.release_beyond(ARENA_KEEP).unwrap();
     }
 
     #[test]

@@ -20,7 +20,7 @@ use kiln_worker_sdk::reexports::{ROption, RResult, RSlice, RString};
 use kiln_worker_sdk::{BatchCompletionBox, BatchFfi, Param, WorkerFfi, WorkerInfo};
 use prometheus_client::metrics::counter::Counter;
 
-use super::arena::align;
+use super::arena::{align, ARENA_KEEP};
 use super::spawn::{describe, reap, spawn, Host};
 use super::wire::{read_frame, write_frame, Call, Reader, WireError, Writer, REPLY_OK};
 
@@ -36,6 +36,9 @@ pub struct HostSpec {
     pub model: String,
     pub plugin: PathBuf,
     pub restarts: Counter,
+    /// The most bytes one batch may take in the host's shared memory (the
+    /// model's buffer limit, `--max-buffer-bytes-per-model`).
+    pub max_batch_bytes: usize,
 }
 
 /// A worker instance in its own process (see the module documentation).
@@ -73,7 +76,9 @@ impl ProcessWorker {
 
     /// Starts a host and runs `init` in it.
     fn start(&mut self) -> Result<WorkerInfo, String> {
-        self.host = Some(spawn(&self.spec.model)?);
+        let host = spawn(&self.spec.model)?;
+        host.arena.set_limit(self.spec.max_batch_bytes);
+        self.host = Some(host);
         let mut w = Writer::start(&mut self.out, Call::Init as u8);
         w.str(&self.spec.plugin.to_string_lossy());
         w.params(&self.params);
@@ -324,7 +329,17 @@ impl WorkerFfi for ProcessWorker {
     }
 
     fn run(&mut self, batch: &mut BatchFfi<'_, '_>) -> RResult<(), RString> {
-        result(self.run_batch(batch))
+        let ran = self.run_batch(batch);
+        // A burst's large batches do not leave the host holding their memory.
+        if let Some(host) = &self.host {
+            if let Err(e) = host.arena.release_beyond(ARENA_KEEP) {
+                spdlog::warn!(
+                    "model `{}`: cannot release shared memory: {e}",
+                    self.spec.model
+                );
+            }
+        }
+        result(ran)
     }
 
     fn release(&mut self) -> RResult<(), RString> {
