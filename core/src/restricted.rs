@@ -194,7 +194,7 @@ impl Restriction {
 /// The restrictions of one protocol: for each category, the header it asks for.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Restrictions {
-    by_category: [Option<Arc<Restriction>>; 9],
+    by_category: [Option<Arc<Restriction>>; Category::ALL.len()],
 }
 
 impl Restrictions {

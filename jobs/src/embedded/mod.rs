@@ -217,8 +217,20 @@ impl EmbeddedQueue {
             }
         }
         // redb allows one open `Database` per file: the poisoned one goes first.
+        // A call already running on it (a metrics read, the dispatcher) holds
+        // the file's lock until it ends; new calls wait on `slot` meanwhile.
         *slot = None;
-        let db = Arc::new(Database::create(&self.path).map_err(store)?);
+        let mut tries = 0;
+        let db = loop {
+            match Database::create(&self.path) {
+                Ok(db) => break Arc::new(db),
+                Err(redb::DatabaseError::DatabaseAlreadyOpen) if tries < 40 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(25));
+                }
+                Err(e) => return Err(store(e)),
+            }
+        };
         *slot = Some(db.clone());
         self.seen.store(faults, Ordering::Release);
         spdlog::warn!("jobs: the store had an I/O error; it is open again");

@@ -278,7 +278,7 @@ impl JobQueue for RedisQueue {
             &self.claim,
             &[consumer.as_bytes(), max.as_bytes(), now.as_bytes()],
         )?;
-        let mut claimed = Vec::with_capacity(flat.len() / 4);
+        let mut claimed: Vec<ClaimedJob> = Vec::with_capacity(flat.len() / 4);
         for job in flat.chunks_exact(4) {
             let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
             let priority = text(&job[2]).parse().unwrap_or(PRIORITY_LOWEST);
@@ -290,16 +290,21 @@ impl JobQueue for RedisQueue {
             });
         }
         if !claimed.is_empty() {
-            // The entry ids, to keep them fresh while they run.
-            let entries: Vec<Option<String>> = self.pool.with(|con| {
+            // The entry ids, to keep them fresh while they run, and the secrets,
+            // so that a claimed job carries the id its submitter got.
+            let fields: Vec<(Option<String>, Option<String>)> = self.pool.with(|con| {
                 let mut pipe = redis::pipe();
                 for job in &claimed {
-                    pipe.cmd("HGET").arg(job_key(&job.id.0)).arg("entry");
+                    pipe.cmd("HMGET")
+                        .arg(job_key(&job.id.0))
+                        .arg("entry")
+                        .arg("secret");
                 }
                 pipe.query(con)
             })?;
             let mut running = self.running.lock();
-            for (job, entry) in claimed.iter().zip(entries) {
+            for (job, (entry, secret)) in claimed.iter_mut().zip(fields) {
+                job.id = public_id(&job.id.0, secret.as_deref());
                 if let Some(entry) = entry {
                     running.insert(job.id.clone(), (job.priority, entry));
                 }
@@ -310,11 +315,8 @@ impl JobQueue for RedisQueue {
 
     fn release(&self, ids: &[JobId]) -> Result<()> {
         for ids in ids.chunks(CHUNK) {
-            let args: Vec<&[u8]> = ids
-                .iter()
-                .filter(|id| valid_id(id).is_some())
-                .map(|id| id.0.as_bytes())
-                .collect();
+            let seqs: Vec<String> = ids.iter().filter_map(|id| Some(valid_id(id)?.0)).collect();
+            let args: Vec<&[u8]> = seqs.iter().map(|s| s.as_bytes()).collect();
             self.pool.eval::<i64>(&self.release, &args)?;
             let mut running = self.running.lock();
             for id in ids {
@@ -327,13 +329,17 @@ impl JobQueue for RedisQueue {
     fn complete(&self, results: &[(JobId, Outcome)]) -> Result<()> {
         let now = epoch_ms(SystemTime::now()).to_string();
         for results in results.chunks(CHUNK) {
+            let valid: Vec<(String, &Outcome)> = results
+                .iter()
+                .filter_map(|(id, outcome)| Some((valid_id(id)?.0, outcome)))
+                .collect();
             let mut args: Vec<&[u8]> = vec![now.as_bytes()];
-            for (id, outcome) in results.iter().filter(|(id, _)| valid_id(id).is_some()) {
+            for (seq, outcome) in &valid {
                 let (state, value): (&[u8], &[u8]) = match outcome {
                     Outcome::Done(response) => (b"done", response),
                     Outcome::Failed(error) => (b"failed", error.as_bytes()),
                 };
-                args.extend([id.0.as_bytes(), state, value]);
+                args.extend([seq.as_bytes(), state, value]);
             }
             self.pool.eval::<i64>(&self.finish, &args)?;
             let mut running = self.running.lock();
