@@ -39,11 +39,17 @@ pub enum Category {
     Trace,
     /// Log settings (kiln serves none).
     Logging,
+    /// kiln's own: listing every job (`GET /v2/jobs`), an operator's act. Unlike
+    /// Triton's categories it is closed unless restricted: listing answers 403
+    /// until `--http-restricted-api jobs-admin:KEY=VALUE` names the header that
+    /// opens it (a job's own routes need only its unguessable id). See
+    /// docs/jobs.md.
+    JobsAdmin,
 }
 
 impl Category {
-    /// Every category, in Triton's order.
-    pub const ALL: [Category; 9] = [
+    /// Every category, in Triton's order, then kiln's own.
+    pub const ALL: [Category; 10] = [
         Category::Health,
         Category::Metadata,
         Category::Inference,
@@ -53,6 +59,7 @@ impl Category {
         Category::Statistics,
         Category::Trace,
         Category::Logging,
+        Category::JobsAdmin,
     ];
 
     /// Its name on the command line, as Triton spells it.
@@ -67,6 +74,7 @@ impl Category {
             Category::Statistics => "statistics",
             Category::Trace => "trace",
             Category::Logging => "logging",
+            Category::JobsAdmin => "jobs-admin",
         }
     }
 
@@ -186,7 +194,7 @@ impl Restriction {
 /// The restrictions of one protocol: for each category, the header it asks for.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Restrictions {
-    by_category: [Option<Arc<Restriction>>; 9],
+    by_category: [Option<Arc<Restriction>>; Category::ALL.len()],
 }
 
 impl Restrictions {

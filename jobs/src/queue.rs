@@ -205,6 +205,9 @@ pub enum JobsError {
     /// The store cannot be reached or failed (disk, network): HTTP 503.
     #[error("job store: {0}")]
     Store(String),
+    /// The store holds its quota (`--jobs-max-stored`): HTTP 429 at once.
+    #[error("{0}")]
+    Full(String),
     /// The backend the URL names is not built into this binary, or the URL is
     /// not understood.
     #[error("{0}")]
@@ -284,6 +287,54 @@ pub trait JobQueue: Send + Sync {
 
     /// Jobs in each state.
     fn counts(&self) -> Result<StateCounts>;
+}
+
+/// A job's secret: 128 random bits from the operating system, as 32 hex digits.
+/// A job's public id is `SEQ-SECRET` ([`public_id`]): knowing it is the right to
+/// read or cancel the job, and it cannot be guessed from another job's id.
+pub fn new_secret() -> Result<String> {
+    let mut bits = [0u8; 16];
+    getrandom::fill(&mut bits)
+        .map_err(|e| JobsError::Store(format!("no random bits for a job id: {e}")))?;
+    Ok(bits.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The id a client sees: the store's sequence number and the job's secret
+/// (`None`: a job stored before ids had secrets, shown as its number).
+pub fn public_id(seq: &str, secret: Option<&str>) -> JobId {
+    match secret {
+        Some(secret) => JobId(format!("{seq}-{secret}")),
+        None => JobId(seq.to_owned()),
+    }
+}
+
+/// Splits an id into its sequence number and secret (`SEQ` alone: the
+/// dispatcher's own ids, or a job without a secret).
+pub fn split_id(id: &JobId) -> Option<(u64, Option<&str>)> {
+    let (seq, secret) = match id.0.split_once('-') {
+        Some((seq, secret)) => (seq, Some(secret)),
+        None => (id.0.as_str(), None),
+    };
+    if seq.is_empty() || seq.len() > 20 || !seq.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((seq.parse().ok()?, secret))
+}
+
+/// Whether a client's id names a job whose secret is `stored`: the secret must
+/// match (compared in constant time); a job without one takes its number alone.
+pub fn secret_matches(given: Option<&str>, stored: Option<&str>) -> bool {
+    match (given, stored) {
+        (_, None) => given.is_none(),
+        (None, Some(_)) => false,
+        (Some(a), Some(b)) => {
+            a.len() == b.len()
+                && a.bytes()
+                    .zip(b.bytes())
+                    .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+                    == 0
+        }
+    }
 }
 
 /// Milliseconds since the Unix epoch of `t` (0 before it).

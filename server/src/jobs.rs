@@ -62,6 +62,32 @@ pub struct JobsArgs {
     /// before another replica takes it back (Redis: XAUTOCLAIM's min-idle-time).
     #[arg(long, env = "KILN_JOBS_CLAIM_TIMEOUT", default_value_t = 300.0)]
     pub jobs_claim_timeout: f64,
+    /// Most jobs one submission (`POST /v2/models/{m}/jobs`) may carry; more: 413.
+    #[arg(long, env = "KILN_JOBS_MAX_PER_SUBMISSION", default_value_t = DEFAULT_MAX_PER_SUBMISSION)]
+    pub jobs_max_per_submission: usize,
+    /// Most bytes one submission's body may carry (default: `--max-body-bytes`,
+    /// as for an inference); more: 413.
+    #[arg(long, env = "KILN_JOBS_MAX_SUBMISSION_BYTES")]
+    pub jobs_max_submission_bytes: Option<usize>,
+    /// Most jobs the store holds, in every state (finished ones count until they
+    /// expire, `--jobs-result-ttl`); a submission that would pass it: 429 at once.
+    #[arg(long, env = "KILN_JOBS_MAX_STORED", default_value_t = DEFAULT_MAX_STORED)]
+    pub jobs_max_stored: u64,
+}
+
+/// `--jobs-max-per-submission`'s default. Also what bounds one Redis `EXEC`
+/// (3 commands a job) and one redb commit.
+pub const DEFAULT_MAX_PER_SUBMISSION: usize = 10_000;
+/// `--jobs-max-stored`'s default.
+pub const DEFAULT_MAX_STORED: u64 = 1_000_000;
+
+/// What one submission and the store may hold.
+#[derive(Debug, Clone, Copy)]
+pub struct JobsLimits {
+    pub max_per_submission: usize,
+    /// `None`: `--max-body-bytes`.
+    pub max_submission_bytes: Option<usize>,
+    pub max_stored: u64,
 }
 
 impl JobsArgs {
@@ -102,6 +128,14 @@ impl JobsArgs {
                 ..RemoteConfig::new(url)
             }),
         };
+        if self.jobs_max_per_submission == 0 || self.jobs_max_stored == 0 {
+            return Err("--jobs-max-per-submission and --jobs-max-stored: at least 1".into());
+        }
+        let limits = JobsLimits {
+            max_per_submission: self.jobs_max_per_submission,
+            max_submission_bytes: self.jobs_max_submission_bytes,
+            max_stored: self.jobs_max_stored,
+        };
         let consumer = self.jobs_consumer.clone().unwrap_or_else(default_consumer);
         if consumer.is_empty() || consumer.len() > 200 {
             return Err(format!("--jobs-consumer `{consumer}`: 1 to 200 characters"));
@@ -109,6 +143,7 @@ impl JobsArgs {
         Ok(JobsConfig {
             url,
             explicit,
+            limits,
             target,
             dispatcher: DispatcherConfig {
                 budget,
@@ -139,6 +174,7 @@ pub struct JobsConfig {
     pub target: Option<RemoteConfig>,
     /// Named by the operator (opened at start) rather than the default.
     pub explicit: bool,
+    pub limits: JobsLimits,
     pub dispatcher: DispatcherConfig,
 }
 
@@ -160,6 +196,7 @@ pub struct Jobs {
 pub fn server_error(e: JobsError) -> ServerError {
     match e {
         JobsError::Invalid(m) => ServerError::InvalidRequest(m),
+        JobsError::Full(m) => ServerError::Exhausted(m),
         JobsError::Store(_) | JobsError::Config(_) => ServerError::Unavailable(e.to_string()),
     }
 }
@@ -230,6 +267,33 @@ impl Jobs {
             dispatcher: Some(dispatcher),
         });
         Ok(Some(queue))
+    }
+
+    /// The submission and store limits.
+    pub fn limits(&self) -> JobsLimits {
+        self.config.limits
+    }
+
+    /// The server (its client-bytes budget).
+    pub fn server(&self) -> &Server {
+        &self.server
+    }
+
+    /// Refuses `more` jobs when the store would then hold more than
+    /// `--jobs-max-stored` (the counts are the store's own, kept with each
+    /// write: one small read). Concurrent submissions may pass it by at most
+    /// their own sizes, each bounded by `--jobs-max-per-submission`.
+    pub fn check_quota(&self, queue: &dyn JobQueue, more: u64) -> Result<(), JobsError> {
+        let c = queue.counts()?;
+        let held = c.queued + c.running + c.done + c.failed + c.cancelled;
+        let max = self.config.limits.max_stored;
+        if held.saturating_add(more) > max {
+            return Err(JobsError::Full(format!(
+                "the job store holds {held} of its {max} jobs (--jobs-max-stored): \
+                 retry once jobs have finished and expired"
+            )));
+        }
+        Ok(())
     }
 
     /// Where a submission spills while it is read: the embedded store's folder,

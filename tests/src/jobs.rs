@@ -65,9 +65,17 @@ pub async fn get(url: &str, id: &str) -> (u16, Value) {
     (status, response.json().await.expect("a JSON answer"))
 }
 
-/// `GET /v2/jobs?{query}`: the answer (expects 200).
+/// The flag that opens the job listing (`jobs-admin`) to [`ADMIN_HEADER`].
+pub const ADMIN_ARG: &str = "--http-restricted-api=jobs-admin:jobs-admin-key=test";
+/// The header [`list`] sends, with the value `test`.
+pub const ADMIN_HEADER: &str = "jobs-admin-key";
+
+/// `GET /v2/jobs?{query}` as the operator ([`ADMIN_ARG`]): the answer (expects 200).
 pub async fn list(url: &str, query: &str) -> Value {
-    let response = reqwest::get(format!("{url}/v2/jobs?{query}"))
+    let response = reqwest::Client::new()
+        .get(format!("{url}/v2/jobs?{query}"))
+        .header(ADMIN_HEADER, "test")
+        .send()
         .await
         .expect("list jobs");
     assert_eq!(response.status().as_u16(), 200);

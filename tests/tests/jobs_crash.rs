@@ -12,7 +12,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime};
 
 use kiln_tests::jobs::{
-    echo_job, echoed, get, jobs_arg, json_lines, list_all, store_dir, submit_ok,
+    echo_job, echoed, get, jobs_arg, json_lines, list_all, store_dir, submit_ok, ADMIN_ARG,
 };
 use kiln_tests::{metric, Kiln};
 use serde_json::Value;
@@ -40,7 +40,14 @@ async fn done_count(kiln: &Kiln) -> f64 {
 async fn kill_9_three_times_loses_and_duplicates_nothing() {
     let dir = store_dir("crash");
     let store = jobs_arg(&dir);
-    let args = ["--load", "echo", store.as_str(), "--jobs-max-sys", "64"];
+    let args = [
+        "--load",
+        "echo",
+        store.as_str(),
+        "--jobs-max-sys",
+        "64",
+        ADMIN_ARG,
+    ];
     let seed = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap()

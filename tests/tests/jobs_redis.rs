@@ -17,7 +17,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use kiln_tests::jobs::{list_all, submit_ok, wait_finished};
+use kiln_tests::jobs::{list_all, submit_ok, wait_finished, ADMIN_ARG};
 use kiln_tests::redis::RedisServer;
 use kiln_tests::wait::wait_sample;
 use kiln_tests::{metric, Kiln};
@@ -60,7 +60,14 @@ async fn wait_figure(kiln: &Kiln, name: &str, labels: &[(&str, &str)], ok: impl 
 /// `redis` and feeds them to `target`, scraping it every `scrape` seconds.
 fn dispatcher(redis: &RedisServer, target: &str, more: &[&str], scrape: &str) -> Kiln {
     let jobs = format!("--jobs={}", redis.url());
-    let mut args = vec!["--load", SLOW_COST, &jobs, "--jobs-target", target];
+    let mut args = vec![
+        "--load",
+        SLOW_COST,
+        &jobs,
+        "--jobs-target",
+        target,
+        ADMIN_ARG,
+    ];
     args.extend_from_slice(more);
     args.extend(["--jobs-target-scrape-interval", scrape]);
     Kiln::start(&args)
@@ -97,6 +104,7 @@ async fn two_replicas_drain_one_queue_and_survive_a_kill() {
             "1",
             "--jobs-consumer",
             name,
+            ADMIN_ARG,
         ])
     };
     let a = start("replica-a");
@@ -248,7 +256,7 @@ async fn a_stopped_dispatcher_leaves_no_job_claimed() {
         "kiln did not stop"
     );
     // Another server on the same queue that runs nothing sees what was left.
-    let second = Kiln::start(&["--load", model, &jobs, "--jobs-max-sys", "0"]);
+    let second = Kiln::start(&["--load", model, &jobs, "--jobs-max-sys", "0", ADMIN_ARG]);
     let listed = list_all(&second.url, "", 500).await;
     assert_eq!(listed.len(), ids.len());
     let running: Vec<&Value> = listed.iter().filter(|j| j["state"] == "running").collect();

@@ -17,8 +17,12 @@
 //! One process owns the store (redb locks the file): at open, every job left
 //! `running` by a process that died goes back to the queue (at-least-once).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
+
+use parking_lot::RwLock;
 
 use redb::{Database, ReadableTable, TableDefinition, WriteTransaction};
 use serde::{Deserialize, Serialize};
@@ -26,8 +30,8 @@ use serde::{Deserialize, Serialize};
 mod txn;
 
 use crate::queue::{
-    epoch_ms, CancelResult, ClaimedJob, Job, JobId, JobQueue, JobState, JobsError, ListFilter,
-    NewJob, Outcome, Page, Result, StateCounts,
+    epoch_ms, new_secret, public_id, secret_matches, split_id, CancelResult, ClaimedJob, Job,
+    JobId, JobQueue, JobState, JobsError, ListFilter, NewJob, Outcome, Page, Result, StateCounts,
 };
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
@@ -40,8 +44,9 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
 const NEXT_ID: &str = "next_id";
 /// A listing reads at most this many records per page (a filter matching few
-/// jobs returns a short page with a cursor, rather than scanning the store).
-const MAX_SCAN: usize = 100_000;
+/// jobs returns a short page with a cursor, rather than scanning the store):
+/// one page's work is bounded like the page itself.
+pub const MAX_SCAN: usize = 5_000;
 
 /// A job's record in `jobs`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -60,12 +65,16 @@ struct Record {
     consumer: Option<String>,
     #[serde(default)]
     claimed_ms: Option<u64>,
+    /// 128 random bits, hex: the public id is `ID-SECRET` (none: a job stored
+    /// before ids had secrets).
+    #[serde(default)]
+    secret: Option<String>,
 }
 
 impl Record {
     fn job(&self, id: u64, response: Option<Vec<u8>>) -> Job {
         Job {
-            id: JobId(id.to_string()),
+            id: public_id(&id.to_string(), self.secret.as_deref()),
             model: self.model.clone(),
             state: self.state,
             priority: self.priority,
@@ -80,11 +89,25 @@ impl Record {
 
 /// The embedded job store.
 pub struct EmbeddedQueue {
-    db: Database,
+    path: PathBuf,
+    /// The database; opened again after an I/O error (see
+    /// [`EmbeddedQueue::db`]); `None` while a reopen failed.
+    db: RwLock<Option<Arc<Database>>>,
+    /// [`IO_FAULTS`] when this store last checked its database.
+    seen: AtomicU64,
 }
 
+/// I/O errors any embedded store has met: a store whose count is behind checks
+/// whether its database needs opening again ([`EmbeddedQueue::db`]).
+static IO_FAULTS: AtomicU64 = AtomicU64::new(0);
+
 fn store<E: std::fmt::Display>(e: E) -> JobsError {
-    JobsError::Store(e.to_string())
+    let text = e.to_string();
+    // redb's `StorageError::Io` and `PreviousIo` (both say "I/O error").
+    if text.contains("I/O error") {
+        IO_FAULTS.fetch_add(1, Ordering::AcqRel);
+    }
+    JobsError::Store(text)
 }
 
 fn encode(record: &Record) -> Result<Vec<u8>> {
@@ -100,9 +123,16 @@ fn count_key(state: JobState) -> &'static str {
     state.as_str()
 }
 
-/// The numeric id of a job id (`None`: not one of this store's).
+/// The numeric id of a job id (`None`: not one of this store's). The
+/// dispatcher's ids are the number alone; a client's carry the secret too,
+/// checked by [`owned`].
 fn parse_id(id: &JobId) -> Option<u64> {
-    id.0.parse().ok()
+    split_id(id).map(|(seq, _)| seq)
+}
+
+/// Whether the client's `id` carries `record`'s secret.
+fn owned(id: &JobId, record: &Record) -> bool {
+    split_id(id).is_some_and(|(_, given)| secret_matches(given, record.secret.as_deref()))
 }
 
 /// Moves the count of `from` to `to` (either `None`: a job arriving or leaving).
@@ -145,7 +175,11 @@ impl EmbeddedQueue {
         let db = Database::create(&path).map_err(|e| {
             JobsError::Config(format!("cannot open the job store {}: {e}", path.display()))
         })?;
-        let queue = EmbeddedQueue { db };
+        let queue = EmbeddedQueue {
+            path,
+            db: RwLock::new(Some(Arc::new(db))),
+            seen: AtomicU64::new(IO_FAULTS.load(Ordering::Acquire)),
+        };
         queue.init()?;
         let back = queue.requeue_running(|_| true)?;
         if back > 0 {
@@ -156,10 +190,57 @@ impl EmbeddedQueue {
         Ok(queue)
     }
 
+    /// The database. After an I/O error (a full disk during a commit) redb
+    /// refuses every later transaction ("Previous I/O error occurred") until the
+    /// database is opened again. So when an I/O error was seen since the last
+    /// check, the store probes its database and, when poisoned, opens the file
+    /// again: the file holds the last committed transaction (redb's checksummed
+    /// roots), so nothing accepted is lost, and the store works again as soon as
+    /// the fault clears. A reopen that fails (the disk still full, a transaction
+    /// still running on the old handle) answers this call's error and is tried
+    /// again on the next. The check costs one atomic load per call.
+    fn db(&self) -> Result<Arc<Database>> {
+        let faults = IO_FAULTS.load(Ordering::Acquire);
+        if faults == self.seen.load(Ordering::Acquire) {
+            if let Some(db) = self.db.read().as_ref() {
+                return Ok(db.clone());
+            }
+        }
+        let mut slot = self.db.write();
+        if let Some(db) = slot.as_ref() {
+            match db.begin_write() {
+                Err(redb::TransactionError::Storage(redb::StorageError::PreviousIo)) => {}
+                _ => {
+                    self.seen.store(faults, Ordering::Release);
+                    return Ok(db.clone());
+                }
+            }
+        }
+        // redb allows one open `Database` per file: the poisoned one goes first.
+        // A call already running on it (a metrics read, the dispatcher) holds
+        // the file's lock until it ends; new calls wait on `slot` meanwhile.
+        *slot = None;
+        let mut tries = 0;
+        let db = loop {
+            match Database::create(&self.path) {
+                Ok(db) => break Arc::new(db),
+                Err(redb::DatabaseError::DatabaseAlreadyOpen) if tries < 40 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(25));
+                }
+                Err(e) => return Err(store(e)),
+            }
+        };
+        *slot = Some(db.clone());
+        self.seen.store(faults, Ordering::Release);
+        spdlog::warn!("jobs: the store had an I/O error; it is open again");
+        Ok(db)
+    }
+
     /// Runs `f` in one write transaction and commits it (fsync'd) when it succeeds;
     /// an error drops the transaction: nothing of it stays.
     fn write<T>(&self, f: impl FnOnce(&WriteTransaction) -> Result<T>) -> Result<T> {
-        let txn = self.db.begin_write().map_err(store)?;
+        let txn = self.db()?.begin_write().map_err(store)?;
         let out = f(&txn)?;
         txn.commit().map_err(store)?;
         Ok(out)
@@ -167,14 +248,14 @@ impl EmbeddedQueue {
 
     /// Whether no job is queued (a read transaction: nothing to commit).
     fn nothing_queued(&self) -> Result<bool> {
-        let txn = self.db.begin_read().map_err(store)?;
+        let txn = self.db()?.begin_read().map_err(store)?;
         let queue = txn.open_table(QUEUE).map_err(store)?;
         let empty = queue.first().map_err(store)?.is_none();
         Ok(empty)
     }
 
     fn init(&self) -> Result<()> {
-        let txn = self.db.begin_write().map_err(store)?;
+        let txn = self.db()?.begin_write().map_err(store)?;
         txn.open_table(JOBS).map_err(store)?;
         txn.open_table(REQUESTS).map_err(store)?;
         txn.open_table(RESULTS).map_err(store)?;
@@ -202,7 +283,7 @@ impl EmbeddedQueue {
 
 impl JobQueue for EmbeddedQueue {
     fn enqueue(&self, input: &mut dyn Iterator<Item = Result<NewJob>>) -> Result<Vec<JobId>> {
-        let txn = self.db.begin_write().map_err(store)?;
+        let txn = self.db()?.begin_write().map_err(store)?;
         let mut ids = Vec::new();
         {
             let mut meta = txn.open_table(META).map_err(store)?;
@@ -226,12 +307,13 @@ impl JobQueue for EmbeddedQueue {
                     error: None,
                     consumer: None,
                     claimed_ms: None,
+                    secret: Some(new_secret()?),
                 };
                 jobs.insert(id, encode(&record)?.as_slice())
                     .map_err(store)?;
                 requests.insert(id, job.request.as_slice()).map_err(store)?;
                 queue.insert((record.priority, id), ()).map_err(store)?;
-                ids.push(JobId(id.to_string()));
+                ids.push(public_id(&id.to_string(), record.secret.as_deref()));
             }
             meta.insert(NEXT_ID, next).map_err(store)?;
         }
@@ -276,12 +358,12 @@ impl JobQueue for EmbeddedQueue {
         })
     }
 
-    fn cancel(&self, id: &JobId) -> Result<CancelResult> {
-        let Some(id) = parse_id(id) else {
+    fn cancel(&self, public: &JobId) -> Result<CancelResult> {
+        let Some(id) = parse_id(public) else {
             return Ok(CancelResult::NotFound);
         };
-        let txn = self.db.begin_write().map_err(store)?;
-        let Some(record) = txn::record(&txn, id)? else {
+        let txn = self.db()?.begin_write().map_err(store)?;
+        let Some(record) = txn::record(&txn, id)?.filter(|r| owned(public, r)) else {
             return Ok(CancelResult::NotFound);
         };
         if record.state != JobState::Queued {
@@ -292,13 +374,13 @@ impl JobQueue for EmbeddedQueue {
         Ok(CancelResult::Cancelled)
     }
 
-    fn get(&self, id: &JobId) -> Result<Option<Job>> {
-        let Some(id) = parse_id(id) else {
+    fn get(&self, public: &JobId) -> Result<Option<Job>> {
+        let Some(id) = parse_id(public) else {
             return Ok(None);
         };
-        let txn = self.db.begin_read().map_err(store)?;
+        let txn = self.db()?.begin_read().map_err(store)?;
         let jobs = txn.open_table(JOBS).map_err(store)?;
-        let Some(record) = txn::read_record(&jobs, id)? else {
+        let Some(record) = txn::read_record(&jobs, id)?.filter(|r| owned(public, r)) else {
             return Ok(None);
         };
         let response = match record.state {
@@ -316,12 +398,13 @@ impl JobQueue for EmbeddedQueue {
     fn list(&self, filter: &ListFilter, after: Option<&str>, limit: usize) -> Result<Page> {
         let start = match after {
             None => 0,
-            Some(cursor) => cursor
-                .parse::<u64>()
+            Some(cursor) => split_id(&JobId(cursor.to_owned()))
+                .map(|(seq, _)| seq)
+                .ok_or(())
                 .map_err(|_| JobsError::Invalid(format!("bad page cursor `{cursor}`")))?
                 .saturating_add(1),
         };
-        let txn = self.db.begin_read().map_err(store)?;
+        let txn = self.db()?.begin_read().map_err(store)?;
         let table = txn.open_table(JOBS).map_err(store)?;
         let mut jobs = Vec::new();
         let mut last = None;
@@ -353,7 +436,7 @@ impl JobQueue for EmbeddedQueue {
 
     fn expire(&self, before: SystemTime) -> Result<u64> {
         let cutoff = epoch_ms(before);
-        let txn = self.db.begin_write().map_err(store)?;
+        let txn = self.db()?.begin_write().map_err(store)?;
         let mut removed = StateCounts::default();
         {
             let mut finished = txn.open_table(FINISHED).map_err(store)?;
@@ -394,7 +477,7 @@ impl JobQueue for EmbeddedQueue {
     }
 
     fn counts(&self) -> Result<StateCounts> {
-        let txn = self.db.begin_read().map_err(store)?;
+        let txn = self.db()?.begin_read().map_err(store)?;
         let meta = txn.open_table(META).map_err(store)?;
         let get = |s: JobState| -> Result<u64> {
             Ok(meta

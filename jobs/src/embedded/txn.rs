@@ -11,7 +11,7 @@ use super::{
     decode, encode, parse_id, recount, store, Record, FINISHED, JOBS, QUEUE, REQUESTS, RESULTS,
     RUNNING,
 };
-use crate::queue::{epoch_ms, ClaimedJob, JobId, JobState, Outcome, Result};
+use crate::queue::{epoch_ms, public_id, ClaimedJob, JobId, JobState, Outcome, Result};
 
 pub(super) fn record(txn: &WriteTransaction, id: u64) -> Result<Option<Record>> {
     read_record(&txn.open_table(JOBS).map_err(store)?, id)
@@ -109,7 +109,7 @@ pub(super) fn claim_in(
                 .map_err(store)?;
             running.insert(id, ()).map_err(store)?;
             claimed.push(ClaimedJob {
-                id: JobId(id.to_string()),
+                id: public_id(&id.to_string(), record.secret.as_deref()),
                 model: record.model,
                 priority: record.priority,
                 request,

@@ -35,8 +35,9 @@ use redis::Value;
 use conn::{store, Pool, Script};
 
 use crate::queue::{
-    epoch_ms, CancelResult, ClaimedJob, Job, JobId, JobQueue, JobState, JobsError, ListFilter,
-    NewJob, Outcome, Page, Result, StateCounts, PRIORITY_HIGHEST, PRIORITY_LOWEST,
+    epoch_ms, new_secret, public_id, secret_matches, split_id, CancelResult, ClaimedJob, Job,
+    JobId, JobQueue, JobState, JobsError, ListFilter, NewJob, Outcome, Page, Result, StateCounts,
+    PRIORITY_HIGHEST, PRIORITY_LOWEST,
 };
 
 /// Every key's prefix.
@@ -49,7 +50,7 @@ const CHUNK: usize = 512;
 /// submitter die before the `EXEC` that makes the batch visible.
 const STAGED_TTL_S: u64 = 3600;
 /// A listing reads at most this many jobs per page (as the embedded store).
-const MAX_SCAN: usize = 100_000;
+const MAX_SCAN: usize = crate::embedded::MAX_SCAN;
 /// The Redis job store: a small pool of connections and the loaded scripts.
 pub struct RedisQueue {
     pool: Pool,
@@ -105,8 +106,12 @@ impl RedisQueue {
 
     /// Writes one chunk of a submission: the job hashes, each with an expiry that
     /// the final `EXEC` removes. Returns the ids.
-    fn stage(&self, chunk: &[NewJob], now: u64) -> Result<Vec<(u64, u8)>> {
+    fn stage(&self, chunk: &[NewJob], now: u64) -> Result<Vec<(u64, u8, String)>> {
         let n = chunk.len() as u64;
+        let secrets = chunk
+            .iter()
+            .map(|_| new_secret())
+            .collect::<Result<Vec<_>>>()?;
         self.pool.with(|con| {
             let last: u64 = redis::cmd("INCRBY")
                 .arg(format!("{PREFIX}next_id"))
@@ -130,25 +135,28 @@ impl RedisQueue {
                     .arg(0)
                     .arg("request")
                     .arg(&job.request)
+                    .arg("secret")
+                    .arg(&secrets[i])
                     .ignore();
                 pipe.cmd("EXPIRE").arg(&key).arg(STAGED_TTL_S).ignore();
             }
             pipe.query::<()>(con)?;
             Ok(chunk
                 .iter()
+                .zip(&secrets)
                 .enumerate()
-                .map(|(i, job)| (first + i as u64, job.priority))
+                .map(|(i, (job, secret))| (first + i as u64, job.priority, secret.clone()))
                 .collect())
         })
     }
 
     /// Makes staged jobs visible, in one transaction: no expiry, a place in the
     /// listing and an entry in their priority's stream, counted as queued.
-    fn publish(&self, staged: &[(u64, u8)]) -> Result<()> {
+    fn publish(&self, staged: &[(u64, u8, String)]) -> Result<()> {
         self.pool.with(|con| {
             let mut pipe = redis::pipe();
             pipe.atomic();
-            for (id, prio) in staged {
+            for (id, prio, _) in staged {
                 pipe.cmd("PERSIST").arg(job_key(&id.to_string())).ignore();
                 pipe.cmd("ZADD")
                     .arg(format!("{PREFIX}index"))
@@ -173,11 +181,11 @@ impl RedisQueue {
 
     /// Drops staged jobs of a submission that failed (best effort: they expire
     /// anyway).
-    fn unstage(&self, staged: &[(u64, u8)]) {
+    fn unstage(&self, staged: &[(u64, u8, String)]) {
         for ids in staged.chunks(CHUNK) {
             let _ = self.pool.with(|con| {
                 let mut cmd = redis::cmd("DEL");
-                for (id, _) in ids {
+                for (id, _, _) in ids {
                     cmd.arg(job_key(&id.to_string()));
                 }
                 cmd.query::<()>(con)
@@ -217,15 +225,16 @@ fn stream_key(prio: u8) -> String {
     format!("{PREFIX}stream:{prio}")
 }
 
-/// A job id of this store (a decimal number), as Redis keys take it.
-fn valid_id(id: &JobId) -> bool {
-    !id.0.is_empty() && id.0.len() <= 20 && id.0.bytes().all(|b| b.is_ascii_digit())
+/// A job id of this store (a decimal number and, from a client, its secret):
+/// the number as Redis keys take it, and the secret.
+fn valid_id(id: &JobId) -> Option<(String, &str)> {
+    split_id(id).map(|(seq, secret)| (seq.to_string(), secret.unwrap_or("")))
 }
 
 impl JobQueue for RedisQueue {
     fn enqueue(&self, input: &mut dyn Iterator<Item = Result<NewJob>>) -> Result<Vec<JobId>> {
         let now = epoch_ms(SystemTime::now());
-        let mut staged: Vec<(u64, u8)> = Vec::new();
+        let mut staged: Vec<(u64, u8, String)> = Vec::new();
         let mut chunk = Vec::with_capacity(CHUNK);
         let mut input = input.peekable();
         while input.peek().is_some() {
@@ -255,7 +264,7 @@ impl JobQueue for RedisQueue {
         self.publish(&staged)?;
         Ok(staged
             .into_iter()
-            .map(|(id, _)| JobId(id.to_string()))
+            .map(|(id, _, secret)| public_id(&id.to_string(), Some(&secret)))
             .collect())
     }
 
@@ -269,7 +278,7 @@ impl JobQueue for RedisQueue {
             &self.claim,
             &[consumer.as_bytes(), max.as_bytes(), now.as_bytes()],
         )?;
-        let mut claimed = Vec::with_capacity(flat.len() / 4);
+        let mut claimed: Vec<ClaimedJob> = Vec::with_capacity(flat.len() / 4);
         for job in flat.chunks_exact(4) {
             let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
             let priority = text(&job[2]).parse().unwrap_or(PRIORITY_LOWEST);
@@ -281,16 +290,21 @@ impl JobQueue for RedisQueue {
             });
         }
         if !claimed.is_empty() {
-            // The entry ids, to keep them fresh while they run.
-            let entries: Vec<Option<String>> = self.pool.with(|con| {
+            // The entry ids, to keep them fresh while they run, and the secrets,
+            // so that a claimed job carries the id its submitter got.
+            let fields: Vec<(Option<String>, Option<String>)> = self.pool.with(|con| {
                 let mut pipe = redis::pipe();
                 for job in &claimed {
-                    pipe.cmd("HGET").arg(job_key(&job.id.0)).arg("entry");
+                    pipe.cmd("HMGET")
+                        .arg(job_key(&job.id.0))
+                        .arg("entry")
+                        .arg("secret");
                 }
                 pipe.query(con)
             })?;
             let mut running = self.running.lock();
-            for (job, entry) in claimed.iter().zip(entries) {
+            for (job, (entry, secret)) in claimed.iter_mut().zip(fields) {
+                job.id = public_id(&job.id.0, secret.as_deref());
                 if let Some(entry) = entry {
                     running.insert(job.id.clone(), (job.priority, entry));
                 }
@@ -301,11 +315,8 @@ impl JobQueue for RedisQueue {
 
     fn release(&self, ids: &[JobId]) -> Result<()> {
         for ids in ids.chunks(CHUNK) {
-            let args: Vec<&[u8]> = ids
-                .iter()
-                .filter(|id| valid_id(id))
-                .map(|id| id.0.as_bytes())
-                .collect();
+            let seqs: Vec<String> = ids.iter().filter_map(|id| Some(valid_id(id)?.0)).collect();
+            let args: Vec<&[u8]> = seqs.iter().map(|s| s.as_bytes()).collect();
             self.pool.eval::<i64>(&self.release, &args)?;
             let mut running = self.running.lock();
             for id in ids {
@@ -318,13 +329,17 @@ impl JobQueue for RedisQueue {
     fn complete(&self, results: &[(JobId, Outcome)]) -> Result<()> {
         let now = epoch_ms(SystemTime::now()).to_string();
         for results in results.chunks(CHUNK) {
+            let valid: Vec<(String, &Outcome)> = results
+                .iter()
+                .filter_map(|(id, outcome)| Some((valid_id(id)?.0, outcome)))
+                .collect();
             let mut args: Vec<&[u8]> = vec![now.as_bytes()];
-            for (id, outcome) in results.iter().filter(|(id, _)| valid_id(id)) {
+            for (seq, outcome) in &valid {
                 let (state, value): (&[u8], &[u8]) = match outcome {
                     Outcome::Done(response) => (b"done", response),
                     Outcome::Failed(error) => (b"failed", error.as_bytes()),
                 };
-                args.extend([id.0.as_bytes(), state, value]);
+                args.extend([seq.as_bytes(), state, value]);
             }
             self.pool.eval::<i64>(&self.finish, &args)?;
             let mut running = self.running.lock();
@@ -336,13 +351,14 @@ impl JobQueue for RedisQueue {
     }
 
     fn cancel(&self, id: &JobId) -> Result<CancelResult> {
-        if !valid_id(id) {
+        let Some((seq, secret)) = valid_id(id) else {
             return Ok(CancelResult::NotFound);
-        }
+        };
         let now = epoch_ms(SystemTime::now()).to_string();
-        let before: Option<String> = self
-            .pool
-            .eval(&self.cancel, &[id.0.as_bytes(), now.as_bytes()])?;
+        let before: Option<String> = self.pool.eval(
+            &self.cancel,
+            &[seq.as_bytes(), now.as_bytes(), secret.as_bytes()],
+        )?;
         Ok(match before.as_deref().map(JobState::parse) {
             None => CancelResult::NotFound,
             Some(Some(JobState::Queued)) => CancelResult::Cancelled,
@@ -352,13 +368,18 @@ impl JobQueue for RedisQueue {
     }
 
     fn get(&self, id: &JobId) -> Result<Option<Job>> {
-        if !valid_id(id) {
+        let Some((seq, given)) = valid_id(id) else {
             return Ok(None);
-        }
+        };
         let mut fields: HashMap<String, Vec<u8>> = self
             .pool
-            .with(|con| redis::cmd("HGETALL").arg(job_key(&id.0)).query(con))?;
-        let Some(mut job) = job_of(&id.0, &fields)? else {
+            .with(|con| redis::cmd("HGETALL").arg(job_key(&seq)).query(con))?;
+        let stored = fields.get("secret").map(|s| String::from_utf8_lossy(s));
+        let given = Some(given).filter(|g| !g.is_empty());
+        if !secret_matches(given, stored.as_deref()) {
+            return Ok(None);
+        }
+        let Some(mut job) = job_of(&seq, &fields)? else {
             return Ok(None);
         };
         job.response = fields.remove("response");
@@ -368,9 +389,9 @@ impl JobQueue for RedisQueue {
     fn list(&self, filter: &ListFilter, after: Option<&str>, limit: usize) -> Result<Page> {
         let start = match after {
             None => "-inf".to_owned(),
-            Some(cursor) => match cursor.parse::<u64>() {
-                Ok(n) => format!("({n}"),
-                Err(_) => return Err(JobsError::Invalid(format!("bad page cursor `{cursor}`"))),
+            Some(cursor) => match split_id(&JobId(cursor.to_owned())) {
+                Some((n, _)) => format!("({n}"),
+                None => return Err(JobsError::Invalid(format!("bad page cursor `{cursor}`"))),
             },
         };
         let mut jobs = Vec::new();
@@ -499,8 +520,9 @@ fn job_of(id: &str, fields: &HashMap<String, Vec<u8>>) -> Result<Option<Job>> {
     };
     let state = JobState::parse(&state)
         .ok_or_else(|| store(format!("job {id} has an unknown state `{state}`")))?;
+    let secret = text("secret");
     Ok(Some(Job {
-        id: JobId(id.to_owned()),
+        id: public_id(id, secret.as_deref()),
         model,
         state,
         priority: number("priority").map_or(PRIORITY_LOWEST, |p| p as u8),

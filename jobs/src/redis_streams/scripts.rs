@@ -165,6 +165,8 @@ return stored
 pub const CANCEL: &str = r#"
 local p, id, now = ARGV[1], ARGV[3], ARGV[4]
 local key = p .. 'job:' .. id
+local secret = redis.call('HGET', key, 'secret') or ''
+if secret ~= ARGV[5] then return false end
 local s = redis.call('HGET', key, 'state')
 if s ~= 'queued' then return s end
 redis.call('HINCRBY', p .. 'counts', 'queued', -1)

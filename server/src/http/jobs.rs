@@ -1,8 +1,9 @@
-//! The job routes (docs/jobs.md), category `inference`:
+//! The job routes (docs/jobs.md), category `inference` but for the listing,
+//! category `jobs-admin` (closed unless the operator restricts it to a header):
 //!
 //! ```text
 //! POST   /v2/models/{m}/jobs[?priority=N]  submit: one request, an array, JSON lines → 202 {"ids": [...]}
-//! GET    /v2/jobs[?model=&state=&limit=&after=]  a page of jobs, in submission order
+//! GET    /v2/jobs[?model=&state=&limit=&after=]  a page of jobs, in submission order (jobs-admin)
 //! GET    /v2/jobs/{id}                     one job, with its response or error
 //! DELETE /v2/jobs/{id}                     cancel a queued job (also POST /v2/jobs/{id}/cancel)
 //! ```
@@ -13,12 +14,26 @@
 //! whole and every request passed, all are stored in one durable write
 //! (fsync'd) and only then answered 202. Any bad request: 400 naming its index,
 //! nothing stored. The store's calls run on actix's blocking pool.
+//!
+//! Bounds (docs/security.md, "Jobs"): a submission's body is at most
+//! `--jobs-max-submission-bytes` (default `--max-body-bytes`) and
+//! `--jobs-max-per-submission` jobs (413), its bytes reserved from the
+//! client-bytes budget as they arrive (`job_submission`, 429); the store holds at
+//! most `--jobs-max-stored` jobs (429 at once). A job's record is sent as
+//! stored: its response bytes are spliced into the JSON, not parsed into values,
+//! built on the blocking pool and reserved (`job_result`) until sent.
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use actix_web::body::{BodySize, MessageBody};
 use actix_web::{web, HttpRequest, HttpResponse};
+use bytes::Bytes;
+use kiln_core::client_bytes::{Reservation, Use};
 use kiln_jobs::queue::{PRIORITY_DEFAULT, PRIORITY_HIGHEST, PRIORITY_LOWEST};
 use kiln_jobs::split::{SplitError, Splitter};
 use kiln_jobs::spool::Spool;
-use kiln_jobs::{CancelResult, Job, JobId, JobQueue, JobState, ListFilter};
+use kiln_jobs::{CancelResult, Job, JobId, JobQueue, JobState, JobsError, ListFilter};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
@@ -41,8 +56,19 @@ impl From<SplitError> for HttpError {
 
 /// Registers the routes under `/v2/jobs` (the submission is a model route).
 pub fn configure(cfg: &mut web::ServiceConfig, restrictions: &Restrictions) {
+    let listing = web::resource("/v2/jobs");
+    match restrictions.get(Category::JobsAdmin) {
+        Some(_) => restricted::add(
+            cfg,
+            restrictions,
+            Category::JobsAdmin,
+            listing.route(web::get().to(list)),
+        ),
+        None => {
+            cfg.service(listing.route(web::get().to(list_closed)));
+        }
+    }
     let mut add = |resource| restricted::add(cfg, restrictions, Category::Inference, resource);
-    add(web::resource("/v2/jobs").route(web::get().to(list)));
     add(web::resource("/v2/jobs/{id}")
         .route(web::get().to(get))
         .route(web::delete().to(cancel)));
@@ -107,9 +133,38 @@ pub async fn submit(
         }
     }
     let jobs = jobs(state)?.clone();
-    let mut splitter = Splitter::new(state.max_body_bytes);
+    let limits = jobs.limits();
+    let max_bytes = limits.max_submission_bytes.unwrap_or(state.max_body_bytes);
+    let too_large = || {
+        HttpError(ServerError::TooLarge(format!(
+            "a job submission is at most {max_bytes} bytes (--jobs-max-submission-bytes)"
+        )))
+    };
+    let declared = req
+        .headers()
+        .get(actix_web::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > max_bytes) {
+        return Err(too_large());
+    }
+    // A full store refuses at once, before the body is read.
+    let quota = jobs.clone();
+    blocking(move || match quota.queue(true)? {
+        Some(queue) => quota.check_quota(&*queue, 1),
+        None => Err(JobsError::Store("the store did not open".into())),
+    })
+    .await?;
+    let max_jobs = limits.max_per_submission;
+    let mut held = state.server.client_bytes().empty(Use::JobSubmission);
+    let mut read = 0usize;
+    let mut splitter = Splitter::new(state.max_body_bytes.min(max_bytes));
     let mut spool = Spool::new(&jobs.spool_dir());
     let mut check = |index: usize, bytes: &[u8]| -> Result<(), HttpError> {
+        if index >= max_jobs {
+            return Err(HttpError(ServerError::TooLarge(format!(
+                "a job submission carries at most {max_jobs} jobs (--jobs-max-per-submission)"
+            ))));
+        }
         let at = |e: &dyn std::fmt::Display| {
             HttpError(ServerError::invalid(format!("request {index}: {e}")))
         };
@@ -128,22 +183,31 @@ pub async fn submit(
                 "cannot read the request body: {e}"
             )))
         })?;
+        // Counted before it is held: the body read so far (spooled or not) stays
+        // reserved until the store has taken it.
+        read = read.saturating_add(chunk.len());
+        if read > max_bytes {
+            return Err(too_large());
+        }
+        held.grow_to(read).map_err(|e| HttpError(e.into()))?;
         splitter.push(&chunk, &mut check)?;
     }
     splitter.finish()?;
     let model = group.endpoint.clone();
     let ids = blocking(move || {
+        let _held = held;
         let Some(queue) = jobs.queue(true)? else {
-            return Err(kiln_jobs::JobsError::Store("the store did not open".into()));
+            return Err(JobsError::Store("the store did not open".into()));
         };
+        jobs.check_quota(&*queue, spool.len() as u64)?;
         queue.enqueue(&mut spool.into_jobs(model, priority)?)
     })
     .await?;
     Ok(HttpResponse::Accepted().json(json!({ "ids": ids })))
 }
 
-/// A job as JSON (its response parsed back, when it has one).
-fn job_json(job: Job) -> Value {
+/// A job's fields but its response, as JSON.
+fn job_json(job: &Job) -> Map<String, Value> {
     let mut out = Map::new();
     out.insert("id".into(), json!(job.id));
     out.insert("model".into(), json!(job.model));
@@ -154,15 +218,55 @@ fn job_json(job: Job) -> Value {
     if let Some(at) = job.finished_ms {
         out.insert("finished_ms".into(), json!(at));
     }
-    if let Some(response) = job.response {
-        let value = serde_json::from_slice(&response)
-            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&response).into_owned()));
-        out.insert("response".into(), value);
-    }
-    if let Some(error) = job.error {
+    if let Some(error) = &job.error {
         out.insert("error".into(), json!(error));
     }
-    Value::Object(out)
+    out
+}
+
+/// A job and its response as the JSON body: the stored response bytes are
+/// spliced in as they are when they are one JSON value (checked by a scan that
+/// builds nothing, `IgnoredAny`), else sent as a JSON string. Parsing a 7.6 MiB
+/// response into `Value`s cost ~138 MiB per read (issue 27, finding 10).
+fn job_body(mut job: Job) -> Vec<u8> {
+    let response = job.response.take();
+    let head = Value::Object(job_json(&job)).to_string();
+    let mut out = Vec::with_capacity(head.len() + response.as_ref().map_or(0, |r| r.len() + 16));
+    out.extend_from_slice(head.as_bytes());
+    if let Some(response) = response {
+        out.pop(); // the head's closing `}`
+        out.extend_from_slice(b",\"response\":");
+        if serde_json::from_slice::<serde::de::IgnoredAny>(&response).is_ok() {
+            out.extend_from_slice(&response);
+        } else {
+            let text = Value::String(String::from_utf8_lossy(&response).into_owned());
+            out.extend_from_slice(text.to_string().as_bytes());
+        }
+        out.push(b'}');
+    }
+    out
+}
+
+/// A response body that keeps its bytes reserved until it is sent (or dropped).
+struct HeldBody {
+    bytes: Option<Bytes>,
+    len: u64,
+    _held: Reservation,
+}
+
+impl MessageBody for HeldBody {
+    type Error = std::convert::Infallible;
+
+    fn size(&self) -> BodySize {
+        BodySize::Sized(self.len)
+    }
+
+    fn poll_next(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, Self::Error>>> {
+        Poll::Ready(self.get_mut().bytes.take().map(Ok))
+    }
 }
 
 fn no_job(id: &str) -> HttpError {
@@ -176,10 +280,40 @@ async fn get(state: web::Data<State>, id: web::Path<String>) -> Reply {
         return Err(no_job(&id.0));
     };
     let lookup = id.clone();
-    match blocking(move || queue.get(&lookup)).await? {
-        Some(job) => Ok(HttpResponse::Ok().json(job_json(job))),
+    let budget = state.server.client_bytes().clone();
+    let found = blocking(move || {
+        let Some(job) = queue.get(&lookup)? else {
+            return Ok(None);
+        };
+        // The stored copy and the body built from it, until the body is sent.
+        let size = job.response.as_ref().map_or(0, Vec::len);
+        let held = budget
+            .reserve(Use::JobResult, size.saturating_mul(2))
+            .map_err(|e| JobsError::Full(ServerError::from(e).to_string()))?;
+        Ok(Some((job_body(job), held)))
+    })
+    .await?;
+    match found {
+        Some((body, held)) => {
+            Ok(HttpResponse::Ok()
+                .content_type("application/json")
+                .body(HeldBody {
+                    len: body.len() as u64,
+                    bytes: Some(Bytes::from(body)),
+                    _held: held,
+                }))
+        }
         None => Err(no_job(&id.0)),
     }
+}
+
+/// `GET /v2/jobs` while the operator has not opened `jobs-admin`.
+async fn list_closed() -> Reply {
+    Err(HttpError(ServerError::Restricted(
+        "listing jobs is an operator's act: it needs --http-restricted-api \
+         jobs-admin:KEY=VALUE and that header"
+            .into(),
+    )))
 }
 
 #[derive(Deserialize)]
@@ -218,7 +352,11 @@ async fn list(state: web::Data<State>, req: HttpRequest) -> Reply {
     };
     let after = query.after;
     let page = blocking(move || queue.list(&filter, after.as_deref(), limit)).await?;
-    let jobs: Vec<Value> = page.jobs.into_iter().map(job_json).collect();
+    let jobs: Vec<Value> = page
+        .jobs
+        .iter()
+        .map(|job| Value::Object(job_json(job)))
+        .collect();
     Ok(HttpResponse::Ok().json(json!({"jobs": jobs, "next": page.next})))
 }
 
