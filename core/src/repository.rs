@@ -227,21 +227,7 @@ impl Repository {
                 ))
             })?,
         };
-        for o in overrides {
-            params.retain(|p| !p.key.as_str().eq_ignore_ascii_case(o.key.as_str()));
-            params.push(o);
-        }
-        params.retain(|p| !p.key.as_str().eq_ignore_ascii_case("model_dir"));
-        params.push(Param {
-            key: "model_dir".into(),
-            value: ParamValue::Str(
-                folder
-                    .join(version.to_string())
-                    .to_string_lossy()
-                    .as_ref()
-                    .into(),
-            ),
-        });
+        with_overrides(&mut params, overrides, &folder, version);
         Ok(Resolved {
             worker,
             version,
@@ -250,6 +236,26 @@ impl Repository {
             declared: None,
         })
     }
+}
+
+/// `overrides` replace the parameters of the same name; `model_dir` is the
+/// version's folder, whatever a file or client said.
+fn with_overrides(params: &mut Vec<Param>, overrides: Vec<Param>, folder: &Path, version: u64) {
+    for o in overrides {
+        params.retain(|p| !p.key.as_str().eq_ignore_ascii_case(o.key.as_str()));
+        params.push(o);
+    }
+    params.retain(|p| !p.key.as_str().eq_ignore_ascii_case("model_dir"));
+    params.push(Param {
+        key: "model_dir".into(),
+        value: ParamValue::Str(
+            folder
+                .join(version.to_string())
+                .to_string_lossy()
+                .as_ref()
+                .into(),
+        ),
+    });
 }
 
 /// Triton's model configuration file ([`crate::triton_config`]).
@@ -304,21 +310,7 @@ fn resolve_pbtxt(
             declared,
             ..
         } => {
-            for o in overrides {
-                params.retain(|p| !p.key.as_str().eq_ignore_ascii_case(o.key.as_str()));
-                params.push(o);
-            }
-            params.retain(|p| !p.key.as_str().eq_ignore_ascii_case("model_dir"));
-            params.push(Param {
-                key: "model_dir".into(),
-                value: ParamValue::Str(
-                    folder
-                        .join(version.to_string())
-                        .to_string_lossy()
-                        .as_ref()
-                        .into(),
-                ),
-            });
+            with_overrides(&mut params, overrides, folder, version);
             Ok(Resolved {
                 worker: worker.into(),
                 version,
