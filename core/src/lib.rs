@@ -39,6 +39,7 @@ pub mod stats;
 pub mod stream_metrics;
 pub mod trace;
 pub mod triton;
+pub mod triton_config;
 pub mod worker_params;
 
 pub use error::ServerError;

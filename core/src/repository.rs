@@ -26,6 +26,7 @@ use serde::Deserialize;
 use crate::ensemble::config::{EnsembleConfig, EnsembleScheduling, TensorConfig};
 use crate::error::{Result, ServerError};
 use crate::plugin::check_name;
+use crate::triton_config::map::{Declared, Mapped};
 
 /// A model's `config.toml`: a worker and its parameters, or an ensemble.
 #[derive(Debug, Deserialize)]
@@ -75,6 +76,8 @@ pub struct Resolved {
     pub version: u64,
     pub params: Vec<Param>,
     pub serving: Serving,
+    /// The tensors a `config.pbtxt` declares, checked once the model is loaded.
+    pub declared: Option<Declared>,
 }
 
 /// A model repository on disk.
@@ -101,7 +104,7 @@ impl Repository {
         })?;
         let mut entries: Vec<Entry> = dir
             .filter_map(|e| e.ok())
-            .filter(|e| e.path().join("config.toml").is_file())
+            .filter(|e| e.path().join("config.toml").is_file() || e.path().join(PBTXT).is_file())
             .filter_map(|e| e.file_name().to_str().map(str::to_owned))
             .filter(|name| check_name(name).is_ok())
             .map(|name| {
@@ -124,6 +127,9 @@ impl Repository {
         check_name(name)?;
         let folder = self.root.join(name);
         let file = folder.join("config.toml");
+        if !file.is_file() && folder.join(PBTXT).is_file() {
+            return resolve_pbtxt(name, &folder, version, overrides);
+        }
         let text = std::fs::read_to_string(&file).map_err(|_| {
             ServerError::NotFound(format!(
                 "no model `{name}` in the model repository {}",
@@ -157,6 +163,7 @@ impl Repository {
                     version,
                     params: Vec::new(),
                     serving: Serving::Ensemble(ensemble),
+                    declared: None,
                 });
             }
             (Some(worker), None) => {
@@ -220,27 +227,98 @@ impl Repository {
                 ))
             })?,
         };
-        for o in overrides {
-            params.retain(|p| !p.key.as_str().eq_ignore_ascii_case(o.key.as_str()));
-            params.push(o);
-        }
-        params.retain(|p| !p.key.as_str().eq_ignore_ascii_case("model_dir"));
-        params.push(Param {
-            key: "model_dir".into(),
-            value: ParamValue::Str(
-                folder
-                    .join(version.to_string())
-                    .to_string_lossy()
-                    .as_ref()
-                    .into(),
-            ),
-        });
+        with_overrides(&mut params, overrides, &folder, version);
         Ok(Resolved {
             worker,
             version,
             params,
             serving: Serving::Worker,
+            declared: None,
         })
+    }
+}
+
+/// `overrides` replace the parameters of the same name; `model_dir` is the
+/// version's folder, whatever a file or client said.
+fn with_overrides(params: &mut Vec<Param>, overrides: Vec<Param>, folder: &Path, version: u64) {
+    for o in overrides {
+        params.retain(|p| !p.key.as_str().eq_ignore_ascii_case(o.key.as_str()));
+        params.push(o);
+    }
+    params.retain(|p| !p.key.as_str().eq_ignore_ascii_case("model_dir"));
+    params.push(Param {
+        key: "model_dir".into(),
+        value: ParamValue::Str(
+            folder
+                .join(version.to_string())
+                .to_string_lossy()
+                .as_ref()
+                .into(),
+        ),
+    });
+}
+
+/// Triton's model configuration file ([`crate::triton_config`]).
+const PBTXT: &str = "config.pbtxt";
+
+/// Resolves a model folder holding Triton's `config.pbtxt` (and no `config.toml`).
+fn resolve_pbtxt(
+    name: &str,
+    folder: &Path,
+    version: Option<u64>,
+    overrides: Vec<Param>,
+) -> Result<Resolved> {
+    let file = folder.join(PBTXT);
+    let invalid = |m: String| ServerError::invalid(format!("{}: {m}", file.display()));
+    let text = std::fs::read_to_string(&file).map_err(|e| invalid(e.to_string()))?;
+    let parsed = crate::triton_config::parse(&text).map_err(invalid)?;
+    let mapped = crate::triton_config::map::map(name, &parsed).map_err(invalid)?;
+    let available = versions(folder);
+    let policy = match &mapped {
+        Mapped::Worker { policy, .. } | Mapped::Ensemble { policy, .. } => policy,
+    };
+    // An ensemble has no files: version 1 when it has no version folder.
+    let available = match (&mapped, available.is_empty()) {
+        (Mapped::Ensemble { .. }, true) => vec![1],
+        _ => available,
+    };
+    let version = policy.pick(&available, version).ok_or_else(|| {
+        ServerError::NotFound(format!(
+            "model `{name}`: no version {} is available under its version_policy \
+             (version folders: {available:?})",
+            version.map_or("at all".to_owned(), |v| v.to_string())
+        ))
+    })?;
+    match mapped {
+        Mapped::Ensemble { config, .. } => {
+            if !overrides.is_empty() {
+                return Err(ServerError::invalid(format!(
+                    "model `{name}` is an ensemble: it takes no parameters"
+                )));
+            }
+            Ok(Resolved {
+                worker: "ensemble".into(),
+                version,
+                params: Vec::new(),
+                serving: Serving::Ensemble(config),
+                declared: None,
+            })
+        }
+        Mapped::Worker {
+            worker,
+            mut params,
+            declared,
+            ..
+        } => {
+            with_overrides(&mut params, overrides, folder, version);
+            Ok(Resolved {
+                worker: worker.into(),
+                version,
+                params,
+                serving: Serving::Worker,
+                declared: Some(declared),
+            })
+        }
     }
 }
 

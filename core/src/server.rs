@@ -195,7 +195,8 @@ impl Server {
         if let Serving::Ensemble(config) = resolved.serving {
             return self.load_ensemble(name, resolved.version, config).await;
         }
-        self.inner
+        let loaded = self
+            .inner
             .manager
             .load_model(
                 &name.to_ascii_lowercase(),
@@ -204,7 +205,17 @@ impl Server {
                 resolved.params,
                 client_keys,
             )
-            .await
+            .await?;
+        // A config.pbtxt's declared tensors must be the model's (Triton refuses
+        // such a model at load too).
+        if let Some(declared) = &resolved.declared {
+            let group = self.model(&loaded)?;
+            if let Err(why) = declared.check(&group.info.inputs, &group.info.outputs) {
+                self.unload(&loaded).await?;
+                return Err(ServerError::invalid(format!("model `{name}`: {why}")));
+            }
+        }
+        Ok(loaded)
     }
 
     /// Loads ensemble `name` ([`crate::ensemble`]). Its graph is checked first;

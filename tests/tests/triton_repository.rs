@@ -1,0 +1,163 @@
+//! A Triton model repository served unmodified: `config.pbtxt` files as Triton's
+//! documentation writes them, over the fetched PP-OCR classifier, loaded by the
+//! real server and onnx worker, answers compared with onnxruntime in Python
+//! (`tests/golden`), and fields or backends kiln does not honour refused by name.
+
+#![allow(clippy::unwrap_used)]
+
+use kiln_client::InferRequest;
+use kiln_tests::fixtures::TempRepository;
+use kiln_tests::golden::{bytemuck_f32, golden, max_abs_diff};
+use kiln_tests::{model_repository, triton_config, Kiln};
+use serde_json::json;
+
+/// Triton's own example shape: lists without `:`, enums by name, a version policy.
+const OCR_CLS: &str = r#"
+name: "ocr-cls"
+platform: "onnxruntime_onnx"
+max_batch_size: 16
+input [
+  {
+    name: "x"
+    data_type: TYPE_FP32
+    dims: [ 3, -1, -1 ]
+  }
+]
+output [
+  {
+    name: "save_infer_model/scale_0.tmp_1"
+    data_type: TYPE_FP32
+    dims: [ 2 ]
+  }
+]
+dynamic_batching { preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: 100 }
+instance_group [ { count: 1, kind: KIND_CPU } ]
+version_policy: { specific { versions: [ 1 ] } }
+parameters { key: "intra_op_thread_count" value: { string_value: "1" } }
+"#;
+
+/// An ensemble over it, in Triton's text.
+const PIPE: &str = r#"
+platform: "ensemble"
+max_batch_size: 16
+input [ { name: "IMAGE" data_type: TYPE_FP32 dims: [ 3, -1, -1 ] } ]
+output [ { name: "PROBS" data_type: TYPE_FP32 dims: [ 2 ] } ]
+ensemble_scheduling {
+  step [
+    {
+      model_name: "ocr-cls"
+      model_version: -1
+      input_map { key: "x" value: "IMAGE" }
+      output_map { key: "save_infer_model/scale_0.tmp_1" value: "PROBS" }
+    }
+  ]
+}
+"#;
+
+fn write(repo: &TempRepository, model: &str, config: &str, versions: &[u64]) {
+    let dir = repo.path().join(model);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.pbtxt"), config).unwrap();
+    let onnx = model_repository().join("ocr-cls/1/model.onnx");
+    for v in versions {
+        std::fs::create_dir_all(dir.join(v.to_string())).unwrap();
+        std::fs::copy(&onnx, dir.join(format!("{v}/model.onnx"))).unwrap();
+    }
+}
+
+fn repository() -> TempRepository {
+    let repo = TempRepository::new(&[]);
+    write(&repo, "ocr-cls", OCR_CLS, &[1, 2]);
+    // Version 2 is not a model: the policy (`specific [1]`) must keep kiln off it.
+    std::fs::write(repo.path().join("ocr-cls/2/model.onnx"), b"not onnx").unwrap();
+    write(&repo, "pipe", PIPE, &[]);
+    // Nothing but the backend and a batch size: the tensors come from the model.
+    write(
+        &repo,
+        "auto",
+        "backend: \"onnxruntime\"\nmax_batch_size: 8\n",
+        &[1],
+    );
+    write(&repo, "trt", "platform: \"tensorrt_plan\"\n", &[1]);
+    write(&repo, "py", "backend: \"python\"\n", &[1]);
+    let lying = OCR_CLS
+        .replace("name: \"ocr-cls\"", "name: \"lying\"")
+        .replace("TYPE_FP32\n    dims: [ 3", "TYPE_INT32\n    dims: [ 3");
+    write(&repo, "lying", &lying, &[1]);
+    write(
+        &repo,
+        "warm",
+        "backend: \"onnxruntime\"\nmodel_warmup [{ name: \"w\" batch_size: 1 }]\n",
+        &[1],
+    );
+    repo
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn triton_configs_serve_the_same_answers_as_onnxruntime() {
+    let repo = repository();
+    let kiln = Kiln::start(&["--model-repository", &repo.arg()]);
+    let c = &kiln.client;
+    for model in ["ocr-cls", "auto", "pipe"] {
+        c.load_model(model, &json!({})).await.unwrap();
+    }
+    for case in golden().cases_for("ocr-cls") {
+        for model in ["ocr-cls", "auto", "pipe"] {
+            let mut request = InferRequest {
+                model: model.into(),
+                inputs: case.inputs.iter().map(|t| t.input()).collect(),
+                ..Default::default()
+            };
+            if model == "pipe" {
+                request.inputs[0].name = "IMAGE".into();
+            }
+            let response = c.infer(&request).await.unwrap();
+            let got = bytemuck_f32(&response.outputs[0].data);
+            let diff = max_abs_diff(&got, &case.outputs[0].floats());
+            assert!(diff <= 1e-4, "{model} {}: max |diff| {diff}", case.tag);
+        }
+    }
+    let config = triton_config(&kiln.url, "ocr-cls").await;
+    assert_eq!(config["max_batch_size"], json!(16), "{config}");
+    assert_eq!(
+        config["dynamic_batching"]["preferred_batch_size"],
+        json!([4, 8]),
+        "{config}"
+    );
+    assert_eq!(
+        config["version_policy"],
+        json!({"specific": {"versions": [1]}}),
+        "{config}"
+    );
+    // Auto-completed from the model: its tensors, batching at 8.
+    let auto = triton_config(&kiln.url, "auto").await;
+    assert_eq!(auto["max_batch_size"], json!(8), "{auto}");
+    assert_eq!(auto["input"][0]["name"], json!("x"), "{auto}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_kiln_does_not_honour_is_refused_by_name() {
+    let repo = repository();
+    let kiln = Kiln::start(&["--model-repository", &repo.arg()]);
+    let c = &kiln.client;
+    for (model, says) in [
+        ("trt", "platform `tensorrt_plan` is not available"),
+        ("py", "backend `python`: not available"),
+        ("warm", "field `model_warmup"),
+        ("lying", "input `x`: the config declares"),
+    ] {
+        let err = c.load_model(model, &json!({})).await.unwrap_err();
+        assert_eq!(err.status(), Some(400), "{model}: {err}");
+        assert!(err.to_string().contains(says), "{model}: {err}");
+    }
+    // The refused model was unloaded again: nothing half-loaded answers.
+    assert_eq!(
+        c.model_metadata("lying").await.unwrap_err().status(),
+        Some(404)
+    );
+    // The index lists the pbtxt folders.
+    let index = c.repository_index().await.unwrap();
+    for model in ["auto", "ocr-cls", "pipe", "trt"] {
+        assert!(index.iter().any(|m| m["name"] == model), "{index:?}");
+    }
+}
