@@ -3,6 +3,8 @@
 //! memory), kiln's worker API (load/unload), and Prometheus `/metrics`. Every error
 //! is answered as `{"error": "..."}` with the status [`status_code`] gives
 //! (`http/error.rs`, the one table of HTTP statuses).
+//! Every route, the WebSocket upgrade and the `/ui` page included, sits behind
+//! the one browser policy (`http/origin.rs`).
 
 mod body;
 mod compress;

@@ -234,25 +234,24 @@ mod tests {
         assert!(worst <= 12, "JPEG error {worst}");
     }
 
+    fn png(width: u32, height: u32, color: png::ColorType, pixels: &[u8]) -> Vec<u8> {
+        let mut data = Vec::new();
+        let mut encoder = png::Encoder::new(&mut data, width, height);
+        encoder.set_color(color);
+        let mut writer = encoder.write_header().unwrap();
+        writer.write_image_data(pixels).unwrap();
+        writer.finish().unwrap();
+        data
+    }
+
     #[test]
     fn png_grey_and_alpha_become_rgb() {
-        let mut data = Vec::new();
-        {
-            let mut encoder = png::Encoder::new(&mut data, 2, 1);
-            encoder.set_color(png::ColorType::GrayscaleAlpha);
-            let mut writer = encoder.write_header().unwrap();
-            writer.write_image_data(&[10, 255, 200, 0]).unwrap();
-        }
-        let (rgb, _) = decode_png(&data, &ClientBytes::new(1 << 20)).unwrap();
+        let budget = ClientBytes::new(1 << 20);
+        let data = png(2, 1, png::ColorType::GrayscaleAlpha, &[10, 255, 200, 0]);
+        let (rgb, _) = decode_png(&data, &budget).unwrap();
         assert_eq!(rgb.pixels, vec![10, 10, 10, 200, 200, 200]);
-        let mut rgba = Vec::new();
-        {
-            let mut encoder = png::Encoder::new(&mut rgba, 2, 1);
-            encoder.set_color(png::ColorType::Rgba);
-            let mut writer = encoder.write_header().unwrap();
-            writer.write_image_data(&[1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
-        }
-        let (rgb, _) = decode_png(&rgba, &ClientBytes::new(1 << 20)).unwrap();
+        let rgba = png(2, 1, png::ColorType::Rgba, &[1, 2, 3, 4, 5, 6, 7, 8]);
+        let (rgb, _) = decode_png(&rgba, &budget).unwrap();
         assert_eq!(rgb.pixels, vec![1, 2, 3, 5, 6, 7]);
     }
 
@@ -260,13 +259,12 @@ mod tests {
     /// pixel is allocated, holding nothing after.
     #[test]
     fn a_decode_bomb_is_refused_before_it_is_decoded() {
-        let mut data = Vec::new();
-        {
-            let mut encoder = png::Encoder::new(&mut data, 8192, 8192);
-            encoder.set_color(png::ColorType::Grayscale);
-            let mut writer = encoder.write_header().unwrap();
-            writer.write_image_data(&vec![255; 8192 * 8192]).unwrap();
-        }
+        let data = png(
+            8192,
+            8192,
+            png::ColorType::Grayscale,
+            &vec![255; 8192 * 8192],
+        );
         assert!(data.len() < 200_000, "{} bytes", data.len());
         let budget = ClientBytes::new(64 << 20);
         match decode_png(&data, &budget) {

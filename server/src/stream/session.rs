@@ -301,6 +301,15 @@ impl Session {
                         drops.count(DropReason::SlowReader);
                     }
                 }
+                written = &mut writer => {
+                    let stalled = matches!(written, Ok(Written::Stalled));
+                    writer_ended = Some(stalled);
+                    break if stalled {
+                        Closing::new(close::GOING_AWAY, "the client did not read its results within --stream-write-timeout")
+                    } else {
+                        Closing::new(close::NORMAL, "the client went away")
+                    };
+                }
                 () = &mut deadline, if inflight.is_empty() && waiting.is_empty() => {
                     break Closing::new(close::GOING_AWAY, "idle timeout");
                 }
@@ -318,18 +327,6 @@ impl Session {
                     }
                     Ok(Ok(Err(e))) => Closing::new(close::INTERNAL, e.to_string()),
                     _ => Closing::new(close::INTERNAL, "the source's thread failed"),
-                };
-            }
-            if writer.is_finished() {
-                let stalled = matches!((&mut writer).await, Ok(Written::Stalled));
-                writer_ended = Some(stalled);
-                break if stalled {
-                    Closing::new(
-                        close::GOING_AWAY,
-                        "the client did not read its results within --stream-write-timeout",
-                    )
-                } else {
-                    Closing::new(close::NORMAL, "the client went away")
                 };
             }
         };
@@ -485,7 +482,22 @@ async fn write(
     let taken = Arc::new(Taken::default());
     let mut handed: u64 = 0;
     let written = loop {
-        let Some(out) = outgoing.pop().await else {
+        let out = if handed > taken.count() {
+            // A message still waits in the channel: the client must take it
+            // within the timeout, even when nothing new comes to send.
+            tokio::select! {
+                out = outgoing.pop() => out,
+                progress = tokio::time::timeout(timeout, taken.next()) => {
+                    if progress.is_err() && handed > taken.count() {
+                        break Written::Stalled;
+                    }
+                    continue;
+                }
+            }
+        } else {
+            outgoing.pop().await
+        };
+        let Some(out) = out else {
             break Written::Drained;
         };
         while handed - taken.count() >= AHEAD {
