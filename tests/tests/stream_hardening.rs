@@ -82,6 +82,7 @@ async fn a_png_decode_bomb_is_dropped_before_it_is_decoded() {
         }
     }
     let grown = peak.saturating_sub(rss_before);
+    eprintln!("decode bombs: RSS +{} MiB at most", grown / MIB);
     assert!(
         grown < 3 * budget,
         "RSS grew by {} MiB under a {} MiB budget",
@@ -190,6 +191,7 @@ async fn a_client_that_stops_reading_is_closed_and_its_bytes_freed() {
     )
     .await;
     let peak_growth = rss_bytes(kiln.pid()).saturating_sub(rss_before);
+    eprintln!("a client not reading: RSS +{} MiB", peak_growth / MIB);
     wait_sample(&kiln.client, "kiln_client_bytes", &[], BOUND, |v| v == 0.0).await;
     assert!(
         peak_growth < 3 * budget,
