@@ -32,14 +32,18 @@ pub enum DropReason {
     SlowReader,
     /// The model's queue refused the frame.
     Rejected,
+    /// The server's client-bytes budget (`--max-client-bytes`) had no room for
+    /// the decoded frame or its result.
+    Memory,
 }
 
 impl DropReason {
     /// Every reason, in the order of [`DropReason::index`].
-    pub const ALL: [DropReason; 3] = [
+    pub const ALL: [DropReason; 4] = [
         DropReason::Overrun,
         DropReason::SlowReader,
         DropReason::Rejected,
+        DropReason::Memory,
     ];
 
     /// The label value (and the key in the stream's `dropped` object).
@@ -48,6 +52,7 @@ impl DropReason {
             DropReason::Overrun => "overrun",
             DropReason::SlowReader => "slow_reader",
             DropReason::Rejected => "rejected",
+            DropReason::Memory => "memory",
         }
     }
 
@@ -86,7 +91,7 @@ pub struct ModelStreamMetrics {
     /// Frames answered with an error message.
     pub errors: Counter,
     /// Frames dropped, by [`DropReason::index`].
-    pub dropped: [Counter; 3],
+    pub dropped: [Counter; DropReason::ALL.len()],
     /// A frame's arrival to its result ready to send, in seconds.
     pub latency: Histogram,
 }

@@ -77,6 +77,16 @@ struct ServeArgs {
     /// HTTP worker threads (default: one per core).
     #[arg(long, env = "KILN_HTTP_WORKERS")]
     http_workers: Option<usize>,
+    /// A browser origin (`https://host[:port]`) allowed to call kiln besides its
+    /// own (repeatable; env: `,`-separated; `*`: any). Requests with another
+    /// `Origin` are refused 403; requests with none are unaffected (docs/security.md,
+    /// "Browsers").
+    #[arg(
+        long = "cors-allow-origin",
+        env = "KILN_CORS_ALLOW_ORIGIN",
+        value_delimiter = ','
+    )]
+    cors_allow_origin: Vec<String>,
     /// gRPC port (0: any free port; the bound address is printed).
     #[arg(long, env = "KILN_GRPC_PORT", default_value_t = 8001)]
     grpc_port: u16,
@@ -469,6 +479,8 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
                 ..args.stream.config().map_err(anyhow::Error::msg)?
             },
             jobs: Some(jobs.clone()),
+            origins: kiln_server::http::origin::OriginPolicy::new(&args.cors_allow_origin)
+                .map_err(anyhow::Error::msg)?,
         },
     )
     .with_context(|| format!("cannot listen on {}:{}", args.host, args.http_port))?;

@@ -140,7 +140,7 @@ async fn check_inverted(client: &mut StreamClient, frames: Vec<Vec<u8>>) {
     assert_eq!(checker.join().unwrap(), total.div_ceil(5));
     assert_eq!(
         last["dropped"],
-        json!({"overrun": 0, "slow_reader": 0, "rejected": 0})
+        json!({"overrun": 0, "slow_reader": 0, "rejected": 0, "memory": 0})
     );
     match client.recv().await.unwrap() {
         Event::Message(m) => assert_eq!(

@@ -3,6 +3,8 @@
 //! memory), kiln's worker API (load/unload), and Prometheus `/metrics`. Every error
 //! is answered as `{"error": "..."}` with the status [`status_code`] gives
 //! (`http/error.rs`, the one table of HTTP statuses).
+//! Every route, the WebSocket upgrade and the `/ui` page included, sits behind
+//! the one browser policy (`http/origin.rs`).
 
 mod body;
 mod compress;
@@ -12,6 +14,7 @@ mod jobs;
 mod logging;
 mod model_routes;
 mod offload;
+pub mod origin;
 mod peer;
 mod restricted;
 mod routes;
@@ -32,6 +35,7 @@ pub use kiln_protocol::http::{
     encode_response_binary, encode_response_shm, params_from_json, BinaryOutputs, Encoded,
     INFERENCE_HEADER_CONTENT_LENGTH,
 };
+pub(crate) use peer::socket as connection_socket;
 
 /// Where each output of a response goes ([`kiln_protocol::http::OutputPlacement`]
 /// over this server's shared memory).
@@ -58,6 +62,8 @@ pub struct HttpConfig {
     pub stream: crate::stream::StreamConfig,
     /// The job store and dispatcher (`None`: the job routes answer 503).
     pub jobs: Option<std::sync::Arc<crate::jobs::Jobs>>,
+    /// The browser policy: origins allowed beyond kiln's own ([`origin`]).
+    pub origins: origin::OriginPolicy,
 }
 
 /// Shared by every handler.
@@ -82,12 +88,17 @@ pub fn serve(
         jobs: config.jobs.clone(),
     });
     let sched_batch = config.sched_batch;
+    let origins = std::sync::Arc::new(config.origins);
     // actix-web calls this once on each worker thread as it starts.
     let http = HttpServer::new(move || {
         if sched_batch {
             crate::sched::serving_thread();
         }
+        let origins = std::sync::Arc::clone(&origins);
         App::new()
+            .wrap(actix_web::middleware::from_fn(move |req, next| {
+                origin::check(std::sync::Arc::clone(&origins), req, next)
+            }))
             .app_data(state.clone())
             .configure(|cfg| routes::configure(cfg, &restrictions))
             .default_service(web::to(routes::not_found))

@@ -78,6 +78,17 @@ pub fn on_connect(connection: &dyn Any, data: &mut Extensions) {
     });
 }
 
+/// A descriptor of its own (`dup`) for `req`'s connection socket, for a task that
+/// outlives the handler: a WebSocket session shuts down (`shutdown(2)`) the socket
+/// of a client that stopped reading, which ends actix-web's writes to it. Called
+/// while the handler runs, when the number is the connection's (see above).
+pub fn socket(req: &actix_web::HttpRequest) -> Option<std::os::fd::OwnedFd> {
+    let fd = req.conn_data::<Peer>()?.fd;
+    // SAFETY: the connection owns `fd` and outlives this handler's call.
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    borrowed.try_clone_to_owned().ok()
+}
+
 impl Peer {
     /// Completes when the client has gone away (see the module documentation);
     /// `version` is the waiting request's.

@@ -181,18 +181,24 @@ async fn model_route(state: web::Data<State>, req: HttpRequest, payload: web::Pa
     }
 }
 
+/// `GET /v2/health/live`: `{"live": true}`, the Open Inference Protocol's REST body
+/// (KServe's Python SDK parses it; Triton's clients look at the status only).
 async fn live() -> HttpResponse {
-    HttpResponse::Ok().finish()
+    HttpResponse::Ok().json(json!({"live": true}))
 }
 
+/// `GET /v2/health/ready`: 200 `{"ready": true}`, or 503 `{"ready": false}` with
+/// the reason in `error`.
 async fn ready(state: web::Data<State>) -> HttpResponse {
     if state.server.is_ready() {
-        HttpResponse::Ok().finish()
+        HttpResponse::Ok().json(json!({"ready": true}))
     } else if state.server.is_stopping() {
         // Draining (SIGTERM): a balancer takes the replica out; live stays 200.
-        HttpResponse::ServiceUnavailable().json(json!({"error": "the server is stopping"}))
+        HttpResponse::ServiceUnavailable()
+            .json(json!({"ready": false, "error": "the server is stopping"}))
     } else {
-        HttpResponse::ServiceUnavailable().json(json!({"error": "the server is not ready"}))
+        HttpResponse::ServiceUnavailable()
+            .json(json!({"ready": false, "error": "the server is not ready"}))
     }
 }
 

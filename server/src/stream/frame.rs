@@ -16,21 +16,25 @@ use actix_web::web;
 use bytes::Bytes;
 use kiln_protocol::{InferRequest, OutputTensor};
 
-use super::image::{self, Rgb};
+use kiln_core::client_bytes::{Exhausted, Reservation};
+use kiln_core::stream_metrics::DropReason;
+
+use super::held::hold;
+use super::image::{self, DecodeError, Rgb};
 use super::processing::{FrameData, FrameInfo};
 use super::protocol::{self, Encoding, Open};
-use super::result::{self, EncodedOutputs};
+use super::result::{self, EncodeError, EncodedOutputs, ResultLimit};
 use crate::error::ServerError;
 use crate::group::WorkerGroup;
 use crate::serve;
 use crate::trace::Trace;
 
-/// A frame as it arrives.
+/// A frame as it arrives, with the budget's bytes it holds.
 pub(super) enum Raw {
     /// A binary message from the client, decoded as the session's `encoding` says.
-    Encoded(Bytes),
+    Encoded(Bytes, Reservation),
     /// A frame a server-side source decoded.
-    Decoded(Rgb),
+    Decoded(Rgb, Reservation),
 }
 
 /// A frame taken in: its number, when it arrived, its data.
@@ -53,11 +57,11 @@ pub(super) struct Answered {
     pub size: Option<(usize, usize)>,
 }
 
-/// A frame that failed: why, and whether the model's queue refused it (a drop,
-/// reason `rejected`).
+/// A frame that failed: why, and whether it counts as dropped (`rejected`: the
+/// model's queue refused it; `memory`: the client-bytes budget had no room).
 pub(super) struct Failed {
     pub error: String,
-    pub rejected: bool,
+    pub dropped: Option<DropReason>,
 }
 
 /// What every frame of a session shares.
@@ -66,6 +70,8 @@ pub(super) struct FrameContext {
     pub open: Arc<Open>,
     /// The model batches: its inputs and outputs have a batch dimension of 1.
     pub batched: bool,
+    /// The bound on a result, and the budget frames and results reserve from.
+    pub limit: ResultLimit,
 }
 
 /// Takes `frame` through decoding, the model and encoding.
@@ -81,16 +87,24 @@ pub(super) async fn run(ctx: Arc<FrameContext>, frame: Incoming) -> Done {
 async fn infer(ctx: Arc<FrameContext>, frame: Incoming) -> Result<Answered, Failed> {
     let index = frame.index;
     let failed = |e: ServerError| Failed {
-        rejected: matches!(e, ServerError::QueueFull { .. } | ServerError::Exhausted(_)),
+        dropped: matches!(e, ServerError::QueueFull { .. } | ServerError::Exhausted(_))
+            .then_some(DropReason::Rejected),
+        error: format!("frame {index}: {e}"),
+    };
+    let memory = |e: Exhausted| Failed {
+        dropped: Some(DropReason::Memory),
         error: format!("frame {index}: {e}"),
     };
     let prepare = {
         let ctx = Arc::clone(&ctx);
         move || prepare(&ctx, frame)
     };
-    let decoded = blocking(prepare)
-        .await
-        .and_then(|r| r.map_err(ServerError::InvalidRequest));
+    let decoded = match blocking(prepare).await {
+        Ok(Ok(decoded)) => Ok(decoded),
+        Ok(Err(DecodeError::Invalid(e))) => Err(ServerError::InvalidRequest(e)),
+        Ok(Err(DecodeError::Exhausted(e))) => return Err(memory(e)),
+        Err(e) => Err(e),
+    };
     let mut trace = Trace::receive(Default::default);
     let answer = match serve::submit(&ctx.group, decoded, &mut trace) {
         Ok((pending, info)) => pending.delivered().await.map(|a| (a, info)),
@@ -109,37 +123,67 @@ async fn infer(ctx: Arc<FrameContext>, frame: Incoming) -> Result<Answered, Fail
         let ctx = Arc::clone(&ctx);
         move || finish(&ctx, response.outputs, &info)
     };
-    let encoded = blocking(encode)
-        .await
-        .and_then(|r| r.map_err(ServerError::Internal));
+    let encoded = match blocking(encode).await {
+        Ok(Ok(encoded)) => Ok(encoded),
+        Ok(Err(EncodeError::Exhausted(e))) => Err((ServerError::from(e.clone()), Some(e))),
+        Ok(Err(e)) => Err((ServerError::Internal(e.message(ctx.limit.max_bytes)), None)),
+        Err(e) => Err((e, None)),
+    };
     match encoded {
         Ok(encoded) => {
             trace.finish(None);
             Ok(Answered { encoded, size })
         }
-        Err(e) => {
+        Err((e, exhausted)) => {
             delivery.failed(&e);
             trace.finish(Some(&e));
-            Err(failed(e))
+            Err(match exhausted {
+                Some(exhausted) => memory(exhausted),
+                None => Failed {
+                    dropped: None,
+                    error: format!("frame {index}: {e}"),
+                },
+            })
         }
     }
 }
 
-/// Decodes and pre-processes a frame into the model's request.
-fn prepare(ctx: &FrameContext, frame: Incoming) -> Result<(InferRequest, FrameInfo), String> {
-    let data = match frame.raw {
-        Raw::Decoded(rgb) => FrameData::Image(rgb),
-        Raw::Encoded(bytes) => match ctx.open.encoding {
-            Encoding::Jpeg => FrameData::Image(image::decode_jpeg(&bytes)?),
-            Encoding::Png => FrameData::Image(image::decode_png(&bytes)?),
+/// Decodes and pre-processes a frame into the model's request. A picture's
+/// pixels are reserved from the budget before they are decoded, and the input
+/// tensor's bytes keep the reservation for as long as they live (in the model's
+/// queue, until the batch has copied them).
+fn prepare(ctx: &FrameContext, frame: Incoming) -> Result<(InferRequest, FrameInfo), DecodeError> {
+    let budget = &ctx.limit.budget;
+    let (data, mut held) = match frame.raw {
+        Raw::Decoded(rgb, held) => (FrameData::Image(rgb), held),
+        Raw::Encoded(bytes, held) => match ctx.open.encoding {
+            Encoding::Jpeg => {
+                let (rgb, pixels) = image::decode_jpeg(&bytes, budget)?;
+                (FrameData::Image(rgb), pixels)
+            }
+            Encoding::Png => {
+                let (rgb, pixels) = image::decode_png(&bytes, budget)?;
+                (FrameData::Image(rgb), pixels)
+            }
             Encoding::Raw => {
-                let (dtype, shape, data) = protocol::parse_raw(&bytes)?;
-                FrameData::Tensor { dtype, shape, data }
+                let (dtype, shape, data) =
+                    protocol::parse_raw(&bytes).map_err(DecodeError::Invalid)?;
+                // The tensor is a slice of the message: its reservation goes along.
+                (FrameData::Tensor { dtype, shape, data }, held)
             }
         },
     };
     let size = data.size();
-    let mut input = ctx.open.processing.pre(data, &ctx.open.input)?;
+    let mut input = ctx
+        .open
+        .processing
+        .pre(data, &ctx.open.input)
+        .map_err(DecodeError::Invalid)?;
+    // Processing may make a tensor of another size (text_boxes: FP32, resized).
+    let len = input.data.len();
+    held.grow_to(len)?;
+    held.shrink_to(len);
+    input.data = hold(input.data, Some(held), None);
     let info = FrameInfo {
         size,
         input_shape: input.shape.clone(),
@@ -162,7 +206,7 @@ fn finish(
     ctx: &FrameContext,
     mut outputs: Vec<OutputTensor>,
     info: &FrameInfo,
-) -> Result<EncodedOutputs, String> {
+) -> Result<EncodedOutputs, EncodeError> {
     if ctx.batched {
         for output in &mut outputs {
             if output.shape.first() == Some(&1) {
@@ -170,8 +214,12 @@ fn finish(
             }
         }
     }
-    let processed = ctx.open.processing.post(outputs, info)?;
-    result::encode_outputs(processed, &ctx.open)
+    let processed = ctx
+        .open
+        .processing
+        .post(outputs, info)
+        .map_err(EncodeError::Failed)?;
+    result::encode_outputs(processed, &ctx.open, &ctx.limit)
 }
 
 async fn blocking<T: Send + 'static>(

@@ -17,11 +17,18 @@
 //! result.rs      the messages kiln sends (results, errors, events)
 //! source.rs      FrameSource / SourceOpener: the hook for server-side sources
 //! processing.rs  Processing: per-session pre/post-processing hook
-//! image.rs       JPEG/PNG decoding to RGB, JPEG encoding
+//! image.rs       JPEG/PNG decoding to RGB (reserved from the budget first), JPEG encoding
+//! held.rs        bytes that hold their reservation until dropped
 //! ```
+//!
+//! What a session makes kiln hold is reserved from the server's client-bytes
+//! budget (`--max-client-bytes`) before it is allocated: frames waiting (their
+//! message), decoded pixels (from the image header, before decoding), results
+//! waiting to be sent; a frame beyond it is dropped (reason `memory`).
 
 mod args;
 mod frame;
+mod held;
 pub mod image;
 pub mod processing;
 pub mod protocol;
@@ -53,6 +60,14 @@ pub struct StreamConfig {
     pub max_message_bytes: usize,
     /// How long a session may be idle (no message, nothing in flight).
     pub idle_timeout: Duration,
+    /// How long after the upgrade the opening message may take (1001 beyond).
+    pub open_timeout: Duration,
+    /// Upgrades whose opening message has not come yet, at most (429 beyond).
+    pub max_opening: usize,
+    /// The largest result message kiln sends (a frame error instead beyond).
+    pub max_result_bytes: usize,
+    /// How long a client may leave its results unread before it is closed.
+    pub write_timeout: Duration,
     /// Opens server-side sources (`"source"`); `None`: they are refused.
     pub sources: Option<Arc<dyn SourceOpener>>,
 }
@@ -64,6 +79,10 @@ impl Default for StreamConfig {
             max_inflight_frames: 16,
             max_message_bytes: 16 << 20,
             idle_timeout: Duration::from_secs(60),
+            open_timeout: Duration::from_secs(5),
+            max_opening: 16,
+            max_result_bytes: 16 << 20,
+            write_timeout: Duration::from_secs(10),
             sources: None,
         }
     }
@@ -76,6 +95,10 @@ impl std::fmt::Debug for StreamConfig {
             .field("max_inflight_frames", &self.max_inflight_frames)
             .field("max_message_bytes", &self.max_message_bytes)
             .field("idle_timeout", &self.idle_timeout)
+            .field("open_timeout", &self.open_timeout)
+            .field("max_opening", &self.max_opening)
+            .field("max_result_bytes", &self.max_result_bytes)
+            .field("write_timeout", &self.write_timeout)
             .field("sources", &self.sources.is_some())
             .finish()
     }
@@ -85,6 +108,7 @@ impl std::fmt::Debug for StreamConfig {
 pub struct Streams {
     pub config: StreamConfig,
     open: AtomicUsize,
+    opening: AtomicUsize,
     next_key: AtomicU64,
 }
 
@@ -94,19 +118,19 @@ impl Streams {
         Streams {
             config,
             open: AtomicUsize::new(0),
+            opening: AtomicUsize::new(0),
             next_key: AtomicU64::new(1),
         }
     }
 
     /// A place for one more session, or `None` at `max_sessions`.
     fn admit(self: &Arc<Self>) -> Option<SessionSlot> {
-        let admitted = self
-            .open
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.config.max_sessions).then_some(n + 1)
-            })
-            .is_ok();
-        admitted.then(|| SessionSlot(Arc::clone(self)))
+        take(&self.open, self.config.max_sessions).then(|| SessionSlot(Arc::clone(self)))
+    }
+
+    /// A place for one more upgrade not yet opened, or `None` at `max_opening`.
+    fn admit_opening(self: &Arc<Self>) -> Option<OpeningSlot> {
+        take(&self.opening, self.config.max_opening).then(|| OpeningSlot(Arc::clone(self)))
     }
 
     /// A session key kiln makes (`s1`, `s2`, ...) for a client that gives none.
@@ -115,12 +139,32 @@ impl Streams {
     }
 }
 
+/// One more of `count`, unless it is at `max`.
+fn take(count: &AtomicUsize, max: usize) -> bool {
+    count
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < max).then_some(n + 1)
+        })
+        .is_ok()
+}
+
 /// A session's place among `max_sessions`, given back on drop.
 struct SessionSlot(Arc<Streams>);
 
 impl Drop for SessionSlot {
     fn drop(&mut self) {
         self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// An upgrade's place among `max_opening` until its opening message, given
+/// back on drop: upgrades that never open hold a few places for a few seconds,
+/// not every session's.
+pub(crate) struct OpeningSlot(Arc<Streams>);
+
+impl Drop for OpeningSlot {
+    fn drop(&mut self) {
+        self.0.opening.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -141,6 +185,13 @@ pub async fn open(
             return Ok(HttpResponse::build(status).json(json!({"error": e.to_string()})));
         }
     };
+    let Some(opening) = streams.admit_opening() else {
+        return Err(crate::ServerError::Exhausted(format!(
+            "{} WebSocket sessions are waiting for their opening message: the \
+             server's --stream-max-opening",
+            streams.config.max_opening
+        )));
+    };
     let Some(slot) = streams.admit() else {
         return Err(crate::ServerError::Exhausted(format!(
             "{} WebSocket sessions are open: the server's --stream-max-sessions",
@@ -152,9 +203,10 @@ pub async fn open(
         .max_frame_size(max)
         .aggregate_continuations()
         .max_continuation_size(max);
-    let session = session::Session::new(server.clone(), Arc::clone(streams), group);
+    let socket = crate::http::connection_socket(req);
+    let session = session::Session::new(server.clone(), Arc::clone(streams), group, socket);
     actix_web::rt::spawn(async move {
-        session.run(ws, messages).await;
+        session.run(ws, messages, opening).await;
         drop(slot);
     });
     Ok(response)

@@ -112,6 +112,11 @@ impl<T> DropQueue<T> {
         self.len() == 0
     }
 
+    /// Whether the queue was closed.
+    pub fn is_closed(&self) -> bool {
+        self.state.lock().closed
+    }
+
     /// Closes the queue: pushes are refused, waiting producers return, and the
     /// consumer gets what is left, then `None`.
     pub fn close(&self) {

@@ -5,21 +5,26 @@
 //! drains into the socket (docs/websocket.md, "Flow control").
 
 use std::future::Future;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use actix_ws::{AggregatedMessage, AggregatedMessageStream, CloseReason, ProtocolError};
+use bytes::Bytes;
+use bytestring::ByteString;
 use futures_util::stream::{FuturesOrdered, StreamExt};
+use kiln_core::client_bytes::{ClientBytes, Use};
 use kiln_core::stream_metrics::{DropReason, ModelStreamMetrics};
 
 use super::frame::{self, Done, FrameContext, Incoming, Raw};
+use super::held::{hold, Taken};
 use super::protocol::{close, Closing, Open};
 use super::queue::DropQueue;
-use super::result::{self, Dropped, Message, ResultHead};
+use super::result::{self, Dropped, EncodeError, Message, Outgoing, ResultHead, ResultLimit};
 use super::source::{self, FrameSource, SourceError, SourceInfo};
-use super::Streams;
+use super::{OpeningSlot, Streams};
 use crate::group::WorkerGroup;
 use crate::server::Server;
 
@@ -27,9 +32,17 @@ use crate::server::Server;
 /// payload, two of them the code).
 const MAX_REASON: usize = 123;
 
+/// Messages the writer lets wait in actix-ws' channel (of 32) at once: what a
+/// client that stops reading can leave held, with the one in the connection's
+/// write buffer, until it is shut out.
+const AHEAD: u64 = 2;
+
+/// How often a file source looks for room in the budget again.
+const SOURCE_RETRY: Duration = Duration::from_millis(20);
+
 /// A session's drop counts, shared with its source thread.
 struct Drops {
-    counts: [AtomicU64; 3],
+    counts: [AtomicU64; DropReason::ALL.len()],
     metrics: ModelStreamMetrics,
 }
 
@@ -49,32 +62,49 @@ pub(super) struct Session {
     server: Server,
     streams: Arc<Streams>,
     group: Arc<WorkerGroup>,
+    /// Its own descriptor of the connection's socket, to shut a client that
+    /// stopped reading out (`None`: not known; the session still ends).
+    socket: Option<OwnedFd>,
 }
 
 type InFlight = FuturesOrdered<Pin<Box<dyn Future<Output = Done>>>>;
 
 impl Session {
-    pub(super) fn new(server: Server, streams: Arc<Streams>, group: Arc<WorkerGroup>) -> Session {
+    pub(super) fn new(
+        server: Server,
+        streams: Arc<Streams>,
+        group: Arc<WorkerGroup>,
+        socket: Option<OwnedFd>,
+    ) -> Session {
         Session {
             server,
             streams,
             group,
+            socket,
         }
     }
 
-    /// Runs the session to its end, closing the socket with the code it ended with.
+    /// Runs the session to its end, closing the socket with the code it ended
+    /// with. `opening` is its place among the upgrades not yet opened, given back
+    /// once the opening message has come (or has not, in time).
     pub(super) async fn run(
         self,
         mut ws: actix_ws::Session,
         mut messages: AggregatedMessageStream,
+        opening: OpeningSlot,
     ) {
-        let idle = self.streams.config.idle_timeout;
-        let opened = match tokio::time::timeout(idle, self.open(&mut messages)).await {
-            Ok(opened) => opened,
+        let wait = self.streams.config.open_timeout;
+        let text = match tokio::time::timeout(wait, opening_message(&mut messages)).await {
+            Ok(text) => text,
             Err(_) => Err(Closing::new(
                 close::GOING_AWAY,
-                "no opening message within the idle timeout",
+                "no opening message within --stream-open-timeout",
             )),
+        };
+        drop(opening);
+        let opened = match text {
+            Ok(text) => self.open(&text).await,
+            Err(closing) => Err(closing),
         };
         let (open, source) = match opened {
             Ok(opened) => opened,
@@ -93,28 +123,10 @@ impl Session {
         let _ = ws.close(Some(reason(&closing))).await;
     }
 
-    /// Waits for the opening message and checks it; opens a server-side source.
-    async fn open(
-        &self,
-        messages: &mut AggregatedMessageStream,
-    ) -> Result<(Open, Option<Box<dyn FrameSource>>), Closing> {
-        let text =
-            loop {
-                match messages.recv().await {
-                    Some(Ok(AggregatedMessage::Text(text))) => break text,
-                    Some(Ok(AggregatedMessage::Binary(_))) => return Err(Closing::new(
-                        close::UNSUPPORTED,
-                        "the first message must be the opening text message, not a binary frame",
-                    )),
-                    Some(Ok(AggregatedMessage::Close(_))) | None => {
-                        return Err(Closing::new(close::NORMAL, "closed before opening"))
-                    }
-                    Some(Ok(_)) => continue,
-                    Some(Err(e)) => return Err(protocol_error(e)),
-                }
-            };
+    /// Checks the opening message; opens a server-side source.
+    async fn open(&self, text: &str) -> Result<(Open, Option<Box<dyn FrameSource>>), Closing> {
         let open = Open::parse(
-            &text,
+            text,
             &self.group,
             || self.streams.key(),
             self.streams.config.max_inflight_frames,
@@ -158,30 +170,41 @@ impl Session {
         if send(ws, hello).await.is_err() {
             return Closing::new(close::NORMAL, "the client went away");
         }
+        let limit = ResultLimit {
+            max_bytes: self.streams.config.max_result_bytes,
+            budget: Arc::clone(self.server.client_bytes()),
+        };
         let ctx = Arc::new(FrameContext {
             batched: self.group.info.max_batch_size > 0,
             group: Arc::clone(&self.group),
             open: Arc::clone(&open),
+            limit: limit.clone(),
         });
         let drops = Arc::new(Drops {
             counts: Default::default(),
             metrics: metrics.clone(),
         });
         let waiting: Arc<DropQueue<Incoming>> = Arc::new(DropQueue::new(open.max_inflight));
-        let outgoing: Arc<DropQueue<Message>> = Arc::new(DropQueue::new(open.max_inflight));
-        let writer = actix_web::rt::spawn(write(ws.clone(), Arc::clone(&outgoing)));
+        let outgoing: Arc<DropQueue<Outgoing>> = Arc::new(DropQueue::new(open.max_inflight));
+        let mut writer_ended: Option<bool> = None;
+        let mut writer = actix_web::rt::spawn(write(
+            ws.clone(),
+            Arc::clone(&outgoing),
+            self.streams.config.write_timeout,
+        ));
         let from_source = source.is_some();
-        let mut source_thread =
-            match source.map(|s| read_source(s, Arc::clone(&waiting), Arc::clone(&drops))) {
-                Some(Ok(thread)) => Some(thread),
-                Some(Err(e)) => {
-                    return Closing::new(
-                        close::INTERNAL,
-                        format!("cannot start the source's thread: {e}"),
-                    )
-                }
-                None => None,
-            };
+        let mut source_thread = match source
+            .map(|s| read_source(s, Arc::clone(&waiting), Arc::clone(&drops), &limit.budget))
+        {
+            Some(Ok(thread)) => Some(thread),
+            Some(Err(e)) => {
+                return Closing::new(
+                    close::INTERNAL,
+                    format!("cannot start the source's thread: {e}"),
+                )
+            }
+            None => None,
+        };
 
         let mut inflight: InFlight = FuturesOrdered::new();
         let mut next_index: u64 = 0;
@@ -198,10 +221,23 @@ impl Session {
                     match message {
                         Some(Ok(AggregatedMessage::Binary(bytes))) if !from_source => {
                             metrics.frames.inc();
-                            let frame = Incoming { index: next_index, arrived: Instant::now(), raw: Raw::Encoded(bytes) };
+                            let index = next_index;
                             next_index += 1;
-                            if waiting.push(frame).is_some() {
-                                drops.count(DropReason::Overrun);
+                            // Waiting frames hold their bytes of the budget too.
+                            match limit.budget.reserve(Use::Body, bytes.len()) {
+                                Ok(held) => {
+                                    let frame = Incoming { index, arrived: Instant::now(), raw: Raw::Encoded(bytes, held) };
+                                    if waiting.push(frame).is_some() {
+                                        drops.count(DropReason::Overrun);
+                                    }
+                                }
+                                Err(e) => {
+                                    drops.count(DropReason::Memory);
+                                    let error = format!("frame {index}: {e}");
+                                    if outgoing.push(result::frame_error(&key, index, &error, &drops.totals()).into()).is_some() {
+                                        drops.count(DropReason::SlowReader);
+                                    }
+                                }
                             }
                         }
                         Some(Ok(AggregatedMessage::Binary(_))) => break Closing::new(
@@ -228,7 +264,7 @@ impl Session {
                 },
                 Some(done) = inflight.next() => {
                     deadline.as_mut().reset(tokio::time::Instant::now() + idle);
-                    let message = match done.outcome {
+                    let message: Result<Outgoing, (String, Option<DropReason>)> = match done.outcome {
                         Ok(answered) => {
                             let latency = done.arrived.elapsed();
                             metrics.latency.observe(latency.as_secs_f64());
@@ -247,19 +283,32 @@ impl Session {
                                 latency_ms: latency.as_secs_f64() * 1e3,
                                 dropped: drops.totals(),
                                 format: open.output_format,
-                            }, &answered.encoded)
+                            }, answered.encoded, limit.max_bytes).map_err(|e| {
+                                let dropped = matches!(e, EncodeError::Exhausted(_)).then_some(DropReason::Memory);
+                                (format!("frame {}: {}", done.index, e.message(limit.max_bytes)), dropped)
+                            })
                         }
-                        Err(failed) => {
-                            metrics.errors.inc();
-                            if failed.rejected {
-                                drops.count(DropReason::Rejected);
-                            }
-                            result::frame_error(&key, done.index, &failed.error, &drops.totals())
-                        }
+                        Err(failed) => Err((failed.error, failed.dropped)),
                     };
+                    let message = message.unwrap_or_else(|(error, dropped)| {
+                        metrics.errors.inc();
+                        if let Some(reason) = dropped {
+                            drops.count(reason);
+                        }
+                        result::frame_error(&key, done.index, &error, &drops.totals()).into()
+                    });
                     if outgoing.push(message).is_some() {
                         drops.count(DropReason::SlowReader);
                     }
+                }
+                written = &mut writer => {
+                    let stalled = matches!(written, Ok(Written::Stalled));
+                    writer_ended = Some(stalled);
+                    break if stalled {
+                        Closing::new(close::GOING_AWAY, "the client did not read its results within --stream-write-timeout")
+                    } else {
+                        Closing::new(close::NORMAL, "the client went away")
+                    };
                 }
                 () = &mut deadline, if inflight.is_empty() && waiting.is_empty() => {
                     break Closing::new(close::GOING_AWAY, "idle timeout");
@@ -273,15 +322,12 @@ impl Session {
                 };
                 break match ended {
                     Ok(Ok(Ok(frames))) => {
-                        let _ = outgoing.push(result::end(&key, frames, &drops.totals()));
+                        let _ = outgoing.push(result::end(&key, frames, &drops.totals()).into());
                         Closing::new(close::NORMAL, "end of source")
                     }
                     Ok(Ok(Err(e))) => Closing::new(close::INTERNAL, e.to_string()),
                     _ => Closing::new(close::INTERNAL, "the source's thread failed"),
                 };
-            }
-            if writer.is_finished() {
-                break Closing::new(close::NORMAL, "the client went away");
             }
         };
         // Stop the source and the frames in flight (dropping their `Pending`s
@@ -292,42 +338,112 @@ impl Session {
             let _ = actix_web::web::block(move || thread.join()).await;
         }
         if closing.code != close::NORMAL {
-            let _ = outgoing.push(result::session_error(
-                Some(&key),
-                &closing.reason,
-                closing.code,
-            ));
+            let _ = outgoing
+                .push(result::session_error(Some(&key), &closing.reason, closing.code).into());
         }
         outgoing.close();
-        let _ = writer.await;
+        // The writer gives up within the write timeout on a client that does
+        // not read.
+        let stalled = match writer_ended {
+            Some(stalled) => stalled,
+            None => matches!(writer.await, Ok(Written::Stalled)),
+        };
+        if stalled {
+            self.shut_out();
+        }
         closing
+    }
+
+    /// Shuts down the socket of a client that stopped reading: actix-web's
+    /// writes to it fail, the connection ends, and the results waiting in
+    /// actix-ws' channel and the connection's write buffer are freed (a client
+    /// that never reads would otherwise hold them as long as its connection).
+    fn shut_out(&self) {
+        if let Some(socket) = &self.socket {
+            // SAFETY: `shutdown` on a descriptor this session owns.
+            unsafe { libc::shutdown(socket.as_raw_fd(), libc::SHUT_RDWR) };
+        }
+    }
+}
+
+/// Waits for the opening text message.
+async fn opening_message(
+    messages: &mut AggregatedMessageStream,
+) -> Result<bytestring::ByteString, Closing> {
+    loop {
+        match messages.recv().await {
+            Some(Ok(AggregatedMessage::Text(text))) => return Ok(text),
+            Some(Ok(AggregatedMessage::Binary(_))) => {
+                return Err(Closing::new(
+                    close::UNSUPPORTED,
+                    "the first message must be the opening text message, not a binary frame",
+                ))
+            }
+            Some(Ok(AggregatedMessage::Close(_))) | None => {
+                return Err(Closing::new(close::NORMAL, "closed before opening"))
+            }
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => return Err(protocol_error(e)),
+        }
     }
 }
 
 /// Reads `source` on a thread of its own into `waiting` (waiting for room, or for
 /// a live source dropping the oldest frame) until it ends, fails or the session
 /// closes the queue; closes the queue as it stops. Returns the frames read.
+///
+/// Each frame's pixels are reserved from `budget` before it is read. A file
+/// waits for room (it is read no faster than the server can hold its frames); a
+/// live source's frame is read and dropped (reason `memory`) when there is none,
+/// so that the camera's stream does not back up.
 fn read_source(
     mut source: Box<dyn FrameSource>,
     waiting: Arc<DropQueue<Incoming>>,
     drops: Arc<Drops>,
+    budget: &Arc<ClientBytes>,
 ) -> std::io::Result<std::thread::JoinHandle<Result<u64, SourceError>>> {
+    let budget = Arc::clone(budget);
     std::thread::Builder::new()
         .name("stream-source".into())
         .spawn(move || {
             let live = source.is_live();
+            let info = source.info();
+            let frame_bytes = info.width.saturating_mul(info.height).saturating_mul(3);
             let mut index = 0;
             let ended = loop {
+                let held = loop {
+                    match budget.reserve(Use::DecodedImage, frame_bytes) {
+                        Ok(held) => break Some(held),
+                        Err(_) if live => break None,
+                        Err(_) if waiting.is_closed() => break None,
+                        Err(_) => std::thread::sleep(SOURCE_RETRY),
+                    }
+                };
                 let rgb = match source.next_frame() {
                     Ok(Some(rgb)) => rgb,
                     Ok(None) => break Ok(index),
                     Err(e) => break Err(e),
                 };
                 drops.metrics.frames.inc();
+                let Some(mut held) = held else {
+                    if waiting.is_closed() {
+                        break Ok(index);
+                    }
+                    drops.count(DropReason::Memory);
+                    index += 1;
+                    continue;
+                };
+                // A source may change size midway (the reservation follows).
+                if held.grow_to(rgb.pixels.len()).is_err() {
+                    drops.count(DropReason::Memory);
+                    index += 1;
+                    continue;
+                }
+                held.shrink_to(rgb.pixels.len());
                 let frame = Incoming {
                     index,
                     arrived: Instant::now(),
-                    raw: Raw::Decoded(rgb),
+                    raw: Raw::Decoded(rgb, held),
                 };
                 index += 1;
                 if live {
@@ -343,15 +459,75 @@ fn read_source(
         })
 }
 
-/// The writer: sends queued messages until the queue closes and is drained, or
-/// the client is gone.
-async fn write(mut ws: actix_ws::Session, outgoing: Arc<DropQueue<Message>>) {
-    while let Some(message) = outgoing.pop().await {
-        if send(&mut ws, message).await.is_err() {
-            outgoing.close();
-            return;
+/// How the writer ended.
+enum Written {
+    /// The queue closed and everything in it was handed to actix-ws.
+    Drained,
+    /// The client is gone.
+    Gone,
+    /// The client read nothing for the write timeout.
+    Stalled,
+}
+
+/// The writer: sends queued messages until the queue closes and is drained, the
+/// client is gone, or it stops reading. At most [`AHEAD`] messages wait in
+/// actix-ws' channel (it takes one when the connection's write buffer is nearly
+/// empty, i.e. when the client reads); when none is taken for `timeout`, the
+/// client has stopped reading.
+async fn write(
+    mut ws: actix_ws::Session,
+    outgoing: Arc<DropQueue<Outgoing>>,
+    timeout: Duration,
+) -> Written {
+    let taken = Arc::new(Taken::default());
+    let mut handed: u64 = 0;
+    let written = loop {
+        let out = if handed > taken.count() {
+            // A message still waits in the channel: the client must take it
+            // within the timeout, even when nothing new comes to send.
+            tokio::select! {
+                out = outgoing.pop() => out,
+                progress = tokio::time::timeout(timeout, taken.next()) => {
+                    if progress.is_err() && handed > taken.count() {
+                        break Written::Stalled;
+                    }
+                    continue;
+                }
+            }
+        } else {
+            outgoing.pop().await
+        };
+        let Some(out) = out else {
+            break Written::Drained;
+        };
+        while handed - taken.count() >= AHEAD {
+            if tokio::time::timeout(timeout, taken.next()).await.is_err() {
+                break;
+            }
         }
-    }
+        if handed - taken.count() >= AHEAD {
+            break Written::Stalled;
+        }
+        handed += 1;
+        let sent = match out.message {
+            Message::Text(text) => {
+                let bytes = hold(Bytes::from(text), out.held, Some(Arc::clone(&taken)));
+                match ByteString::try_from(bytes) {
+                    Ok(text) => ws.text(text).await,
+                    Err(_) => Ok(()),
+                }
+            }
+            Message::Binary(bytes) => {
+                ws.binary(hold(bytes, out.held, Some(Arc::clone(&taken))))
+                    .await
+            }
+        };
+        if sent.is_err() {
+            break Written::Gone;
+        }
+    };
+    outgoing.close();
+    written
 }
 
 async fn send(ws: &mut actix_ws::Session, message: Message) -> Result<(), actix_ws::Closed> {

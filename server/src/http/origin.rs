@@ -1,0 +1,284 @@
+//! The one browser policy (docs/security.md, "Browsers"), in front of every route
+//! a browser can reach: REST (jobs and logging included), the WebSocket upgrade
+//! and the `/ui` page.
+//!
+//! - A request with no `Origin` (curl, tritonclient, perf_analyzer, kiln-load, a
+//!   browser's same-origin GET or navigation) passes untouched — unless it says
+//!   `Sec-Fetch-Site: cross-site` outside a navigation: an `<img>` or `<script>`
+//!   of another site's page reading a kiln route.
+//! - An `Origin` that is kiln's own (the scheme of the connection and the
+//!   request's `Host`) or one of `--cors-allow-origin` (`*`: any) passes; a
+//!   cross-origin one gets `Access-Control-Allow-Origin` on its answer.
+//! - Any other `Origin` is refused 403 in the REST error shape, before the route
+//!   runs: no body read, no upgrade, nothing applied.
+//! - A CORS preflight (`OPTIONS` with `Access-Control-Request-Method`) from an
+//!   allowed origin is answered 204 with the usual headers, without a route.
+//!
+//! Not `actix-cors`: it answers a refused origin 400 in plain text, and knows no
+//! "the request's own origin" but through a callback per request; the policy here
+//! is one function deciding, refusals in the REST error shape (http/error.rs).
+//! Cost for a request without `Origin`: two header lookups.
+
+use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::header::{self, HeaderMap, HeaderValue};
+use actix_web::http::Method;
+use actix_web::middleware::Next;
+use actix_web::{HttpResponse, ResponseError};
+
+use super::HttpError;
+use crate::error::ServerError;
+
+/// The methods a preflight is told kiln's routes take.
+const METHODS: &str = "GET, POST, DELETE, OPTIONS";
+/// Response headers a cross-origin script may read (the binary extension's).
+const EXPOSE: &str = "Inference-Header-Content-Length, Content-Encoding, Retry-After";
+/// How long a browser may keep a preflight's answer, in seconds.
+const MAX_AGE: &str = "600";
+
+/// The origins the operator allows beyond kiln's own (`--cors-allow-origin`).
+#[derive(Debug, Clone, Default)]
+pub struct OriginPolicy {
+    /// `scheme://host[:port]`, lower case, default port removed.
+    allowed: Vec<String>,
+    /// `*` was given: every origin is allowed.
+    any: bool,
+}
+
+impl OriginPolicy {
+    /// The policy allowing `origins` (`*` for any); an origin that is not
+    /// `http(s)://host[:port]` is an error for the operator.
+    pub fn new(origins: &[String]) -> Result<OriginPolicy, String> {
+        let mut policy = OriginPolicy::default();
+        for origin in origins {
+            let origin = origin.trim();
+            if origin == "*" {
+                policy.any = true;
+                continue;
+            }
+            match normalize(origin) {
+                Some(o) => policy.allowed.push(o),
+                None => {
+                    return Err(format!(
+                        "--cors-allow-origin {origin:?}: an origin is `*` or \
+                         `http(s)://host[:port]`, with no path"
+                    ))
+                }
+            }
+        }
+        Ok(policy)
+    }
+
+    /// What to do with a request carrying these headers over `scheme`.
+    fn decide(&self, headers: &HeaderMap, scheme: &str) -> Decision {
+        let Some(origin) = headers.get(header::ORIGIN) else {
+            let cross_site = headers
+                .get("sec-fetch-site")
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"cross-site"));
+            let navigate = headers
+                .get("sec-fetch-mode")
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"navigate"));
+            return if cross_site && !navigate {
+                Decision::Refuse("a cross-site request from a browser".to_owned())
+            } else {
+                Decision::Pass
+            };
+        };
+        let text = origin.to_str().unwrap_or("");
+        let Some(normal) = normalize(text) else {
+            return Decision::Refuse(format!("origin {:?}", cut(text)));
+        };
+        let own = headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .and_then(|host| normalize(&format!("{scheme}://{host}")));
+        if own.as_deref() == Some(normal.as_str()) {
+            Decision::Pass
+        } else if self.any || self.allowed.contains(&normal) {
+            Decision::Cors(origin.clone())
+        } else {
+            Decision::Refuse(format!("origin {:?}", cut(text)))
+        }
+    }
+}
+
+enum Decision {
+    /// No origin, or kiln's own: nothing to add.
+    Pass,
+    /// An allowed cross origin: answer with CORS headers naming it.
+    Cors(HeaderValue),
+    /// Refused (403), naming what.
+    Refuse(String),
+}
+
+/// `scheme://host[:port]` lower case with the scheme's default port removed;
+/// `None` for anything but http(s) (`null`, `file://`, garbage).
+fn normalize(origin: &str) -> Option<String> {
+    let origin = origin.to_ascii_lowercase();
+    let (scheme, rest) = origin.split_once("://")?;
+    let default = match scheme {
+        "http" | "ws" => ":80",
+        "https" | "wss" => ":443",
+        _ => return None,
+    };
+    if rest.is_empty() || rest.contains('/') {
+        return None;
+    }
+    let authority = rest.strip_suffix(default).unwrap_or(rest);
+    Some(format!("{scheme}://{authority}"))
+}
+
+/// At most 200 bytes of a client's string, for an error message.
+fn cut(text: &str) -> &str {
+    let mut end = text.len().min(200);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// The middleware (`App::wrap(from_fn(...))`): refuses, answers a preflight, or
+/// passes the request on and adds CORS headers to its answer.
+pub async fn check(
+    policy: std::sync::Arc<OriginPolicy>,
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
+    let scheme = if req.app_config().secure() {
+        "https"
+    } else {
+        "http"
+    };
+    let allowed = match policy.decide(req.headers(), scheme) {
+        Decision::Pass => None,
+        Decision::Cors(origin) => Some(origin),
+        Decision::Refuse(what) => {
+            let refusal = ServerError::Restricted(format!(
+                "{what} is not allowed here: the server answers its own origin and \
+                 --cors-allow-origin only"
+            ));
+            let response = HttpError(refusal).error_response();
+            return Ok(req.into_response(response).map_into_right_body());
+        }
+    };
+    let preflight = req.method() == Method::OPTIONS
+        && req.headers().contains_key("access-control-request-method");
+    if let (Some(origin), true) = (&allowed, preflight) {
+        let mut response = HttpResponse::NoContent();
+        if let Some(asked) = req.headers().get("access-control-request-headers") {
+            response.insert_header(("access-control-allow-headers", asked.clone()));
+        }
+        let mut response = response
+            .insert_header(("access-control-allow-methods", METHODS))
+            .insert_header(("access-control-max-age", MAX_AGE))
+            .finish();
+        cors_headers(response.headers_mut(), origin);
+        return Ok(req.into_response(response).map_into_right_body());
+    }
+    let mut response = next.call(req).await?;
+    if let Some(origin) = allowed {
+        cors_headers(response.headers_mut(), &origin);
+    }
+    Ok(response.map_into_left_body())
+}
+
+fn cors_headers(headers: &mut HeaderMap, origin: &HeaderValue) {
+    headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin.clone());
+    headers.insert(
+        header::ACCESS_CONTROL_EXPOSE_HEADERS,
+        HeaderValue::from_static(EXPOSE),
+    );
+    headers.append(header::VARY, HeaderValue::from_static("Origin"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (k, v) in pairs {
+            map.append(
+                header::HeaderName::from_static(k),
+                HeaderValue::from_static(v),
+            );
+        }
+        map
+    }
+
+    fn decide(policy: &OriginPolicy, pairs: &[(&'static str, &'static str)]) -> &'static str {
+        match policy.decide(&headers(pairs), "http") {
+            Decision::Pass => "pass",
+            Decision::Cors(_) => "cors",
+            Decision::Refuse(_) => "refuse",
+        }
+    }
+
+    #[test]
+    fn own_origin_passes_others_are_refused_unless_allowed() {
+        let none = OriginPolicy::new(&[]).unwrap();
+        let host = ("host", "127.0.0.1:8000");
+        assert_eq!(decide(&none, &[host]), "pass");
+        assert_eq!(
+            decide(&none, &[host, ("origin", "http://127.0.0.1:8000")]),
+            "pass"
+        );
+        assert_eq!(
+            decide(&none, &[("host", "Kiln"), ("origin", "http://kiln:80")]),
+            "pass"
+        );
+        for evil in [
+            "https://127.0.0.1:8000",
+            "http://127.0.0.1:8001",
+            "https://evil.example",
+            "null",
+            "file://",
+        ] {
+            let origin = HeaderValue::from_static(evil);
+            let mut map = headers(&[host]);
+            map.insert(header::ORIGIN, origin);
+            assert!(
+                matches!(none.decide(&map, "http"), Decision::Refuse(_)),
+                "{evil}"
+            );
+        }
+        let some = OriginPolicy::new(&["https://App.example:443".into()]).unwrap();
+        assert_eq!(
+            decide(&some, &[host, ("origin", "https://app.example")]),
+            "cors"
+        );
+        assert_eq!(
+            decide(&some, &[host, ("origin", "https://evil.example")]),
+            "refuse"
+        );
+        let any = OriginPolicy::new(&["*".into()]).unwrap();
+        assert_eq!(
+            decide(&any, &[host, ("origin", "https://evil.example")]),
+            "cors"
+        );
+    }
+
+    #[test]
+    fn cross_site_fetches_without_origin_are_refused_but_navigations_pass() {
+        let none = OriginPolicy::new(&[]).unwrap();
+        assert_eq!(decide(&none, &[("sec-fetch-site", "cross-site")]), "refuse");
+        assert_eq!(
+            decide(
+                &none,
+                &[
+                    ("sec-fetch-site", "cross-site"),
+                    ("sec-fetch-mode", "navigate")
+                ]
+            ),
+            "pass"
+        );
+        assert_eq!(decide(&none, &[("sec-fetch-site", "same-origin")]), "pass");
+    }
+
+    #[test]
+    fn bad_operator_origins_are_errors() {
+        for bad in ["evil.example", "ftp://x", "https://x/path/"] {
+            assert!(OriginPolicy::new(&[bad.into()]).is_err(), "{bad}");
+        }
+    }
+}
