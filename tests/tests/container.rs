@@ -23,7 +23,9 @@ use std::sync::Once;
 use std::time::{Duration, Instant};
 
 use kiln_client::{DataType, HttpClient, InferRequest, InputTensor, Param, ParamValue};
-use kiln_tests::jobs::{echo_job, echoed, json_lines, list_all, submit_ok, wait_finished};
+use kiln_tests::jobs::{
+    echo_job, echoed, json_lines, list_all, submit_ok, wait_finished, ADMIN_ARG,
+};
 use kiln_tests::redis::RedisServer;
 use kiln_tests::{build_dir, cache_dir, metric, model_repository, repo_root};
 use serde_json::Value;
@@ -332,7 +334,11 @@ async fn two_containers_on_one_redis_share_the_job_queue_and_serve_realtime_besi
         "after",
         &spec,
         &models,
-        &[format!("--jobs={}", redis.url()), "--jobs-max-sys=0".into()],
+        &[
+            format!("--jobs={}", redis.url()),
+            "--jobs-max-sys=0".into(),
+            ADMIN_ARG.into(),
+        ],
     );
     restarted.wait_started(&spec).await;
     let listed = list_all(&restarted.url, "", 500).await;

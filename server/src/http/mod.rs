@@ -35,7 +35,6 @@ pub use kiln_protocol::http::{
     encode_response_binary, encode_response_shm, params_from_json, BinaryOutputs, Encoded,
     INFERENCE_HEADER_CONTENT_LENGTH,
 };
-pub(crate) use peer::socket as connection_socket;
 
 /// Where each output of a response goes ([`kiln_protocol::http::OutputPlacement`]
 /// over this server's shared memory).

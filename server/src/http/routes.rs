@@ -174,7 +174,13 @@ async fn model_route(state: web::Data<State>, req: HttpRequest, payload: web::Pa
         Action::Infer => infer(&state, &req, payload, &group).await,
         Action::Stream => {
             let streams = &state.streams;
-            Ok(crate::stream::open(&state.server, streams, &req, payload, group).await?)
+            {
+                let socket = super::peer::socket(&req);
+                Ok(
+                    crate::stream::open(&state.server, streams, &req, payload, group, socket)
+                        .await?,
+                )
+            }
         }
         Action::TraceSetting => trace::setting(&state, &req, payload, Some(&group.endpoint)).await,
         Action::Jobs => jobs::submit(&state, &req, payload, &group).await,

@@ -171,12 +171,15 @@ impl Drop for OpeningSlot {
 /// `GET .../stream` for `group` (looked up by the model route): upgrades to a
 /// WebSocket and starts the session's task on this actix-web worker thread. An
 /// error is answered as the REST routes answer theirs (`http/error.rs`).
+/// `socket` is a copy of the connection's descriptor (the HTTP layer's), which
+/// the session shuts down when its client stops reading.
 pub async fn open(
     server: &Server,
     streams: &Arc<Streams>,
     req: &HttpRequest,
     payload: web::Payload,
     group: Arc<WorkerGroup>,
+    socket: Option<std::os::fd::OwnedFd>,
 ) -> Result<HttpResponse, crate::ServerError> {
     let (response, ws, messages) = match actix_ws::handle(req, payload) {
         Ok(upgrade) => upgrade,
@@ -203,7 +206,6 @@ pub async fn open(
         .max_frame_size(max)
         .aggregate_continuations()
         .max_continuation_size(max);
-    let socket = crate::http::connection_socket(req);
     let session = session::Session::new(server.clone(), Arc::clone(streams), group, socket);
     actix_web::rt::spawn(async move {
         session.run(ws, messages, opening).await;
