@@ -126,8 +126,17 @@ impl crate::calls::Callee for WorkerGroup {
         &self.endpoint
     }
 
+    /// For an ensemble: whether a step's model calls models (a worker calling an
+    /// ensemble that holds it, or holds another caller, would wait on itself).
     fn is_caller(&self) -> bool {
-        WorkerGroup::is_caller(self)
+        let Some(side) = &self.ensemble else {
+            return WorkerGroup::is_caller(self);
+        };
+        side.steps.load().as_ref().as_ref().is_ok_and(|steps| {
+            steps
+                .iter()
+                .any(|g| crate::calls::Callee::is_caller(g.as_ref()))
+        })
     }
 
     fn submit(&self, request: InferRequest) -> Result<crate::calls::Answer> {

@@ -175,3 +175,43 @@ where
     }
     out
 }
+
+/// From issue #27: a worker calling an ensemble that holds it waited on itself
+/// until its deadline. The ensemble's steps call models, so the call is refused at
+/// once, as a call into any caller is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_into_an_ensemble_that_holds_the_caller_is_refused() {
+    let repo = kiln_tests::fixtures::TempRepository::new(&[
+        (
+            "caller",
+            "worker = \"bls-echo\"\n[parameters]\ntarget = \"loop\"\ntarget_dtype = \"INT32\"\n",
+            &[1],
+        ),
+        (
+            "loop",
+            "platform = \"ensemble\"\nmax_batch_size = 8\n\
+             [[input]]\nname = \"IN\"\ndata_type = \"TYPE_INT32\"\ndims = [-1]\n\
+             [[output]]\nname = \"OUT\"\ndata_type = \"TYPE_INT32\"\ndims = [-1]\n\
+             [[ensemble_scheduling.step]]\nmodel_name = \"caller\"\n\
+             input_map = { INPUT0 = \"IN\" }\noutput_map = { OUTPUT0 = \"OUT\" }\n",
+            &[1],
+        ),
+    ]);
+    let root = repo.path().to_str().unwrap().to_owned();
+    let kiln = Kiln::start(&[
+        "--model-repository",
+        &root,
+        "--load-model",
+        "caller",
+        "--load-model",
+        "loop",
+    ]);
+    // A deadline far away: without the check the call would wait for all of it.
+    let err = kiln
+        .client
+        .infer(&request("caller", &[1], timeout_us(600_000_000)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), Some(500), "{err}");
+    assert!(err.to_string().contains("itself calls models"), "{err}");
+}
