@@ -18,6 +18,7 @@ pub mod probe;
 pub mod relay;
 pub mod source;
 mod stderr;
+pub mod testrtsp;
 pub mod testvideo;
 
 pub use decode::{DecoderPermit, DecoderSlots, VideoDecoder};

@@ -395,3 +395,36 @@ async fn urls_are_decoded_only_from_allowed_hosts_and_refused_before_connecting(
         "the decoder is killed and reaped when the session ends",
     );
 }
+
+/// An allowed RTSP server answers DESCRIBE with a 302 to 127.0.0.2 (issue 27,
+/// finding 7): the session is refused with the reason, and nothing connects to
+/// 127.0.0.2 (before: FFmpeg followed and sent OPTIONS there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rtsp_redirect_does_not_leave_the_allowed_hosts() {
+    use kiln_media::testrtsp::{self, RtspServer, Trap};
+    let trap = Trap::start([127, 0, 0, 2].into()).unwrap();
+    let location = format!("rtsp://127.0.0.2:{}/elsewhere", trap.port);
+    let server = RtspServer::start(testrtsp::redirecting(location)).unwrap();
+    let kiln = start(&["--media-url-allow", "127.0.0.1"]);
+    let url = format!("rtsp://127.0.0.1:{}/cam", server.port);
+    refused(
+        &kiln,
+        json!({"url": url}),
+        "kiln follows no RTSP redirect",
+        1008,
+    )
+    .await;
+    assert!(
+        server
+            .requests()
+            .iter()
+            .any(|r| r[0].starts_with("DESCRIBE")),
+        "the allowed server was asked"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(trap.hits(), 0, "FFmpeg connected to the redirect's host");
+    until(
+        || decoder_children(kiln.pid()) == 0,
+        "no FFmpeg is left running",
+    );
+}
