@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use kiln_media::decode::{DecodeOptions, DecodeStop};
 use kiln_media::testrtsp::{self, Request, RtspServer, Trap};
-use kiln_media::{DecoderSlots, MediaError, MediaSource, UrlPolicy, VideoDecoder};
+use kiln_media::{testvideo, DecoderSlots, MediaError, MediaSource, UrlPolicy, VideoDecoder};
 
 fn open(port: u16) -> Result<VideoDecoder, MediaError> {
     let url = UrlPolicy::new(&["127.0.0.1"])
@@ -92,4 +92,29 @@ fn rtp_is_asked_for_over_the_rtsp_connection_only() {
         );
         assert!(!transport.contains("client_port"), "{transport}");
     }
+}
+
+/// A camera through the relay: frames of the right size arrive in real time.
+#[test]
+fn a_camera_streams_through_the_relay() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kiln-media-videos");
+    testvideo::ensure(&dir).unwrap();
+    let server = RtspServer::streaming(&dir.join(testvideo::TEXT_VIDEO)).unwrap();
+    let mut decoder = open(server.port).unwrap();
+    let info = decoder.info();
+    assert_eq!((info.width, info.height), (640, 480), "{info:?}");
+    let mut frame = Vec::new();
+    for i in 0..15 {
+        assert!(decoder.read_frame(&mut frame).unwrap(), "frame {i}");
+        assert_eq!(frame.len(), 640 * 480 * 3);
+    }
+    let setup = server
+        .requests()
+        .into_iter()
+        .find(|r| r[0].starts_with("SETUP"))
+        .expect("a SETUP");
+    assert!(
+        setup[0].contains(&format!("127.0.0.1:{}", server.port)),
+        "{setup:?}"
+    );
 }
