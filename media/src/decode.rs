@@ -5,16 +5,21 @@
 //! pipe (64 KiB) bounds what waits and FFmpeg blocks while the session does not
 //! read; stderr is drained into a bounded tail quoted by errors; the process is
 //! killed and reaped when the decoder is dropped, or at once through a
-//! [`DecodeStop`] from another thread. Why a subprocess rather than FFmpeg's
-//! libraries: docs/websocket.md, "Decoding".
+//! [`DecodeStop`] from another thread, or by a watchdog once it has run
+//! `max_duration` (a live source never ends by itself: without it 16 cameras
+//! would hold every slot for good). An RTSP source is read through an
+//! [`RtspRelay`]. Why a subprocess rather than FFmpeg's libraries:
+//! docs/websocket.md, "Decoding".
 
 use std::io::{ErrorKind, Read};
 use std::process::{Child, ChildStdout, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::probe::{input_options, probe, VideoInfo};
+use crate::relay::RtspRelay;
 use crate::source::MediaSource;
 use crate::stderr::StderrTail;
 use crate::MediaError;
@@ -73,6 +78,9 @@ pub struct DecodeOptions {
     /// Frames at the source's own rate (FFmpeg's `-re`), as a camera delivers
     /// them; otherwise as fast as the reader takes them.
     pub realtime: bool,
+    /// The decoder is stopped this long after it starts (`None`: never), and
+    /// its slot given back.
+    pub max_duration: Option<Duration>,
 }
 
 impl Default for DecodeOptions {
@@ -80,7 +88,39 @@ impl Default for DecodeOptions {
         DecodeOptions {
             io_timeout: Duration::from_secs(10),
             realtime: false,
+            max_duration: None,
         }
+    }
+}
+
+/// Kills a decoder's process once it has run its longest; woken early (and
+/// ended) when the decoder drops its sender.
+#[derive(Debug)]
+struct Watchdog {
+    _cancel: mpsc::Sender<()>,
+    expired: Arc<AtomicBool>,
+    limit: Duration,
+}
+
+impl Watchdog {
+    fn start(limit: Duration, stop: DecodeStop) -> Result<Watchdog, MediaError> {
+        let (cancel, wait) = mpsc::channel::<()>();
+        let expired = Arc::new(AtomicBool::new(false));
+        let flag = expired.clone();
+        std::thread::Builder::new()
+            .name("kiln-decode-limit".into())
+            .spawn(move || {
+                if let Err(RecvTimeoutError::Timeout) = wait.recv_timeout(limit) {
+                    flag.store(true, Ordering::Release);
+                    stop.stop();
+                }
+            })
+            .map_err(|e| MediaError::Internal(format!("decoder watchdog thread: {e}")))?;
+        Ok(Watchdog {
+            _cancel: cancel,
+            expired,
+            limit,
+        })
     }
 }
 
@@ -117,7 +157,18 @@ pub struct VideoDecoder {
     input: String,
     stop: DecodeStop,
     done: bool,
+    watchdog: Option<Watchdog>,
+    /// Dropped after the process is killed (field order).
+    relay: Option<RtspRelay>,
     _permit: DecoderPermit,
+}
+
+/// `error`, or the relay's refusal when it cut the connection.
+fn refused_or(relay: Option<&RtspRelay>, name: &str, error: MediaError) -> MediaError {
+    match relay.and_then(RtspRelay::refusal) {
+        Some(why) => MediaError::Refused(format!("cannot decode `{name}`: {why}")),
+        None => error,
+    }
 }
 
 impl VideoDecoder {
@@ -130,7 +181,17 @@ impl VideoDecoder {
         options: DecodeOptions,
         stop: DecodeStop,
     ) -> Result<VideoDecoder, MediaError> {
-        let info = probe(source, name, options.io_timeout)?;
+        let relay = match source {
+            MediaSource::Url(url) if source.is_rtsp() => {
+                Some(RtspRelay::start(url, options.io_timeout)?)
+            }
+            _ => None,
+        };
+        let input = relay
+            .as_ref()
+            .map_or_else(|| source.ffmpeg_input(), |r| r.url().to_owned());
+        let info = probe(source, &input, name, options.io_timeout)
+            .map_err(|e| refused_or(relay.as_ref(), name, e))?;
         let mut command = Command::new("ffmpeg");
         command.args(["-nostdin", "-hide_banner", "-loglevel", "error"]);
         if options.realtime {
@@ -139,7 +200,7 @@ impl VideoDecoder {
         command
             .args(input_options(source, options.io_timeout))
             .args(["-threads", "1", "-i"])
-            .arg(source.ffmpeg_input())
+            .arg(&input)
             .args([
                 "-map",
                 "0:v:0",
@@ -170,15 +231,28 @@ impl VideoDecoder {
                 "ffmpeg's pipes were not opened".into(),
             ));
         };
+        let watchdog = match options.max_duration {
+            Some(limit) => match Watchdog::start(limit, stop.clone()) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(e);
+                }
+            },
+            None => None,
+        };
         Ok(VideoDecoder {
             child,
             stdout,
             stderr: StderrTail::start(stderr),
             info,
             name: name.to_owned(),
-            input: source.ffmpeg_input(),
+            input,
             stop,
             done: false,
+            watchdog,
+            relay,
             _permit: permit,
         })
     }
@@ -221,6 +295,22 @@ impl VideoDecoder {
         self.done = true;
         let status = self.reap();
         let words = self.stderr.finish().replace(&self.input, &self.name);
+        if let Some(w) = self.watchdog.as_ref() {
+            if w.expired.load(Ordering::Acquire) {
+                return Err(MediaError::Undecodable(format!(
+                    "`{}` was stopped after {} s, the longest a server-side source runs \
+                     (--media-max-duration)",
+                    self.name,
+                    w.limit.as_secs_f64()
+                )));
+            }
+        }
+        if let Some(why) = self.relay.as_ref().and_then(RtspRelay::refusal) {
+            return Err(MediaError::Refused(format!(
+                "cannot decode `{}`: {why}",
+                self.name
+            )));
+        }
         match status {
             Some(status) if status.success() && filled == 0 => Ok(false),
             _ => Err(MediaError::Undecodable(format!(

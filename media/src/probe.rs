@@ -62,7 +62,7 @@ fn rate(text: &str) -> f64 {
 
 /// The FFmpeg options every run over `source` takes before `-i`: the protocols and
 /// demuxers it may open (no playlist or concat demuxer that would name other files
-/// or hosts), no redirect, and a timeout on network reads.
+/// or hosts), no redirect, RTSP over TCP only, and a timeout on network reads.
 pub(crate) fn input_options(source: &MediaSource, io_timeout: Duration) -> Vec<String> {
     let mut args: Vec<String> = vec![
         "-protocol_whitelist".into(),
@@ -70,14 +70,19 @@ pub(crate) fn input_options(source: &MediaSource, io_timeout: Duration) -> Vec<S
         "-format_whitelist".into(),
         DEMUXERS.into(),
     ];
-    if source.is_network() {
+    if source.is_rtsp() {
+        // Interleaved over the one TCP connection the relay carries: the server's
+        // SDP or `Transport` cannot steer RTP to other hosts or ports. The RTSP
+        // demuxer takes its socket timeout as `-timeout` (`-rw_timeout` is not
+        // passed to the TCP connection it opens itself).
+        args.extend(["-rtsp_transport".into(), "tcp".into()]);
+        args.extend(["-timeout".into(), io_timeout.as_micros().to_string()]);
+    } else if source.is_network() {
         args.push("-rw_timeout".into());
         args.push(io_timeout.as_micros().to_string());
-        if matches!(source, MediaSource::Url(u) if u.scheme() != "rtsp") {
-            // A redirect could lead to a host the operator did not allow.
-            args.push("-max_redirects".into());
-            args.push("0".into());
-        }
+        // A redirect could lead to a host the operator did not allow.
+        args.push("-max_redirects".into());
+        args.push("0".into());
     }
     args
 }
@@ -88,9 +93,15 @@ pub(crate) fn input_options(source: &MediaSource, io_timeout: Duration) -> Vec<S
 const DEMUXERS: &str =
     "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm,avi,flv,mpegts,mpeg,ogg,nut,h264,hevc,m4v,mjpeg,asf,rtsp";
 
-/// Runs `ffprobe` on `source`, killed after `timeout`. `name` is how messages name
-/// the source.
-pub fn probe(source: &MediaSource, name: &str, timeout: Duration) -> Result<VideoInfo, MediaError> {
+/// Runs `ffprobe` on `source`, given to it as `input` (its [`MediaSource::ffmpeg_input`],
+/// or the relay's URL), killed after `timeout`. `name` is how messages name the
+/// source.
+pub fn probe(
+    source: &MediaSource,
+    input: &str,
+    name: &str,
+    timeout: Duration,
+) -> Result<VideoInfo, MediaError> {
     let mut child = Command::new("ffprobe")
         .args(["-v", "error", "-hide_banner"])
         .args(input_options(source, timeout))
@@ -103,7 +114,7 @@ pub fn probe(source: &MediaSource, name: &str, timeout: Duration) -> Result<Vide
             "default=noprint_wrappers=1",
             "-i",
         ])
-        .arg(source.ffmpeg_input())
+        .arg(input)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -138,7 +149,7 @@ pub fn probe(source: &MediaSource, name: &str, timeout: Duration) -> Result<Vide
     let out = reader.join().unwrap_or_default();
     let words = stderr.as_mut().map(StderrTail::finish).unwrap_or_default();
     // FFmpeg names its input by the server's path: the client knows it by its name.
-    let words = words.replace(&source.ffmpeg_input(), name);
+    let words = words.replace(input, name);
     let Some(status) = status else {
         return Err(MediaError::Undecodable(format!(
             "cannot decode `{name}`: ffprobe gave no answer in {} s",

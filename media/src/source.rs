@@ -168,11 +168,13 @@ impl MediaSource {
     }
 
     /// FFmpeg's protocols for this source (`-protocol_whitelist`): a file opens no
-    /// network protocol, a URL only those of its scheme.
+    /// network protocol, a URL only those of its scheme; RTSP runs over TCP only
+    /// (`-rtsp_transport tcp`), so no `rtp`/`udp` an SDP or `Transport` answer
+    /// could aim at another host.
     pub fn protocols(&self) -> &'static str {
         match self {
             MediaSource::File(_) => "file",
-            MediaSource::Url(url) if url.scheme() == "rtsp" => "rtsp,rtp,udp,tcp",
+            MediaSource::Url(url) if url.scheme() == "rtsp" => "rtsp,tcp",
             MediaSource::Url(_) => "http,https,tls,tcp",
         }
     }
@@ -180,6 +182,11 @@ impl MediaSource {
     /// Whether FFmpeg reads it over the network.
     pub fn is_network(&self) -> bool {
         matches!(self, MediaSource::Url(_))
+    }
+
+    /// Whether it is an RTSP URL (read through [`crate::relay`]).
+    pub fn is_rtsp(&self) -> bool {
+        matches!(self, MediaSource::Url(url) if url.scheme() == "rtsp")
     }
 
     /// How the source is named in messages: a file by its name in the folder.
@@ -277,6 +284,6 @@ mod tests {
         assert_eq!(file.ffmpeg_input(), "file:/m/a:b.mp4");
         assert_eq!(file.protocols(), "file");
         let url = MediaSource::Url(Url::parse("rtsp://h/x").unwrap());
-        assert_eq!(url.protocols(), "rtsp,rtp,udp,tcp");
+        assert_eq!(url.protocols(), "rtsp,tcp");
     }
 }

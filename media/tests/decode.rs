@@ -158,3 +158,45 @@ fn a_dropped_or_stopped_decoder_leaves_no_process() {
     drop(decoder);
     assert!(!alive(pid));
 }
+
+/// A source that would run for 10 s at its own rate (`-re`) is stopped at its
+/// `max_duration` (here 1 s): the reader gets an error naming the limit, the
+/// process is reaped and the slot is free again. Without the limit a live
+/// source held its slot for as long as it sent frames.
+#[test]
+fn a_decoder_stops_at_its_longest_duration() {
+    let dir = media();
+    let slots = DecoderSlots::new(1);
+    let source = MediaSource::File(dir.resolve(testvideo::TEXT_VIDEO).unwrap());
+    let options = DecodeOptions {
+        realtime: true,
+        max_duration: Some(Duration::from_secs(1)),
+        ..DecodeOptions::default()
+    };
+    let started = std::time::Instant::now();
+    let mut decoder = VideoDecoder::open(
+        &source,
+        "live",
+        slots.try_acquire().unwrap(),
+        options,
+        DecodeStop::default(),
+    )
+    .unwrap();
+    let pid = decoder.pid().unwrap();
+    let mut frame = Vec::new();
+    let mut frames = 0;
+    let err = loop {
+        match decoder.read_frame(&mut frame) {
+            Ok(true) => frames += 1,
+            Ok(false) => panic!("the source ended after {frames} frames: no limit"),
+            Err(e) => break e,
+        }
+    };
+    let took = started.elapsed();
+    assert!(err.to_string().contains("--media-max-duration"), "{err}");
+    assert!(frames < testvideo::FRAMES, "{frames} frames");
+    assert!(took < Duration::from_secs(8), "{took:?}");
+    assert!(!alive(pid));
+    drop(decoder);
+    assert_eq!(slots.in_use(), 0);
+}

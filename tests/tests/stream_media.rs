@@ -395,3 +395,82 @@ async fn urls_are_decoded_only_from_allowed_hosts_and_refused_before_connecting(
         "the decoder is killed and reaped when the session ends",
     );
 }
+
+/// An allowed RTSP server answers DESCRIBE with a 302 to 127.0.0.2 (issue 27,
+/// finding 7): the session is refused with the reason, and nothing connects to
+/// 127.0.0.2 (before: FFmpeg followed and sent OPTIONS there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rtsp_redirect_does_not_leave_the_allowed_hosts() {
+    use kiln_media::testrtsp::{self, RtspServer, Trap};
+    let trap = Trap::start([127, 0, 0, 2].into()).unwrap();
+    let location = format!("rtsp://127.0.0.2:{}/elsewhere", trap.port);
+    let server = RtspServer::start(testrtsp::redirecting(location)).unwrap();
+    let kiln = start(&["--media-url-allow", "127.0.0.1"]);
+    let url = format!("rtsp://127.0.0.1:{}/cam", server.port);
+    refused(
+        &kiln,
+        json!({"url": url}),
+        "kiln follows no RTSP redirect",
+        1008,
+    )
+    .await;
+    assert!(
+        server
+            .requests()
+            .iter()
+            .any(|r| r[0].starts_with("DESCRIBE")),
+        "the allowed server was asked"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(trap.hits(), 0, "FFmpeg connected to the redirect's host");
+    until(
+        || decoder_children(kiln.pid()) == 0,
+        "no FFmpeg is left running",
+    );
+}
+
+/// A live camera (an RTSP server written for the tests, playing the text video
+/// for 10 s) decoded by kiln through its RTSP relay: frames arrive; at
+/// `--media-max-duration` (here 2 s) the decoder is stopped, the session closed
+/// with 1011 and the reason, and no FFmpeg is left (issue 27, finding 7: a live
+/// source held its decoder slot for as long as it sent frames).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_rtsp_source_runs_through_the_relay_until_its_longest_duration() {
+    use kiln_media::testrtsp::RtspServer;
+    let camera = RtspServer::streaming(&media_dir().join(testvideo::TEXT_VIDEO)).unwrap();
+    let kiln = start(&[
+        "--media-url-allow",
+        "127.0.0.1",
+        "--media-max-duration",
+        "2",
+    ]);
+    let url = format!("rtsp://127.0.0.1:{}/cam", camera.port);
+    let started = std::time::Instant::now();
+    let (mut client, opened) =
+        session(&kiln, "invert-video", open_video(json!({"url": url}))).await;
+    assert_eq!(opened["event"], "opened", "{opened}");
+    let mut results = 0;
+    let error = loop {
+        match client.recv().await.unwrap() {
+            Event::Result(_) => results += 1,
+            Event::Message(m) if m.get("error").is_some() => break m,
+            other => panic!("after {results} results: {other:?}"),
+        }
+    };
+    assert!(results > 0, "no frame came through the relay");
+    let text = error["error"].as_str().unwrap();
+    assert!(text.contains("--media-max-duration"), "{error}");
+    match client.recv().await.unwrap() {
+        Event::Closed { code, .. } => assert_eq!(code, 1011, "{error}"),
+        other => panic!("expected a close, got {other:?}"),
+    }
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(9),
+        "{:?}: the 10 s video played to its end",
+        started.elapsed()
+    );
+    until(
+        || decoder_children(kiln.pid()) == 0,
+        "the decoder is killed and reaped",
+    );
+}

@@ -1,5 +1,6 @@
 //! Server-side video sources of WebSocket sessions: the operator's settings
-//! (`--media-dir`, `--media-url-allow`, `--media-max-decoders`), a session's source
+//! (`--media-dir`, `--media-url-allow`, `--media-max-decoders`,
+//! `--media-max-duration`), a session's source
 //! checked against them, and its frames decoded by a managed `ffmpeg`
 //! (`kiln_media`). The image math of text detection is `kiln_media::det`.
 
@@ -40,6 +41,11 @@ pub struct MediaArgs {
     /// answer) before it fails.
     #[arg(long, env = "KILN_MEDIA_IO_TIMEOUT", default_value_t = 10.0)]
     pub media_io_timeout: f64,
+    /// Seconds a session's server-side source may run before its decoder is
+    /// stopped and its slot given back (a live camera never ends by itself);
+    /// 0: no limit.
+    #[arg(long, env = "KILN_MEDIA_MAX_DURATION", default_value_t = DEFAULT_MAX_DURATION_S)]
+    pub media_max_duration: f64,
 }
 
 impl MediaArgs {
@@ -54,6 +60,10 @@ impl MediaArgs {
                     self.media_io_timeout
                 )
             })?;
+        let s = self.media_max_duration;
+        let max_duration = Duration::try_from_secs_f64(s)
+            .map_err(|_| format!("--media-max-duration {s}: seconds, 0 or more"))?;
+        let max_duration = (!max_duration.is_zero()).then_some(max_duration);
         if self.media_max_decoders == 0 {
             return Err("--media-max-decoders 0: at least 1".into());
         }
@@ -62,6 +72,7 @@ impl MediaArgs {
             url_allow: self.media_url_allow.clone(),
             max_decoders: self.media_max_decoders,
             io_timeout,
+            max_duration,
         })
         .map_err(|e| format!("--media-dir: {e}"))?;
         Ok(Arc::new(media))
@@ -70,6 +81,10 @@ impl MediaArgs {
 
 /// Decoders running at once by default (`--media-max-decoders`).
 pub const DEFAULT_MAX_DECODERS: usize = 16;
+
+/// How long a server-side source runs at most by default (`--media-max-duration`):
+/// ten minutes, after which a camera's session ends and the client opens another.
+pub const DEFAULT_MAX_DURATION_S: f64 = 600.0;
 
 /// The operator's media settings, as the flags give them.
 #[derive(Debug, Clone, Default)]
@@ -82,6 +97,8 @@ pub struct MediaConfig {
     pub max_decoders: usize,
     /// Network reads (and `ffprobe`) time out after this (zero: 10 s).
     pub io_timeout: Duration,
+    /// A decoder is stopped after this long (`None`: never).
+    pub max_duration: Option<Duration>,
 }
 
 /// The server's media settings, checked at start.
@@ -91,6 +108,7 @@ pub struct Media {
     urls: UrlPolicy,
     slots: DecoderSlots,
     io_timeout: Duration,
+    max_duration: Option<Duration>,
 }
 
 impl Default for Media {
@@ -100,6 +118,7 @@ impl Default for Media {
             urls: UrlPolicy::default(),
             slots: DecoderSlots::new(DEFAULT_MAX_DECODERS),
             io_timeout: Duration::from_secs(10),
+            max_duration: Some(Duration::from_secs_f64(DEFAULT_MAX_DURATION_S)),
         }
     }
 }
@@ -122,6 +141,7 @@ impl Media {
             } else {
                 config.io_timeout
             },
+            max_duration: config.max_duration,
         })
     }
 
@@ -160,6 +180,7 @@ impl Media {
         let options = DecodeOptions {
             io_timeout: self.io_timeout,
             realtime: false,
+            max_duration: self.max_duration,
         };
         VideoDecoder::open(&source, &name, permit, options, DecodeStop::default())
     }

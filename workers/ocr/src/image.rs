@@ -2,6 +2,10 @@
 //! order PP-OCR's models were trained on and rapidocr converts to), row-major.
 //! Decoding (PNG, JPEG, base64 of either), bilinear resizing with OpenCV's
 //! `INTER_LINEAR` sampling, padding, rotations and the models' normalization.
+//!
+//! Every buffer here has a size a request sets (its header's dimensions, a
+//! resize the pipeline computes from them): each is allocated fallibly
+//! ([`zeroed`]), after the pipeline has checked the size against its limits.
 
 use base64::Engine;
 
@@ -14,25 +18,48 @@ pub struct Image {
     pub data: Vec<u8>,
 }
 
+/// `len` zeroed values, or an error when the memory cannot be had: the size
+/// comes from a request, so running out fails that request, not the process.
+pub fn zeroed<T: Copy + Default>(len: usize) -> Result<Vec<T>, String> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| {
+        format!(
+            "cannot allocate {} bytes for the image",
+            len.saturating_mul(std::mem::size_of::<T>())
+        )
+    })?;
+    v.resize(len, T::default());
+    Ok(v)
+}
+
+/// `width × height × 3`, or an error when it overflows.
+fn rgb_len(width: usize, height: usize) -> Result<usize, String> {
+    width
+        .checked_mul(height)
+        .and_then(|n| n.checked_mul(3))
+        .ok_or_else(|| format!("a {width}×{height} image is too large"))
+}
+
 impl Image {
     /// A black image.
-    pub fn new(width: usize, height: usize) -> Image {
-        Image {
+    pub fn new(width: usize, height: usize) -> Result<Image, String> {
+        Ok(Image {
             width,
             height,
-            data: vec![0; width * height * 3],
-        }
+            data: zeroed(rgb_len(width, height)?)?,
+        })
     }
 
     /// From RGB bytes (`height × width × 3`).
     pub fn from_rgb(width: usize, height: usize, rgb: &[u8]) -> Result<Image, String> {
-        if rgb.len() != width * height * 3 {
+        if rgb.len() != rgb_len(width, height)? {
             return Err(format!(
                 "{} bytes are not a {width}×{height} RGB image",
                 rgb.len()
             ));
         }
-        let mut data = rgb.to_vec();
+        let mut data = zeroed(rgb.len())?;
+        data.copy_from_slice(rgb);
         for px in data.chunks_exact_mut(3) {
             px.swap(0, 2);
         }
@@ -51,10 +78,10 @@ impl Image {
 
     /// Resized to `width × height`, bilinear as OpenCV's `INTER_LINEAR` samples
     /// (pixel centers aligned, edges clamped, no antialiasing).
-    pub fn resize(&self, width: usize, height: usize) -> Image {
-        let mut out = Image::new(width, height);
+    pub fn resize(&self, width: usize, height: usize) -> Result<Image, String> {
+        let mut out = Image::new(width, height)?;
         if self.width == 0 || self.height == 0 {
-            return out;
+            return Ok(out);
         }
         let xs = axis(self.width, width);
         let ys = axis(self.height, height);
@@ -70,34 +97,34 @@ impl Image {
                 }
             }
         }
-        out
+        Ok(out)
     }
 
     /// With `top` black rows above and `bottom` below.
-    pub fn pad_vertically(&self, top: usize, bottom: usize) -> Image {
-        let mut out = Image::new(self.width, self.height + top + bottom);
+    pub fn pad_vertically(&self, top: usize, bottom: usize) -> Result<Image, String> {
+        let mut out = Image::new(self.width, self.height + top + bottom)?;
         let row = self.width * 3;
         out.data[top * row..(top + self.height) * row].copy_from_slice(&self.data);
-        out
+        Ok(out)
     }
 
     /// Turned by 180°.
-    pub fn rotate_180(&self) -> Image {
-        let mut data = Vec::with_capacity(self.data.len());
-        for px in self.data.chunks_exact(3).rev() {
-            data.extend_from_slice(px);
+    pub fn rotate_180(&self) -> Result<Image, String> {
+        let mut out = Image::new(self.width, self.height)?;
+        for (to, from) in out
+            .data
+            .chunks_exact_mut(3)
+            .zip(self.data.chunks_exact(3).rev())
+        {
+            to.copy_from_slice(from);
         }
-        Image {
-            width: self.width,
-            height: self.height,
-            data,
-        }
+        Ok(out)
     }
 
     /// Turned by 90° counter-clockwise (NumPy's `rot90`).
-    pub fn rotate_90_ccw(&self) -> Image {
+    pub fn rotate_90_ccw(&self) -> Result<Image, String> {
         let (w, h) = (self.height, self.width);
-        let mut out = Image::new(w, h);
+        let mut out = Image::new(w, h)?;
         for y in 0..h {
             for x in 0..w {
                 // new[y][x] = old[x][W-1-y]
@@ -106,7 +133,7 @@ impl Image {
                 }
             }
         }
-        out
+        Ok(out)
     }
 
     /// `(v / 255 − 0.5) / 0.5` per channel, planar (C, H, W), written into `out`
@@ -201,11 +228,13 @@ fn decode_png(bytes: &[u8], max_pixels: usize) -> Result<Image, String> {
     };
     check_size(w, h, max_pixels)?;
     let size = reader.output_buffer_size().ok_or("the PNG is too large")?;
-    let mut buf = vec![0; size];
+    let mut buf = zeroed(size)?;
     let frame = reader.next_frame(&mut buf).map_err(bad)?;
     let channels = frame.color_type.samples();
     let line = frame.line_size;
-    let mut rgba = Vec::with_capacity(w * h * 4);
+    let mut rgba = Vec::new();
+    rgba.try_reserve_exact(w * h * 4)
+        .map_err(|_| format!("cannot allocate the {w}×{h} image"))?;
     for y in 0..h {
         let row = &buf[y * line..y * line + w * channels];
         for px in row.chunks_exact(channels) {
@@ -218,13 +247,15 @@ fn decode_png(bytes: &[u8], max_pixels: usize) -> Result<Image, String> {
             rgba.extend_from_slice(&[r, g, b, a]);
         }
     }
-    Ok(from_rgba(w, h, &rgba, channels == 2 || channels == 4))
+    from_rgba(w, h, &rgba, channels == 2 || channels == 4)
 }
 
 /// rapidocr's conversion: an image with alpha is composited as
 /// `(alpha ? colour : 0) + (255 − alpha)`, saturating (white where transparent).
-fn from_rgba(width: usize, height: usize, rgba: &[u8], alpha: bool) -> Image {
-    let mut data = Vec::with_capacity(width * height * 3);
+fn from_rgba(width: usize, height: usize, rgba: &[u8], alpha: bool) -> Result<Image, String> {
+    let mut data = Vec::new();
+    data.try_reserve_exact(rgb_len(width, height)?)
+        .map_err(|_| format!("cannot allocate the {width}×{height} image"))?;
     for px in rgba.chunks_exact(4) {
         let (r, g, b, a) = (px[0], px[1], px[2], px[3]);
         if alpha {
@@ -239,11 +270,11 @@ fn from_rgba(width: usize, height: usize, rgba: &[u8], alpha: bool) -> Image {
             data.extend_from_slice(&[b, g, r]);
         }
     }
-    Image {
+    Ok(Image {
         width,
         height,
         data,
-    }
+    })
 }
 
 fn decode_jpeg(bytes: &[u8], max_pixels: usize) -> Result<Image, String> {
@@ -266,6 +297,7 @@ fn decode_jpeg(bytes: &[u8], max_pixels: usize) -> Result<Image, String> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -274,13 +306,13 @@ mod tests {
         // cv2.resize(np.array([[0, 100, 200, 250]]), (2, 1)) → [50, 225]; (8, 1)
         // upsampling → [0, 25, 75, 125, 175, 212.5→212, 238, 250] (OpenCV rounds
         // 212.5 to 213 with its fixed point; we accept ±1).
-        let mut img = Image::new(4, 1);
+        let mut img = Image::new(4, 1).unwrap();
         for (x, v) in [0u8, 100, 200, 250].into_iter().enumerate() {
             img.data[x * 3..x * 3 + 3].fill(v);
         }
-        let down = img.resize(2, 1);
+        let down = img.resize(2, 1).unwrap();
         assert_eq!((down.at(0, 0, 0), down.at(1, 0, 0)), (50, 225));
-        let up = img.resize(8, 1);
+        let up = img.resize(8, 1).unwrap();
         let got: Vec<u8> = (0..8).map(|x| up.at(x, 0, 1)).collect();
         let want = [0u8, 25, 75, 125, 175, 213, 238, 250];
         for (g, w) in got.iter().zip(want) {
@@ -290,14 +322,14 @@ mod tests {
 
     #[test]
     fn rotations() {
-        let mut img = Image::new(3, 2);
+        let mut img = Image::new(3, 2).unwrap();
         for (i, v) in img.data.iter_mut().enumerate() {
             *v = (i / 3) as u8;
         }
         // Pixels 0 1 2 / 3 4 5.
-        let r = img.rotate_180();
+        let r = img.rotate_180().unwrap();
         assert_eq!((r.at(0, 0, 0), r.at(2, 1, 0)), (5, 0));
-        let q = img.rotate_90_ccw();
+        let q = img.rotate_90_ccw().unwrap();
         assert_eq!((q.width, q.height), (2, 3));
         // np.rot90([[0,1,2],[3,4,5]]) = [[2,5],[1,4],[0,3]]
         let rows: Vec<u8> = (0..3)

@@ -21,7 +21,10 @@
 //! default `ppocr_keys.txt`, which `scripts/fetch-models` extracts from the
 //! recognizer's metadata), `det_model`, `cls_model`, `rec_model` (the models
 //! called), `input` (`encoded` or `rgb`), `box_thresh`, `unclip_ratio`,
-//! `text_score`, `max_pixels`.
+//! `text_score`, `max_pixels` (the decoded image, 64 Mi px by default; its
+//! header's dimensions are checked before decoding), `max_canvas_pixels` (every
+//! canvas, crop and model input made for one image, 8 Mi px by default:
+//! [`pipeline::MAX_CANVAS_PIXELS`]).
 
 pub mod ctc;
 pub mod db;
@@ -38,7 +41,7 @@ use kiln_worker_sdk::{
 
 use crate::ctc::Dictionary;
 use crate::image::{Image, MAX_PIXELS};
-use crate::pipeline::{Line, Settings};
+use crate::pipeline::{Failure, Line, Settings, MAX_CANVAS_PIXELS};
 
 /// The ocr worker.
 pub struct Ocr {
@@ -100,6 +103,13 @@ impl Worker for Ocr {
                 max: MAX_PIXELS as i64,
             },
         ),
+        ParamSpec::load(
+            "max_canvas_pixels",
+            ParamKind::Int {
+                min: 1 << 20,
+                max: MAX_PIXELS as i64,
+            },
+        ),
     ];
 
     fn init(params: Params<'_>) -> Result<Self, WorkerError> {
@@ -130,6 +140,9 @@ impl Worker for Ocr {
             }
         };
         let max_pixels = params.int("max_pixels")?.map_or(MAX_PIXELS, |v| v as usize);
+        settings.max_canvas_pixels = params
+            .int("max_canvas_pixels")?
+            .map_or(MAX_CANVAS_PIXELS, |v| v as usize);
         Ok(Ocr {
             settings,
             dict: dictionary(&params)?,
@@ -163,20 +176,20 @@ impl Worker for Ocr {
         let input = batch.input(0)?;
         let data = input.bytes();
         let mut results: Vec<Vec<Line>> = Vec::with_capacity(batch.request_count());
-        let mut offset = 0;
+        let mut offset = 0usize;
         for (request, shape) in input.shapes().iter().enumerate() {
             let image = if self.rgb {
                 let dims = shape.dims();
                 let (h, w) = (dims[0].max(0) as usize, dims[1].max(0) as usize);
-                let len = h * w * 3;
+                let len = h.saturating_mul(w).saturating_mul(3);
                 let img = data
-                    .get(offset..offset + len)
+                    .get(offset..offset.saturating_add(len))
                     .ok_or_else(|| "the image data is cut short".to_owned())
                     .and_then(|rgb| {
                         image::check_size(w, h, self.max_pixels)?;
                         Image::from_rgb(w, h, rgb)
                     });
-                offset += len;
+                offset = offset.saturating_add(len);
                 img
             } else {
                 let element = bytes_element(data, offset);
@@ -190,7 +203,11 @@ impl Worker for Ocr {
                 }
                 Ok(img) => match pipeline::run(img, &self.settings, &self.dict, request) {
                     Ok(lines) => lines,
-                    Err(message) => {
+                    Err(Failure::TooLarge(message)) => {
+                        batch.fail(request, RequestError::invalid(message))?;
+                        Vec::new()
+                    }
+                    Err(Failure::Internal(message)) => {
                         batch.fail(request, RequestError::internal(message))?;
                         Vec::new()
                     }

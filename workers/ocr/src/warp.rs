@@ -52,10 +52,10 @@ fn cubic(t: f32) -> [f32; 4] {
 }
 
 /// The `width × height` image whose pixel (x, y) is `src` at `h · (x, y, 1)`.
-pub fn warp(src: &Image, h: &Homography, width: usize, height: usize) -> Image {
-    let mut out = Image::new(width, height);
+pub fn warp(src: &Image, h: &Homography, width: usize, height: usize) -> Result<Image, String> {
+    let mut out = Image::new(width, height)?;
     if src.width == 0 || src.height == 0 {
-        return out;
+        return Ok(out);
     }
     let clamp_x = |x: i64| x.clamp(0, src.width as i64 - 1) as usize;
     let clamp_y = |y: i64| y.clamp(0, src.height as i64 - 1) as usize;
@@ -86,32 +86,45 @@ pub fn warp(src: &Image, h: &Homography, width: usize, height: usize) -> Image {
             }
         }
     }
-    out
+    Ok(out)
+}
+
+fn corners(quad: &[[f32; 2]; 4]) -> [[f64; 2]; 4] {
+    quad.map(|[x, y]| [x as f64, y as f64])
+}
+
+/// The width and height of the line [`crop_line`] cuts out of `quad` (before
+/// any turn): what the pipeline checks against its limit first.
+pub fn crop_size(quad: &[[f32; 2]; 4]) -> (usize, usize) {
+    let p = corners(quad);
+    let dist = |a: [f64; 2], b: [f64; 2]| ((a[0] - b[0]).powi(2) + (a[1] - b[1]).powi(2)).sqrt();
+    // Lengths in f32, as NumPy computes them on the float32 box.
+    let width = dist(p[0], p[1]).max(dist(p[2], p[3])) as f32 as usize;
+    let height = dist(p[0], p[3]).max(dist(p[1], p[2])) as f32 as usize;
+    (width, height)
 }
 
 /// The text line inside `quad` (top-left, top-right, bottom-right, bottom-left),
 /// upright; turned 90° counter-clockwise when it is at least 1.5× taller than
 /// wide (a vertical line), as rapidocr does.
-pub fn crop_line(img: &Image, quad: &[[f32; 2]; 4]) -> Image {
-    let p: [[f64; 2]; 4] = quad.map(|[x, y]| [x as f64, y as f64]);
-    let dist = |a: [f64; 2], b: [f64; 2]| ((a[0] - b[0]).powi(2) + (a[1] - b[1]).powi(2)).sqrt();
-    // Lengths in f32, as NumPy computes them on the float32 box.
-    let width = dist(p[0], p[1]).max(dist(p[2], p[3])) as f32 as usize;
-    let height = dist(p[0], p[3]).max(dist(p[1], p[2])) as f32 as usize;
+pub fn crop_line(img: &Image, quad: &[[f32; 2]; 4]) -> Result<Image, String> {
+    let p = corners(quad);
+    let (width, height) = crop_size(quad);
     let (w, h) = (width as f64, height as f64);
     let rect = [[0.0, 0.0], [w, 0.0], [w, h], [0.0, h]];
     let line = match perspective(&rect, &p) {
-        Some(m) if width > 0 && height > 0 => warp(img, &m, width, height),
-        _ => Image::new(width.max(1), height.max(1)),
+        Some(m) if width > 0 && height > 0 => warp(img, &m, width, height)?,
+        _ => Image::new(width.max(1), height.max(1))?,
     };
     if line.height as f64 / line.width as f64 >= 1.5 {
         line.rotate_90_ccw()
     } else {
-        line
+        Ok(line)
     }
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -139,11 +152,11 @@ mod tests {
 
     #[test]
     fn an_axis_aligned_crop_copies_pixels() {
-        let mut img = Image::new(20, 10);
+        let mut img = Image::new(20, 10).unwrap();
         for (i, v) in img.data.iter_mut().enumerate() {
             *v = (i % 251) as u8;
         }
-        let line = crop_line(&img, &[[2.0, 3.0], [12.0, 3.0], [12.0, 7.0], [2.0, 7.0]]);
+        let line = crop_line(&img, &[[2.0, 3.0], [12.0, 3.0], [12.0, 7.0], [2.0, 7.0]]).unwrap();
         assert_eq!((line.width, line.height), (10, 4));
         for y in 0..4 {
             for x in 0..10 {
