@@ -21,16 +21,20 @@ fn start() -> Kiln {
     Kiln::start(&["--model-repository", repo.to_str().unwrap()])
 }
 
-/// The process's thread count (`Threads:` of `/proc/PID/status`).
+/// Threads of the process named `kiln-manager`: the Manager and every thread
+/// started on it, which ONNX Runtime's pools are (sessions and the environment are
+/// made while a model loads, and their threads take the creator's name). Other
+/// threads come and go with the load of the machine (actix's blocking pool), so
+/// the whole process's count would be noise.
 fn threads(pid: u32) -> usize {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
+    std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
+        .flatten()
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|comm| comm.trim_end() == "kiln-manager")
+        })
+        .count()
 }
 
 /// CPU time the process has used, user + system, in clock ticks (fields 14 and 15

@@ -96,7 +96,8 @@ pub struct Settings {
     pub cls_thresh: f32,
     /// Lines recognized below this confidence are dropped (`text_score`).
     pub text_score: f32,
-    /// Most lines per classifier call (its model's `max_batch_size`).
+    /// Most lines per classifier call: at most the classifier model's `batch_size`
+    /// (the example `ocr-cls` takes 32; with 64, a page of 33+ lines failed).
     pub cls_batch: usize,
     /// The most pixels of any canvas, crop or model input for one image.
     pub max_canvas_pixels: usize,
@@ -112,7 +113,7 @@ impl Default for Settings {
             limit_side_len: 736,
             cls_thresh: 0.9,
             text_score: 0.5,
-            cls_batch: 64,
+            cls_batch: 16,
             max_canvas_pixels: MAX_CANVAS_PIXELS,
         }
     }
