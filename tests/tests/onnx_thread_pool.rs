@@ -68,9 +68,12 @@ async fn loading_more_models_adds_no_onnx_runtime_threads() {
     let shared = threads_per_load(&json!({})).await;
     let none = threads_per_load(&json!({"intra_op_threads": 1})).await;
     let growth = |counts: &[usize]| counts[3] as i64 - counts[0] as i64;
-    assert_eq!(
-        growth(&shared),
-        growth(&none),
+    // ONNX Runtime may start one more thread of its shared pools lazily (seen once
+    // at silero-vad's load: [3, 3, 3, 4] against [3, 3, 3, 3]); it is one for the
+    // process, where per-session pools add threads with every model (below: 2 a
+    // model with 3 intra-op threads).
+    assert!(
+        growth(&shared) <= growth(&none) + 1,
         "threads after each load: shared pool {shared:?}, no pool threads {none:?}"
     );
     let cores = std::thread::available_parallelism().unwrap().get();
