@@ -82,9 +82,15 @@ async fn loading_more_models_adds_no_onnx_runtime_threads() {
         "shared pool {shared:?}, no pool threads {none:?}"
     );
     // An operator's per-session pool is still one: 3 intra-op threads are the
-    // caller and 2 of the session's own, for every model loaded.
+    // caller and 2 of the session's own, for every model loaded: 3 * 2 more over
+    // the last three loads, give or take the one lazy thread of the shared pools
+    // above, which may start in either run (CI saw it land on one side).
     let own = threads_per_load(&json!({"intra_op_threads": 3})).await;
-    assert_eq!(growth(&own), growth(&none) + 3 * 2, "own pools {own:?}");
+    let extra = growth(&own) - growth(&none);
+    assert!(
+        (3 * 2 - 1..=3 * 2 + 1).contains(&extra),
+        "own pools {own:?}, no pool threads {none:?}"
+    );
 }
 
 /// Four models loaded, three of them run (the pool's threads spin while there is
