@@ -4,7 +4,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use kiln_protocol::http::load_params_from_json;
 use serde_json::{json, Map, Value};
 
-use super::body::{json_object, read_body, read_raw_body};
+use super::body::{self, json_object, read_body, read_raw_body};
 use super::encoded::EncodedResponse;
 use super::model_routes::{self, Action};
 use super::{
@@ -278,12 +278,20 @@ async fn infer_traced(
     group: &WorkerGroup,
     trace: &mut Trace,
 ) -> Reply {
-    let body = read_body(req, payload, state.max_body_bytes).await?;
+    // `_held` keeps the body's bytes counted until the answer is built: the
+    // decoded request may point into the body.
+    let body::Body { bytes, held: _held } = read_body(
+        req,
+        payload,
+        state.max_body_bytes,
+        state.server.client_bytes(),
+    )
+    .await?;
     let header = req.headers().get(INFERENCE_HEADER_CONTENT_LENGTH);
     let decoded = offload::decode_request(
         &state.server,
         &group.endpoint,
-        body,
+        bytes,
         header.map(|v| v.as_bytes()),
     )
     .await;
