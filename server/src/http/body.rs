@@ -65,12 +65,12 @@ pub(super) async fn read_body(
                 }
                 held.grow_to(declared).map_err(ServerError::from)?;
             }
-            let bytes = gather(payload.into_inner(), limit, &mut held).await?;
+            let bytes = gather(payload.into_inner(), limit, declared, &mut held).await?;
             Ok(Body { bytes, held })
         }
         Some("gzip" | "x-gzip" | "deflate") => {
             let stream = actix_web::dev::Decompress::from_headers(payload.into_inner(), headers);
-            let bytes = gather(stream, limit, &mut held).await?;
+            let bytes = gather(stream, limit, None, &mut held).await?;
             Ok(Body { bytes, held })
         }
         Some(other) => Err(HttpError(ServerError::invalid(format!(
@@ -80,10 +80,13 @@ pub(super) async fn read_body(
 }
 
 /// Gathers `stream`'s chunks, at most `limit` bytes, each reserved in `held`
-/// before it is kept. A body that comes in one chunk is kept as it came (no copy).
+/// before it is kept. A body that comes in one chunk is kept as it came (no copy;
+/// actix's `to_bytes_limited` copied every body); one in several is gathered into
+/// one buffer sized for its `declared` length (already reserved and within `limit`).
 async fn gather<S, E>(
     mut stream: S,
     limit: usize,
+    declared: Option<usize>,
     held: &mut Reservation,
 ) -> Result<Bytes, HttpError>
 where
@@ -109,7 +112,7 @@ where
             None if rest.is_empty() => first = Some(chunk),
             first => {
                 if let Some(first) = first {
-                    rest.reserve(len);
+                    rest.reserve(len.max(declared.unwrap_or(0)));
                     rest.extend_from_slice(&first);
                 }
                 rest.extend_from_slice(&chunk);
