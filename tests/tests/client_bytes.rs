@@ -47,8 +47,8 @@ async fn held(kiln: &Kiln) -> f64 {
 }
 
 /// A body beyond the budget is refused with 429 before it is gathered, whether it
-/// declares its length or comes chunked; one within it is answered, and nothing
-/// stays held after either.
+/// declares its length or comes chunked, an inference's or a control request's; one
+/// within it is answered, and nothing stays held after either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_bodies_beyond_the_client_bytes_budget_are_refused() {
     let kiln = Kiln::start(&["--load", "echo", "--max-client-bytes", &BUDGET.to_string()]);
@@ -82,6 +82,20 @@ async fn http_bodies_beyond_the_client_bytes_budget_are_refused() {
     let (status, answer) = http_raw(&kiln.url, &head, chunked(&big)).await;
     assert_eq!(status, 429, "{answer}");
     assert_eq!(refused(&kiln, "body").await, 2.0);
+
+    // A control request's body (here the logging settings) is reserved the same way.
+    let mut settings = b"{}".to_vec();
+    settings.resize(4 * BUDGET, b' ');
+    let head = format!(
+        "POST /v2/logging HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n\
+         Transfer-Encoding: chunked\r\n\r\n"
+    );
+    let (status, answer) = http_raw(&kiln.url, &head, chunked(&settings)).await;
+    assert_eq!(status, 429, "{answer}");
+    assert_eq!(refused(&kiln, "body").await, 3.0);
+    settings.truncate(BUDGET / 2);
+    let (status, answer) = http_raw(&kiln.url, &head, chunked(&settings)).await;
+    assert_eq!(status, 200, "{answer}");
 
     assert_eq!(held(&kiln).await, 0.0);
     let (status, answer) = http_raw(

@@ -11,20 +11,16 @@ use bytes::{Bytes, BytesMut};
 use kiln_core::client_bytes::{ClientBytes, Reservation, Use};
 use serde_json::{Map, Value};
 
-use super::HttpError;
+use super::{HttpError, State};
 use crate::error::ServerError;
 
-/// Reads a control request's whole body (not compressed), up to `limit` bytes.
-pub(super) async fn read_raw_body(payload: web::Payload, limit: usize) -> Result<Bytes, HttpError> {
-    match payload.to_bytes_limited(limit).await {
-        Ok(Ok(body)) => Ok(body),
-        Ok(Err(e)) => Err(HttpError(ServerError::invalid(format!(
-            "cannot read the request body: {e}"
-        )))),
-        Err(_) => Err(HttpError(ServerError::TooLarge(format!(
-            "request body exceeds the limit of {limit} bytes"
-        )))),
-    }
+/// Reads a control request's whole body (not compressed), up to
+/// `--max-body-bytes` (413 beyond), its bytes reserved from the client-bytes
+/// budget as they come (429 when it has no room).
+pub(super) async fn read_raw_body(payload: web::Payload, state: &State) -> Result<Body, HttpError> {
+    let mut held = state.server.client_bytes().empty(Use::Body);
+    let bytes = gather(payload.into_inner(), state.max_body_bytes, None, &mut held).await?;
+    Ok(Body { bytes, held })
 }
 
 /// An inference request's body, and its bytes in the server-wide budget of bytes
@@ -131,9 +127,13 @@ fn too_large(limit: usize) -> HttpError {
 /// Reads an optional JSON object body.
 pub(super) async fn json_object(
     payload: web::Payload,
-    limit: usize,
+    state: &State,
 ) -> Result<Map<String, Value>, HttpError> {
-    let body = read_raw_body(payload, limit).await?;
+    // The body stays reserved while it is parsed, then goes.
+    let Body {
+        bytes: body,
+        held: _held,
+    } = read_raw_body(payload, state).await?;
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Map::new());
     }

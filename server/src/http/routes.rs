@@ -330,7 +330,10 @@ async fn infer_traced(
 }
 
 async fn load(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
-    let body = read_raw_body(payload, state.max_body_bytes).await?;
+    let body::Body {
+        bytes: body,
+        held: _held,
+    } = read_raw_body(payload, &state).await?;
     let params = if body.iter().all(u8::is_ascii_whitespace) {
         Vec::new()
     } else {
@@ -356,7 +359,7 @@ async fn unload(state: web::Data<State>, path: web::Path<String>) -> Reply {
 
 /// Triton's repository index: every model in the repository with its state.
 async fn repository_index(state: web::Data<State>, payload: web::Payload) -> Reply {
-    let body = json_object(payload, state.max_body_bytes).await?;
+    let body = json_object(payload, &state).await?;
     let only_ready = index_request(&body)?;
     // Reads the repository's folders and files: not on the connection's thread.
     let server = state.server.clone();
@@ -396,7 +399,7 @@ async fn repository_load(
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Reply {
-    let mut body = json_object(payload, state.max_body_bytes).await?;
+    let mut body = json_object(payload, &state).await?;
     let overrides = match body.remove("parameters") {
         None => Map::new(),
         Some(Value::Object(map)) => map,
