@@ -143,3 +143,31 @@ async fn unfinished_grpc_messages_beyond_the_client_bytes_budget_are_refused() {
     let answer = grpc.infer(&request(BUDGET / 16)).await.unwrap();
     assert_eq!(answer.outputs.len(), 1);
 }
+
+/// A body is reserved as its bytes arrive, not by the length it declares: a client
+/// that declares most of the budget and sends 1 KiB holds 1 KiB, and another
+/// client's body is answered meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_length_alone_does_not_hold_the_budget() {
+    use tokio::io::AsyncWriteExt;
+    let kiln = Kiln::start(&["--load", "echo", "--max-client-bytes", &BUDGET.to_string()]);
+    let host = kiln.url.trim_start_matches("http://");
+    let head = |len: usize| {
+        format!(
+            "POST /v2/models/echo/infer HTTP/1.1\r\nHost: {host}\r\n\
+             Content-Type: application/json\r\nContent-Length: {len}\r\n\r\n"
+        )
+    };
+    let mut slow = tokio::net::TcpStream::connect(host).await.unwrap();
+    let body = padded_body(BUDGET - 1024);
+    slow.write_all(head(body.len()).as_bytes()).await.unwrap();
+    slow.write_all(&body[..1024]).await.unwrap();
+    while held(&kiln).await == 0.0 {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(held(&kiln).await <= 1024.0);
+    let other = padded_body(BUDGET / 2);
+    let (status, answer) = http_raw(&kiln.url, &head(other.len()), other).await;
+    assert_eq!(status, 200, "{answer}");
+    drop(slow);
+}

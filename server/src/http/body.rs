@@ -19,7 +19,7 @@ use crate::error::ServerError;
 /// budget as they come (429 when it has no room).
 pub(super) async fn read_raw_body(payload: web::Payload, state: &State) -> Result<Body, HttpError> {
     let mut held = state.server.client_bytes().empty(Use::Body);
-    let bytes = gather(payload.into_inner(), state.max_body_bytes, None, &mut held).await?;
+    let bytes = gather(payload.into_inner(), state.max_body_bytes, &mut held).await?;
     Ok(Body { bytes, held })
 }
 
@@ -35,10 +35,10 @@ pub(super) struct Body {
 /// `Content-Encoding: gzip` or `deflate` (tritonclient's request compression) is
 /// decoded first, and the limit applies to what it decodes to.
 ///
-/// The bytes are reserved from `budget` before they are kept (429 at once when it
-/// has no room): all of a declared `Content-Length` up front, so a body costs the
-/// budget one atomic add and one subtract (its drop); a chunked or compressed body
-/// grows its reservation with each chunk that goes beyond.
+/// The bytes are reserved from `budget` as they arrive, before they are kept (429
+/// at once when it has no room): one atomic add per chunk (a small body is one
+/// chunk) and one subtract when dropped. Not the declared `Content-Length` up front:
+/// a client could then hold the budget with headers alone and no bytes sent.
 pub(super) async fn read_body(
     req: &HttpRequest,
     payload: web::Payload,
@@ -59,14 +59,13 @@ pub(super) async fn read_body(
                 if declared > limit {
                     return Err(too_large(limit));
                 }
-                held.grow_to(declared).map_err(ServerError::from)?;
             }
-            let bytes = gather(payload.into_inner(), limit, declared, &mut held).await?;
+            let bytes = gather(payload.into_inner(), limit, &mut held).await?;
             Ok(Body { bytes, held })
         }
         Some("gzip" | "x-gzip" | "deflate") => {
             let stream = actix_web::dev::Decompress::from_headers(payload.into_inner(), headers);
-            let bytes = gather(stream, limit, None, &mut held).await?;
+            let bytes = gather(stream, limit, &mut held).await?;
             Ok(Body { bytes, held })
         }
         Some(other) => Err(HttpError(ServerError::invalid(format!(
@@ -78,11 +77,10 @@ pub(super) async fn read_body(
 /// Gathers `stream`'s chunks, at most `limit` bytes, each reserved in `held`
 /// before it is kept. A body that comes in one chunk is kept as it came (no copy;
 /// actix's `to_bytes_limited` copied every body); one in several is gathered into
-/// one buffer sized for its `declared` length (already reserved and within `limit`).
+/// one buffer that grows with what arrived (never sized by what is declared).
 async fn gather<S, E>(
     mut stream: S,
     limit: usize,
-    declared: Option<usize>,
     held: &mut Reservation,
 ) -> Result<Bytes, HttpError>
 where
@@ -108,7 +106,7 @@ where
             None if rest.is_empty() => first = Some(chunk),
             first => {
                 if let Some(first) = first {
-                    rest.reserve(len.max(declared.unwrap_or(0)));
+                    rest.reserve(len);
                     rest.extend_from_slice(&first);
                 }
                 rest.extend_from_slice(&chunk);
