@@ -348,8 +348,10 @@ async fn shared_memory_inputs_count_against_the_client_bytes_budget() {
     let kiln = Kiln::start(&[
         "--load",
         "faulty:instances=1,max_buffers=1",
+        // Two 4 KiB copies, and 1 KiB for the JSON bodies held with them (the
+        // bodies reserve from the same budget).
         "--max-client-bytes",
-        "8192",
+        "9216",
     ]);
     let object = Object::new(16384);
     assert_eq!(register(&kiln, "in", &object.key, 0, 16384).await.0, 200);
@@ -372,11 +374,11 @@ async fn shared_memory_inputs_count_against_the_client_bytes_budget() {
         &kiln.url,
         "POST",
         "/v2/models/faulty/infer",
-        Some(from_region(1)),
+        Some(from_region(256)),
     )
     .await;
     assert_eq!(status, 429, "{v}");
-    assert!(error(&v).contains("--max-client-bytes 8192"), "{v}");
+    assert!(error(&v).contains("--max-client-bytes 9216"), "{v}");
     let text = kiln.client.metrics().await.unwrap();
     assert!(
         text.contains("kiln_client_bytes_refused_total{use=\"shared_memory\"} 1"),

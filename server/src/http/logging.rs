@@ -18,7 +18,7 @@ pub(super) async fn get() -> Reply {
 }
 
 pub(super) async fn post(state: web::Data<State>, payload: web::Payload) -> Reply {
-    let body = json_object(payload, state.max_body_bytes).await?;
+    let body = json_object(payload, &state).await?;
     let changes = body
         .into_iter()
         .map(|(name, value)| Ok((name.clone(), setting_value(&name, value)?)))

@@ -4,7 +4,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use kiln_protocol::http::load_params_from_json;
 use serde_json::{json, Map, Value};
 
-use super::body::{json_object, read_body, read_raw_body};
+use super::body::{self, json_object, read_body, read_raw_body};
 use super::encoded::EncodedResponse;
 use super::model_routes::{self, Action};
 use super::{
@@ -284,12 +284,20 @@ async fn infer_traced(
     group: &WorkerGroup,
     trace: &mut Trace,
 ) -> Reply {
-    let body = read_body(req, payload, state.max_body_bytes).await?;
+    // `_held` keeps the body's bytes counted until the answer is built: the
+    // decoded request may point into the body.
+    let body::Body { bytes, held: _held } = read_body(
+        req,
+        payload,
+        state.max_body_bytes,
+        state.server.client_bytes(),
+    )
+    .await?;
     let header = req.headers().get(INFERENCE_HEADER_CONTENT_LENGTH);
     let decoded = offload::decode_request(
         &state.server,
         &group.endpoint,
-        body,
+        bytes,
         header.map(|v| v.as_bytes()),
     )
     .await;
@@ -328,7 +336,10 @@ async fn infer_traced(
 }
 
 async fn load(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
-    let body = read_raw_body(payload, state.max_body_bytes).await?;
+    let body::Body {
+        bytes: body,
+        held: _held,
+    } = read_raw_body(payload, &state).await?;
     let params = if body.iter().all(u8::is_ascii_whitespace) {
         Vec::new()
     } else {
@@ -354,7 +365,7 @@ async fn unload(state: web::Data<State>, path: web::Path<String>) -> Reply {
 
 /// Triton's repository index: every model in the repository with its state.
 async fn repository_index(state: web::Data<State>, payload: web::Payload) -> Reply {
-    let body = json_object(payload, state.max_body_bytes).await?;
+    let body = json_object(payload, &state).await?;
     let only_ready = index_request(&body)?;
     // Reads the repository's folders and files: not on the connection's thread.
     let server = state.server.clone();
@@ -394,7 +405,7 @@ async fn repository_load(
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Reply {
-    let mut body = json_object(payload, state.max_body_bytes).await?;
+    let mut body = json_object(payload, &state).await?;
     let overrides = match body.remove("parameters") {
         None => Map::new(),
         Some(Value::Object(map)) => map,

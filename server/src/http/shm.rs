@@ -31,7 +31,7 @@ pub(super) async fn register(
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Reply {
-    let body = json_object(payload, state.max_body_bytes).await?;
+    let body = json_object(payload, &state).await?;
     let key = match body.get("key") {
         Some(Value::String(key)) => key,
         _ => return Err(ServerError::invalid("`key` must be a string such as \"/name\"").into()),

@@ -34,7 +34,7 @@ pub async fn setting(
     model: Option<&str>,
 ) -> Result<HttpResponse, HttpError> {
     let map = if req.method() == Method::POST {
-        let body = json_object(payload, state.max_body_bytes).await?;
+        let body = json_object(payload, state).await?;
         trace::update_settings(model, &updates(body)?)?
     } else {
         trace::get_settings(model)
