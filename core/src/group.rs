@@ -4,7 +4,6 @@
 //! handing batches over), a pool of buffer sets bounding the batches in flight, and
 //! one thread per worker instance.
 
-use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -16,50 +15,38 @@ use kiln_batchers::dynamic::{run_dynamic_batcher, DynamicConfig, DynamicHost, Re
 use kiln_batchers::sequence::{run_sequence_batcher, SequenceEvent};
 use kiln_batchers::{Admission, Batch, BatchFormer, BatcherConfig, Request};
 use kiln_buffers::{BufferSet, Pool};
-use kiln_worker_sdk::{BatcherKind, Shape, WorkerBox, WorkerInfo};
+use kiln_worker_sdk::{BatcherKind, WorkerBox, WorkerInfo};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use crate::async_instance::run_async_instance;
 use crate::ensemble::plan::Plan;
 use crate::error::{Result, ServerError};
-use crate::infer::{validate, InferRequest, MAX_OUTPUTS};
-use crate::instance::{run_instance, BatchSource, InstanceContext};
+use crate::infer::{validate, InferRequest};
+use crate::instance::{run_instance, BatchSource, From, InstanceContext};
 use crate::limits::Demand;
 use crate::metrics::ModelMetrics;
-use crate::params::GroupParams;
 pub use crate::reply::Reply;
 use crate::request_log::RequestLog;
 use crate::sequence::{SequenceGroupHost, SequenceLink, SequenceModel, SequenceParams};
 use crate::stats::ModelStats;
 
-/// Settings a group runs with, resolved from parameters and the worker's info.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GroupSettings {
-    pub batch_size: usize,
-    pub batcher: BatcherKind,
-    pub timeout: Duration,
-    /// Soft, no timeout: whether batches gather while the callers fall behind.
-    pub gather: bool,
-    pub batchers: usize,
-    pub max_buffers: usize,
-    /// An asynchronous worker's `max_outstanding` (`None`: a synchronous worker).
-    pub max_outstanding: Option<usize>,
-    pub queue_size: usize,
-    /// The dynamic batcher's settings (used when `batcher` is dynamic).
-    pub dynamic: DynamicConfig,
-    /// The sequence batcher's settings (used when `batcher` is sequence).
-    pub sequence: SequenceParams,
-}
+mod scale;
+mod settings;
+
+use settings::{batcher_threads, buffer_capacities};
+pub use settings::{demand, pool_bytes, resolve, GroupSettings};
 
 /// What names a group: its endpoint, the worker behind it, the identity of its
 /// load-time parameters and the model version it serves.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct GroupName {
     pub endpoint: String,
     pub worker: String,
     pub identity: String,
     pub version: String,
+    /// The load-time parameters (new instances of a scale up are made with them).
+    pub params: Vec<kiln_worker_sdk::Param>,
 }
 
 /// A group's load at one moment ([`WorkerGroup::load`]).
@@ -102,6 +89,8 @@ pub struct WorkerGroup {
     pub identity: String,
     /// The model version served ("1" for workers loaded directly).
     pub version: String,
+    /// The load-time parameters, as given (see [`GroupName::params`]).
+    pub params: Vec<kiln_worker_sdk::Param>,
     queue: ArcSwapOption<Sender<Request<Reply>>>,
     /// The group that took this one's name when a reload replaced it: a request
     /// that found this group in the snapshot just before the swap goes there, so a
@@ -117,11 +106,9 @@ pub struct WorkerGroup {
     pool: Arc<Pool<BufferSet>>,
     context: Arc<InstanceContext>,
     threads: Mutex<Vec<JoinHandle<()>>>,
-    /// Batcher threads (the rest of `threads` run instances): dynamic and sequence
-    /// only.
-    batcher_threads: usize,
-    /// The pool's memory at load (see [`pool_bytes`]), for the server-wide limits.
-    pool_bytes: u64,
+    /// The instance count, the pool's memory, and the channel that tells instances
+    /// to leave ([`scale`]).
+    scaling: scale::Scaling,
     sequence: Option<SequenceRuntime>,
     /// The worker's declared request parameters, checked at admission.
     request_params: crate::worker_params::RequestParams,
@@ -160,6 +147,7 @@ impl WorkerGroup {
             worker,
             identity,
             version,
+            params,
         } = name;
         let sequence_model = match settings.batcher {
             BatcherKind::Sequence => Some(SequenceModel::new(&info, &settings.sequence)?),
@@ -181,10 +169,12 @@ impl WorkerGroup {
         // batches out is the point of its tests); a synchronous one's hot path
         // does not pay for it.
         let make = || BufferSet::with_capacities(&input_caps, &output_caps);
-        let pool = match settings.max_outstanding {
-            Some(_) => Pool::tracked(settings.max_buffers, make),
-            None => Pool::new(settings.max_buffers, make),
-        };
+        let pool = Pool::resizable(
+            settings.max_buffers,
+            settings.buffer_capacity,
+            settings.max_outstanding.is_some(),
+            make,
+        );
         metrics.pool_size.set(settings.max_buffers as i64);
         let context = Arc::new(InstanceContext {
             outstanding: settings
@@ -254,7 +244,6 @@ impl WorkerGroup {
                 })
                 .collect();
         }
-        let batcher_threads = threads.len();
         let admission = Admission::new(settings.queue_size);
         let pool_bytes = pool_bytes(&info, &settings);
         let group = Arc::new(WorkerGroup {
@@ -265,6 +254,7 @@ impl WorkerGroup {
             settings,
             identity,
             version,
+            params,
             queue: ArcSwapOption::from_pointee(queue_tx),
             successor: ArcSwapOption::empty(),
             admission,
@@ -273,8 +263,7 @@ impl WorkerGroup {
             pool,
             context,
             threads: Mutex::new(threads),
-            batcher_threads,
-            pool_bytes,
+            scaling: scale::Scaling::new(pool_bytes),
             sequence: sequence_model.map(|model| SequenceRuntime {
                 batched: model.layout.batched,
                 model,
@@ -317,6 +306,7 @@ impl WorkerGroup {
             gather: false,
             batchers: 0,
             max_buffers: 0,
+            buffer_capacity: 0,
             max_outstanding: None,
             queue_size: 0,
             dynamic: DynamicConfig::new(batch_size, Duration::ZERO),
@@ -331,6 +321,7 @@ impl WorkerGroup {
             settings,
             identity: String::new(),
             version: version.to_owned(),
+            params: Vec::new(),
             queue: ArcSwapOption::empty(),
             successor: ArcSwapOption::empty(),
             admission: Admission::new(1),
@@ -340,8 +331,7 @@ impl WorkerGroup {
             pool: Pool::new(1, BufferSet::default),
             context,
             threads: Mutex::new(Vec::new()),
-            batcher_threads: 0,
-            pool_bytes: 0,
+            scaling: scale::Scaling::new(0),
             sequence: None,
             request_params: crate::worker_params::RequestParams::new(&[]),
             last_scrape: Mutex::new((Instant::now(), 0)),
@@ -363,21 +353,26 @@ impl WorkerGroup {
     pub fn add_instance(&self, worker: WorkerBox) -> Result<()> {
         // A stateful group's instances each get their own batches (sequences are
         // pinned to one instance); the others share the group's batch queue.
+        let n = self.scaling.started.fetch_add(1, Ordering::SeqCst);
         let (rx, outlet, index) = match &self.sequence {
             Some(seq) => {
                 let (tx, rx) = unbounded();
                 // The Manager adds instances one at a time: the index is the count.
                 let index = seq.instances.load(Ordering::SeqCst);
-                (BatchSource::Queue(rx), Some(tx), index)
+                let source = BatchSource {
+                    from: From::Queue(rx),
+                    leave: None,
+                };
+                (source, Some(tx), index)
             }
             None => {
                 // Instance `n` takes its turns on former `n % batchers`.
-                let n = self.threads.lock().len();
-                let source = match self.formers.get(n % self.formers.len().max(1)) {
-                    Some(former) => BatchSource::Former(Arc::clone(former)),
-                    None => BatchSource::Queue(self.batches.clone()),
+                let from = match self.formers.get(n % self.formers.len().max(1)) {
+                    Some(former) => From::Former(Arc::clone(former)),
+                    None => From::Queue(self.batches.clone()),
                 };
-                (source, None, 0)
+                let leave = Some(self.scaling.leave_rx.clone());
+                (BatchSource { from, leave }, None, 0)
             }
         };
         let ctx = Arc::clone(&self.context);
@@ -388,7 +383,6 @@ impl WorkerGroup {
         // Counted before its thread runs, so a request arriving as the load returns
         // finds it; taken back if the thread cannot start.
         self.context.healthy.fetch_add(1, Ordering::SeqCst);
-        let n = self.threads.lock().len();
         let spawned = spawn(format!("worker-{}-{n}", self.endpoint), move || {
             let worker = theirs.lock().take();
             match worker {
@@ -409,6 +403,7 @@ impl WorkerGroup {
             }
         };
         self.threads.lock().push(handle);
+        self.scaling.instances.fetch_add(1, Ordering::SeqCst);
         if let (Some(seq), Some(batches)) = (&self.sequence, outlet) {
             seq.instances.fetch_add(1, Ordering::SeqCst);
             // Should the batcher be gone, the batch queue's sender goes with this
@@ -644,12 +639,9 @@ impl WorkerGroup {
         self.queue.load().is_some() && self.context.healthy.load(Ordering::SeqCst) > 0
     }
 
-    /// Worker instances running.
+    /// Worker instances running (those told to leave by a scale down not counted).
     pub fn instance_count(&self) -> usize {
-        self.threads
-            .lock()
-            .len()
-            .saturating_sub(self.batcher_threads)
+        self.scaling.instances.load(Ordering::SeqCst)
     }
 
     /// Requests pending (accepted, not answered) and answered or refused so far, for
@@ -677,7 +669,7 @@ impl WorkerGroup {
             instances: self.instance_count(),
             // A hard or soft group's formers count as its batcher threads.
             batcher_threads: batcher_threads(&self.settings),
-            buffer_bytes: self.pool_bytes,
+            buffer_bytes: self.scaling.pool_bytes.load(Ordering::SeqCst),
         }
     }
 
@@ -852,123 +844,4 @@ fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<(
         .name(name)
         .spawn(f)
         .map_err(|e| ServerError::Internal(format!("cannot start a thread: {e}")))
-}
-
-/// Resolves the group's settings against what the worker accepts (`asynchronous`:
-/// the worker takes batches through `submit`).
-pub fn resolve(
-    info: &WorkerInfo,
-    params: &GroupParams,
-    instances: usize,
-    asynchronous: bool,
-) -> Result<GroupSettings> {
-    if info.outputs.len() > MAX_OUTPUTS {
-        return Err(ServerError::invalid(format!(
-            "worker declares {} outputs; at most {MAX_OUTPUTS} are supported",
-            info.outputs.len()
-        )));
-    }
-    let max = info.max_batch_size as usize;
-    let batch_size = match (max, params.batch_size.map(NonZeroUsize::get)) {
-        (0, None) | (0, Some(1)) => 1,
-        (0, Some(n)) => {
-            return Err(ServerError::invalid(format!(
-                "batch_size {n}: this worker does not batch (max_batch_size 0)"
-            )))
-        }
-        (max, Some(n)) if n > max => {
-            return Err(ServerError::invalid(format!(
-                "batch_size {n} exceeds the worker's max_batch_size {max}"
-            )))
-        }
-        (_, Some(n)) => n,
-        (max, None) => max.min(64),
-    };
-    let batcher = params.batcher.unwrap_or(info.batcher);
-    let max_outstanding = match (asynchronous, params.max_outstanding.map(NonZeroUsize::get)) {
-        (false, None | Some(1)) => None,
-        (false, Some(n)) => {
-            return Err(ServerError::invalid(format!(
-                "max_outstanding {n}: this worker is synchronous (one batch at a time per \
-                 instance); the parameter is for asynchronous workers"
-            )))
-        }
-        (true, _) if batcher == BatcherKind::Sequence => {
-            return Err(ServerError::invalid(
-                "the sequence batcher is not supported with an asynchronous worker",
-            ))
-        }
-        (true, n) => Some(n.unwrap_or(1)),
-    };
-    // Each instance holds a set per batch it has out (one for a synchronous
-    // worker) and one it is forming; one more lets a batcher start the next.
-    let per_instance = max_outstanding.unwrap_or(1) + 1;
-    Ok(GroupSettings {
-        batch_size,
-        batcher,
-        timeout: params.timeout,
-        gather: params.gather,
-        batchers: params.batchers.get(),
-        max_buffers: params
-            .max_buffers
-            .map_or(per_instance * instances + 1, NonZeroUsize::get),
-        max_outstanding,
-        queue_size: params.queue_size.get(),
-        dynamic: DynamicConfig {
-            max_batch_size: batch_size,
-            allow_ragged: info.allow_ragged_batch,
-            ..params.dynamic.clone()
-        },
-        sequence: params.sequence.clone(),
-    })
-}
-
-/// What a group of `instances` instances with `settings` would take of the machine.
-pub fn demand(info: &WorkerInfo, settings: &GroupSettings, instances: usize) -> Demand {
-    Demand {
-        instances,
-        batcher_threads: batcher_threads(settings),
-        buffer_bytes: pool_bytes(info, settings),
-    }
-}
-
-/// Batcher threads a group counts against the limits: `batchers` for hard and soft
-/// (its formers: the instances form the batches, no thread of its own), one
-/// scheduler for dynamic and sequence.
-fn batcher_threads(settings: &GroupSettings) -> usize {
-    match settings.batcher {
-        BatcherKind::Dynamic | BatcherKind::Sequence => 1,
-        BatcherKind::Hard | BatcherKind::Soft => settings.batchers,
-    }
-}
-
-/// The pool's memory at load: `max_buffers` sets of their initial sizes (buffers of
-/// dynamic shapes grow with use beyond this).
-pub fn pool_bytes(info: &WorkerInfo, settings: &GroupSettings) -> u64 {
-    let (inputs, outputs) = buffer_capacities(info, settings.batch_size);
-    let set: u64 = inputs.iter().chain(&outputs).map(|&b| b as u64).sum();
-    set.saturating_mul(settings.max_buffers as u64)
-}
-
-/// Initial buffer sizes: a full batch of each fixed-size tensor; dynamic ones grow
-/// on first use and keep their memory.
-fn buffer_capacities(info: &WorkerInfo, batch_size: usize) -> (Vec<usize>, Vec<usize>) {
-    let bytes = |dims: &[i64], dtype: kiln_worker_sdk::DataType| -> usize {
-        match (dtype.size(), dims.iter().all(|&d| d >= 0)) {
-            (Some(size), true) => {
-                Shape::new(dims).map_or(0, |s| s.element_count()) * size * batch_size
-            }
-            _ => 4096,
-        }
-    };
-    (
-        info.inputs
-            .iter()
-            .map(|s| bytes(&s.dims, s.dtype))
-            .collect(),
-        info.outputs
-            .iter()
-            .map(|s| bytes(&s.dims, s.dtype))
-            .collect(),
-    )
 }

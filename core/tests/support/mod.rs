@@ -50,6 +50,19 @@ impl Gate {
         }
     }
 
+    /// Waits until `n` batches have reached the gate, or `limit` has passed (a
+    /// guard against a test that would hang); whether they did.
+    pub fn wait_arrived_within(&self, n: usize, limit: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        let mut state = self.state.lock();
+        while state.1 < n {
+            if self.changed.wait_until(&mut state, deadline).timed_out() {
+                return state.1 >= n;
+            }
+        }
+        true
+    }
+
     fn pass(&self) {
         let mut state = self.state.lock();
         state.1 += 1;
