@@ -11,7 +11,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::{gate, params, request, server, Repository};
+use support::{gate, params, request, server, Clients, Repository};
 
 /// Long enough for any machine; only a broken scale waits this long.
 const HANG: Duration = Duration::from_secs(60);
@@ -118,41 +118,12 @@ async fn a_reload_that_changes_only_instances_scales_the_running_group() {
 async fn scaling_under_load_fails_no_request() {
     let server = server();
     let model = server.load("fake", Vec::new()).await.unwrap();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let clients: Vec<_> = (0..16u32)
-        .map(|c| {
-            let (server, stop, model) = (server.clone(), stop.clone(), model.clone());
-            tokio::spawn(async move {
-                let (mut answered, mut failed) = (0u64, Vec::new());
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    match server.infer(request(&model, &[c + 100])).await {
-                        Ok(r) if r.outputs[0].values::<u32>() == [c + 101] => answered += 1,
-                        Ok(r) => failed.push(format!("wrong answer {:?}", r.outputs)),
-                        Err(e) => failed.push(e.to_string()),
-                    }
-                }
-                (answered, failed)
-            })
-        })
-        .collect();
+    let clients = Clients::start(&server, &model, 16);
     for n in [4, 1, 3, 2, 4, 1] {
         server.scale(&model, n).await.unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (mut answered, mut failed) = (0, Vec::new());
-    for client in clients {
-        let (a, f) = client.await.unwrap();
-        answered += a;
-        failed.extend(f);
-    }
-    assert!(
-        failed.is_empty(),
-        "{} failed: {:?}",
-        failed.len(),
-        &failed[..failed.len().min(3)]
-    );
-    assert!(answered > 0);
+    clients.none_failed().await;
     let group = server.model(&model).unwrap();
     assert_eq!((group.instance_count(), group.buffer_sets()), (1, 3));
 }
