@@ -220,3 +220,47 @@ async fn scaled_up_over_grpc_the_model_runs_batches_on_4_instances_at_once() {
     );
     println!("4 slow batches: {busy:.2} s of instance time in {wall:.2} s");
 }
+
+#[tokio::test]
+async fn scaling_is_in_the_restricted_model_repository_category_and_checks_its_input() {
+    let repo = Repository::new("restricted");
+    let kiln = Kiln::start(&[
+        "--model-repository",
+        repo.0.to_str().unwrap(),
+        "--load-model",
+        "echo",
+        "--http-restricted-api",
+        "model-repository:admin-key=s3cret",
+    ]);
+    let http = reqwest::Client::new();
+    let scale = |body: serde_json::Value, key: Option<&str>| {
+        let mut request = http
+            .post(format!("{}/v2/repository/models/echo/scale", kiln.url))
+            .json(&body);
+        if let Some(key) = key {
+            request = request.header("admin-key", key);
+        }
+        async move {
+            let response = request.send().await.unwrap();
+            (response.status().as_u16(), response.text().await.unwrap())
+        }
+    };
+    let (status, body) = scale(json!({"instances": 2}), None).await;
+    assert_eq!(status, 403, "{body}");
+    for bad in [
+        json!({}),
+        json!({"instances": 0}),
+        json!({"instances": "2"}),
+        json!({"instances": 2, "x": 1}),
+    ] {
+        let (status, body) = scale(bad.clone(), Some("s3cret")).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+    }
+    let (status, body) = scale(json!({"instances": 100_000}), Some("s3cret")).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("--max-instances-per-model"), "{body}");
+    let (status, body) = scale(json!({"instances": 2}), Some("s3cret")).await;
+    assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer, json!({"instances": 2, "buffer_sets": 5}));
+}
