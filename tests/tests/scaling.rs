@@ -3,6 +3,7 @@
 //! repository load whose only change is `instances`) and gRPC
 //! (`RepositoryModelLoad` with `instances`), with 16 clients calling throughout and
 //! every answer counted; the buffer pool and the metrics follow the count.
+//! Loads the `echo`, `faulty` and `fpga-sim` plugins (build them and `kiln` first).
 
 // Test support: a failed step should fail the test loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -263,4 +264,50 @@ async fn scaling_is_in_the_restricted_model_repository_category_and_checks_its_i
     assert_eq!(status, 200, "{body}");
     let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(answer, json!({"instances": 2, "buffer_sets": 5}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_asynchronous_worker_scales_with_its_outstanding_batches_in_the_pool() {
+    // fpga-sim: each instance keeps up to `max_outstanding` batches submitted, so
+    // each takes max_outstanding + 1 buffer sets.
+    let kiln = Kiln::start(&[]);
+    let c = &kiln.client;
+    let params =
+        json!({"k": 16, "m": 8, "setup_us": 2000, "row_ns": 100_000, "max_outstanding": 2});
+    let model = c.load("fpga-sim", &params).await.unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let callers: Vec<_> = (0..8i8)
+        .map(|n| {
+            let (client, stop, model) = (c.clone(), stop.clone(), model.clone());
+            tokio::spawn(async move {
+                let x: Vec<i8> = (0..16).map(|i| i - n).collect();
+                let request = InferRequest {
+                    model,
+                    inputs: vec![InputTensor::from_slice("X", DataType::Int8, &[1, 16], &x)],
+                    ..Default::default()
+                };
+                let (mut answered, mut failed) = (0u64, Vec::new());
+                while !stop.load(Ordering::Relaxed) {
+                    match client.infer(&request).await {
+                        Ok(_) => answered += 1,
+                        Err(e) => failed.push(e.to_string()),
+                    }
+                }
+                (answered, failed)
+            })
+        })
+        .collect();
+    for (n, sets) in [(3, 10), (1, 4), (2, 7), (1, 4)] {
+        let answer = c.scale_model(&model, n).await.unwrap();
+        assert_eq!(answer, json!({"instances": n, "buffer_sets": sets}));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for caller in callers {
+        let (answered, failed) = caller.await.unwrap();
+        assert!(failed.is_empty(), "{failed:?}");
+        assert!(answered > 0);
+    }
+    wait_metric(c, "kiln_worker_instances", &model, 1.0).await;
+    assert_eq!(instances_and_sets(&kiln, &model).await, (1.0, 4.0, 1));
 }
