@@ -28,6 +28,8 @@ use crate::params::{check_known, identity, GroupParams};
 use crate::plugin::{check_name, Plugins};
 use crate::worker_params::{check_client_keys, RequestParams};
 
+mod scale;
+
 /// Endpoint name → group, as published by the Manager.
 pub type Models = HashMap<String, Arc<WorkerGroup>>;
 
@@ -54,6 +56,11 @@ enum Command {
     },
     Unload {
         endpoint: String,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    Scale {
+        endpoint: String,
+        instances: usize,
         reply: oneshot::Sender<Result<()>>,
     },
     Shutdown {
@@ -164,6 +171,19 @@ impl Manager {
         rx.await.map_err(|_| stopped())?
     }
 
+    /// Raises or lowers the instances of `endpoint` to `instances` ([`scale`]):
+    /// in place, with the buffer pool resized to match, or for a stateful model
+    /// by a reload with the new count. No request fails either way.
+    pub async fn scale(&self, endpoint: &str, instances: usize) -> Result<()> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Scale {
+            endpoint: endpoint.to_ascii_lowercase(),
+            instances,
+            reply,
+        })?;
+        rx.await.map_err(|_| stopped())?
+    }
+
     /// Unloads everything and stops the thread.
     pub async fn shutdown(&self) {
         let (reply, rx) = oneshot::channel();
@@ -266,6 +286,17 @@ impl State {
                 }
                 Command::Unload { endpoint, reply } => {
                     let _ = reply.send(self.unload(&endpoint));
+                }
+                Command::Scale {
+                    endpoint,
+                    instances,
+                    reply,
+                } => {
+                    let result = self.scale(&endpoint, instances);
+                    if let Err(e) = &result {
+                        spdlog::warn!("scaling `{endpoint}` failed: {e}");
+                    }
+                    let _ = reply.send(result);
                 }
                 Command::Shutdown { reply } => {
                     // Ensembles first: their step models are unloaded after them.
@@ -471,6 +502,16 @@ impl State {
             if same && self.runs(group, module) {
                 return Ok(name);
             }
+            // A reload whose only change is `instances` (Triton's `instance_group`
+            // count) scales the running group.
+            let same_but_instances = group.worker == worker
+                && group.version == version
+                && scale::same_but_instances(&group.params, &params)
+                && self.runs(group, module);
+            if same_but_instances && group.scales_in_place().is_ok() {
+                self.scale(&name, group_params.instances.get())?;
+                return Ok(name);
+            }
         }
         let group = self.build_group(
             module,
@@ -506,6 +547,7 @@ impl State {
         // worker has described itself.
         let count = only_instances(group_params.instances.get());
         self.within_limits(&endpoint, count, count)?;
+        let params_as_given = params.to_vec();
         let params = with_instances(params, group_params.instances.get());
         let host = self.host_spec(worker, &endpoint, group_params)?;
         let (instances, info) =
@@ -524,6 +566,14 @@ impl State {
                 return Err(e);
             }
         };
+        let mut settings = settings;
+        // What a scale up may grow the pool to: the sets of the most instances the
+        // limits let the model have.
+        let most = self.limits.instances_per_model.max(instances.len());
+        settings.buffer_capacity = resolve(&info, group_params, most, asynchronous)
+            .map_or(settings.max_buffers, |s| {
+                s.max_buffers.max(settings.max_buffers)
+            });
         let instances = start_instances(worker, instances, settings.batch_size)?;
         let metrics = self.metrics.model(&endpoint);
         let fresh = !self.groups.contains_key(&endpoint);
@@ -532,6 +582,7 @@ impl State {
             worker: worker.to_owned(),
             identity: id,
             version: version.to_owned(),
+            params: params_as_given,
         };
         let request_params = RequestParams::new((module.parameters())().as_slice());
         let group = WorkerGroup::start(name, info, settings, instances, metrics, request_params)

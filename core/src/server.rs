@@ -277,6 +277,13 @@ impl Server {
             .await
     }
 
+    /// Raises or lowers the worker instances of `endpoint` to `instances` while it
+    /// serves: no request fails, and its buffer pool is resized to match
+    /// ([`crate::group`]'s `scale`). Checked against the server-wide limits.
+    pub async fn scale(&self, endpoint: &str, instances: usize) -> Result<()> {
+        self.inner.manager.scale(endpoint, instances).await
+    }
+
     /// Unloads an endpoint, answering its accepted requests first.
     pub async fn unload(&self, endpoint: &str) -> Result<()> {
         self.inner.manager.unload(endpoint).await
