@@ -305,11 +305,12 @@ impl Jobs {
         }
     }
 
-    /// Stops the dispatcher (its jobs in flight get a few seconds to finish).
-    pub fn stop(&self) {
+    /// Stops the dispatcher: its jobs in flight get up to `wait` (the exit
+    /// timeout) to finish; the rest go back to the queue.
+    pub fn stop(&self, wait: Duration) {
         let dispatcher = self.open.lock().as_mut().and_then(|o| o.dispatcher.take());
         if let Some(dispatcher) = dispatcher {
-            dispatcher.stop();
+            dispatcher.stop(wait);
         }
     }
 }
