@@ -75,8 +75,8 @@ pub struct JobsArgs {
     pub jobs_max_stored: u64,
 }
 
-/// `--jobs-max-per-submission`'s default. Also what bounds one Redis `EXEC`
-/// (3 commands a job) and one redb commit.
+/// `--jobs-max-per-submission`'s default. Also what bounds one redb commit
+/// (one transaction a submission); Redis takes any size in bounded chunks.
 pub const DEFAULT_MAX_PER_SUBMISSION: usize = 10_000;
 /// `--jobs-max-stored`'s default.
 pub const DEFAULT_MAX_STORED: u64 = 1_000_000;
