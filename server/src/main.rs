@@ -531,7 +531,7 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
             // The dispatcher stops first: its claimed jobs go back to the queue.
             let jobs_stopped = tokio::task::spawn_blocking({
                 let jobs = jobs.clone();
-                move || jobs.stop()
+                move || jobs.stop(exit_timeout)
             });
             let drained = drain::until_idle(&server, deadline, &mut signals).await;
             let _ = jobs_stopped.await;
@@ -540,7 +540,7 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
         // The HTTP server ended by itself (an error): stop the rest as before.
         served = &mut http => {
             served.context("the HTTP server failed")??;
-            jobs.stop();
+            jobs.stop(exit_timeout);
             Drained::Idle
         }
     };
