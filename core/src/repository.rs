@@ -124,7 +124,7 @@ impl Repository {
         version: Option<u64>,
         overrides: Vec<Param>,
     ) -> Result<Resolved> {
-        check_name(name)?;
+        check_model_name(name)?;
         let folder = self.root.join(name);
         let file = folder.join("config.toml");
         if !file.is_file() && folder.join(PBTXT).is_file() {
@@ -236,6 +236,19 @@ impl Repository {
             declared: None,
         })
     }
+}
+
+/// A model's name is its folder's: lower-case letters, digits, `-` and `_`
+/// (nothing that can leave the repository).
+pub fn check_model_name(name: &str) -> Result<()> {
+    if name.is_empty() {
+        return Err(ServerError::invalid("the request names no model"));
+    }
+    check_name(name).map_err(|_| {
+        ServerError::invalid(format!(
+            "invalid model name `{name}`: use lower-case letters, digits, `-` and `_`"
+        ))
+    })
 }
 
 /// `overrides` replace the parameters of the same name; `model_dir` is the

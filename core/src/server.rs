@@ -16,6 +16,7 @@ use crate::housekeeping::Housekeeping;
 use crate::infer::{InferRequest, InferResponse};
 use crate::manager::{Manager, Models};
 use crate::metrics::Metrics;
+use crate::model_control::ModelControl;
 use crate::plugin::Plugins;
 use crate::repository::{Entry, Repository, Resolved, Serving};
 use crate::restricted::RestrictedApis;
@@ -61,6 +62,7 @@ struct Inner {
     shared_memory: SharedMemory,
     client_bytes: Arc<ClientBytes>,
     restricted: OnceLock<RestrictedApis>,
+    model_control: OnceLock<ModelControl>,
     /// Stops with the server.
     _housekeeping: Option<Housekeeping>,
 }
@@ -107,6 +109,7 @@ impl Server {
                 shared_memory: SharedMemory::with_budget(Arc::clone(&client_bytes)),
                 client_bytes,
                 restricted: OnceLock::new(),
+                model_control: OnceLock::new(),
                 _housekeeping: housekeeping,
             }),
         })
@@ -135,6 +138,11 @@ impl Server {
             .repository
             .as_ref()
             .ok_or_else(|| ServerError::Unavailable("no model repository is configured".into()))
+    }
+
+    /// The model repository's directory.
+    pub fn repository_root(&self) -> Result<std::path::PathBuf> {
+        Ok(self.repository()?.root().to_owned())
     }
 
     /// The models of the model repository.
@@ -210,7 +218,16 @@ impl Server {
         // such a model at load too).
         if let Some(declared) = &resolved.declared {
             let group = self.model(&loaded)?;
-            if let Err(why) = declared.check(&group.info.inputs, &group.info.outputs) {
+            let (inputs, outputs) = (&group.info.inputs, &group.info.outputs);
+            let mut checked = declared.check(inputs, outputs);
+            // Without auto-completion (Triton's strict model configuration) the
+            // file must declare every tensor of the model.
+            if checked.is_ok() && self.model_control().strict_config {
+                checked = declared.check_complete(inputs, outputs).map_err(|why| {
+                    format!("{why} (--disable-auto-complete-config: nothing is completed from the model)")
+                });
+            }
+            if let Err(why) = checked {
                 self.unload(&loaded).await?;
                 return Err(ServerError::invalid(format!("model `{name}`: {why}")));
             }
@@ -369,9 +386,28 @@ impl Server {
         self.inner.restricted.get_or_init(RestrictedApis::default)
     }
 
-    /// Whether the server takes requests.
+    /// Sets how the repository's models are controlled (Triton's
+    /// `--model-control-mode`, `--strict-readiness`,
+    /// `--disable-auto-complete-config`). Call it before serving; refused once set.
+    pub fn set_model_control(&self, control: ModelControl) -> Result<()> {
+        self.inner
+            .model_control
+            .set(control)
+            .map_err(|_| ServerError::Internal("model control is already set".into()))
+    }
+
+    /// How the repository's models are controlled ([`ModelControl::default`]
+    /// unless [`Server::set_model_control`] set it).
+    pub fn model_control(&self) -> &ModelControl {
+        self.inner.model_control.get_or_init(ModelControl::default)
+    }
+
+    /// Whether the server takes requests: marked ready and, with strict readiness,
+    /// every loaded model ready (Triton's `--strict-readiness`).
     pub fn is_ready(&self) -> bool {
         self.inner.ready.load(Ordering::SeqCst)
+            && (!self.model_control().strict_readiness
+                || self.inner.models.load().values().all(|g| g.is_ready()))
     }
 
     /// Marks the server ready (or not).

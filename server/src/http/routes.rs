@@ -405,6 +405,7 @@ async fn repository_load(
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Reply {
+    state.server.model_control().check_api()?;
     let mut body = json_object(payload, &state).await?;
     let overrides = match body.remove("parameters") {
         None => Map::new(),
@@ -435,6 +436,7 @@ fn blocking_failed(e: actix_web::error::BlockingError) -> HttpError {
 }
 
 async fn repository_unload(state: web::Data<State>, path: web::Path<String>) -> Reply {
+    state.server.model_control().check_api()?;
     state.server.unload(&path.into_inner()).await?;
     Ok(HttpResponse::Ok().json(json!({})))
 }
