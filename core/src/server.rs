@@ -1,5 +1,6 @@
 //! The embeddable server: start it, load workers, infer without a socket.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -23,6 +24,7 @@ use crate::restricted::RestrictedApis;
 use crate::serve::{self, Pending};
 use crate::shm::SharedMemory;
 use crate::trace::Trace;
+use crate::triton_config::proto::ModelConfig as ModelConfigProto;
 use crate::worker_params::{client_keys, Origin};
 
 /// How to start a [`Server`].
@@ -45,6 +47,12 @@ pub struct ServerConfig {
     pub builtin_workers: Vec<crate::plugin::BuiltinWorker>,
 }
 
+/// A `config.pbtxt` as read, with the group it was loaded as.
+type TritonConfig = (
+    std::sync::Weak<WorkerGroup>,
+    Arc<crate::triton_config::proto::ModelConfig>,
+);
+
 /// A running kiln server; cheap to clone.
 #[derive(Clone)]
 pub struct Server {
@@ -63,6 +71,9 @@ struct Inner {
     client_bytes: Arc<ClientBytes>,
     restricted: OnceLock<RestrictedApis>,
     model_control: OnceLock<ModelControl>,
+    /// The `config.pbtxt` each model was loaded from, with the group it made
+    /// (a group loaded since, from another file or none, is not answered by it).
+    triton_configs: parking_lot::Mutex<HashMap<String, TritonConfig>>,
     /// Stops with the server.
     _housekeeping: Option<Housekeeping>,
 }
@@ -110,6 +121,7 @@ impl Server {
                 client_bytes,
                 restricted: OnceLock::new(),
                 model_control: OnceLock::new(),
+                triton_configs: parking_lot::Mutex::new(HashMap::new()),
                 _housekeeping: housekeeping,
             }),
         })
@@ -195,6 +207,37 @@ impl Server {
     /// `resolved`; `client_keys` are the parameters a client set
     /// ([`crate::worker_params::client_keys`]).
     pub async fn load_resolved(
+        &self,
+        name: &str,
+        resolved: Resolved,
+        client_keys: Vec<String>,
+    ) -> Result<String> {
+        let triton = resolved.triton.clone();
+        let loaded = self.load_serving(name, resolved, client_keys).await?;
+        let mut configs = self.inner.triton_configs.lock();
+        match (triton, self.model(&loaded)) {
+            (Some(config), Ok(group)) => {
+                configs.insert(loaded.clone(), (Arc::downgrade(&group), config));
+            }
+            _ => {
+                configs.remove(&loaded);
+            }
+        }
+        Ok(loaded)
+    }
+
+    /// The `config.pbtxt` `group` was loaded from, completed as Triton answers
+    /// `/config` ([`crate::triton_config::complete`]); `None` for a model of
+    /// another origin (a `config.toml`, a worker loaded by name).
+    pub fn triton_config(&self, group: &Arc<WorkerGroup>) -> Option<ModelConfigProto> {
+        let configs = self.inner.triton_configs.lock();
+        let (loaded, config) = configs.get(&group.endpoint)?;
+        let same = loaded.upgrade().is_some_and(|g| Arc::ptr_eq(&g, group));
+        same.then(|| crate::triton_config::complete::complete(config, &group.endpoint, group))
+    }
+
+    /// [`Server::load_resolved`] without the bookkeeping of Triton's configs.
+    async fn load_serving(
         &self,
         name: &str,
         resolved: Resolved,

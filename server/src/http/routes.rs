@@ -169,7 +169,7 @@ async fn model_route(state: web::Data<State>, req: HttpRequest, payload: web::Pa
     match path.action {
         Action::Metadata => Ok(model_metadata(&group)),
         Action::Ready => Ok(model_ready(&group)),
-        Action::Config => Ok(triton::config(&group)),
+        Action::Config => triton::config(&state.server, &group),
         Action::Stats => Ok(triton::model_stats(&group)),
         Action::Infer => infer(&state, &req, payload, &group).await,
         Action::Stream => {
