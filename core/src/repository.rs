@@ -78,6 +78,8 @@ pub struct Resolved {
     pub serving: Serving,
     /// The tensors a `config.pbtxt` declares, checked once the model is loaded.
     pub declared: Option<Declared>,
+    /// The `config.pbtxt` read, for answering `/config` as Triton does.
+    pub triton: Option<std::sync::Arc<crate::triton_config::proto::ModelConfig>>,
 }
 
 /// A model repository on disk.
@@ -124,7 +126,7 @@ impl Repository {
         version: Option<u64>,
         overrides: Vec<Param>,
     ) -> Result<Resolved> {
-        check_name(name)?;
+        check_model_name(name)?;
         let folder = self.root.join(name);
         let file = folder.join("config.toml");
         if !file.is_file() && folder.join(PBTXT).is_file() {
@@ -164,6 +166,7 @@ impl Repository {
                     params: Vec::new(),
                     serving: Serving::Ensemble(ensemble),
                     declared: None,
+                    triton: None,
                 });
             }
             (Some(worker), None) => {
@@ -234,8 +237,22 @@ impl Repository {
             params,
             serving: Serving::Worker,
             declared: None,
+            triton: None,
         })
     }
+}
+
+/// A model's name is its folder's: lower-case letters, digits, `-` and `_`
+/// (nothing that can leave the repository).
+pub fn check_model_name(name: &str) -> Result<()> {
+    if name.is_empty() {
+        return Err(ServerError::invalid("the request names no model"));
+    }
+    check_name(name).map_err(|_| {
+        ServerError::invalid(format!(
+            "invalid model name `{name}`: use lower-case letters, digits, `-` and `_`"
+        ))
+    })
 }
 
 /// `overrides` replace the parameters of the same name; `model_dir` is the
@@ -273,6 +290,7 @@ fn resolve_pbtxt(
     let text = std::fs::read_to_string(&file).map_err(|e| invalid(e.to_string()))?;
     let parsed = crate::triton_config::parse(&text).map_err(invalid)?;
     let mapped = crate::triton_config::map::map(name, &parsed).map_err(invalid)?;
+    let triton = Some(std::sync::Arc::new(parsed.config));
     let available = versions(folder);
     let policy = match &mapped {
         Mapped::Worker { policy, .. } | Mapped::Ensemble { policy, .. } => policy,
@@ -302,6 +320,7 @@ fn resolve_pbtxt(
                 params: Vec::new(),
                 serving: Serving::Ensemble(config),
                 declared: None,
+                triton,
             })
         }
         Mapped::Worker {
@@ -317,6 +336,7 @@ fn resolve_pbtxt(
                 params,
                 serving: Serving::Worker,
                 declared: Some(declared),
+                triton,
             })
         }
     }

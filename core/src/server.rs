@@ -1,5 +1,6 @@
 //! The embeddable server: start it, load workers, infer without a socket.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -16,12 +17,14 @@ use crate::housekeeping::Housekeeping;
 use crate::infer::{InferRequest, InferResponse};
 use crate::manager::{Manager, Models};
 use crate::metrics::Metrics;
+use crate::model_control::ModelControl;
 use crate::plugin::Plugins;
 use crate::repository::{Entry, Repository, Resolved, Serving};
 use crate::restricted::RestrictedApis;
 use crate::serve::{self, Pending};
 use crate::shm::SharedMemory;
 use crate::trace::Trace;
+use crate::triton_config::proto::ModelConfig as ModelConfigProto;
 use crate::worker_params::{client_keys, Origin};
 
 /// How to start a [`Server`].
@@ -44,6 +47,12 @@ pub struct ServerConfig {
     pub builtin_workers: Vec<crate::plugin::BuiltinWorker>,
 }
 
+/// A `config.pbtxt` as read, with the group it was loaded as.
+type TritonConfig = (
+    std::sync::Weak<WorkerGroup>,
+    Arc<crate::triton_config::proto::ModelConfig>,
+);
+
 /// A running kiln server; cheap to clone.
 #[derive(Clone)]
 pub struct Server {
@@ -61,6 +70,10 @@ struct Inner {
     shared_memory: SharedMemory,
     client_bytes: Arc<ClientBytes>,
     restricted: OnceLock<RestrictedApis>,
+    model_control: OnceLock<ModelControl>,
+    /// The `config.pbtxt` each model was loaded from, with the group it made
+    /// (a group loaded since, from another file or none, is not answered by it).
+    triton_configs: parking_lot::Mutex<HashMap<String, TritonConfig>>,
     /// Stops with the server.
     _housekeeping: Option<Housekeeping>,
 }
@@ -107,6 +120,8 @@ impl Server {
                 shared_memory: SharedMemory::with_budget(Arc::clone(&client_bytes)),
                 client_bytes,
                 restricted: OnceLock::new(),
+                model_control: OnceLock::new(),
+                triton_configs: parking_lot::Mutex::new(HashMap::new()),
                 _housekeeping: housekeeping,
             }),
         })
@@ -135,6 +150,11 @@ impl Server {
             .repository
             .as_ref()
             .ok_or_else(|| ServerError::Unavailable("no model repository is configured".into()))
+    }
+
+    /// The model repository's directory.
+    pub fn repository_root(&self) -> Result<std::path::PathBuf> {
+        Ok(self.repository()?.root().to_owned())
     }
 
     /// The models of the model repository.
@@ -192,6 +212,37 @@ impl Server {
         resolved: Resolved,
         client_keys: Vec<String>,
     ) -> Result<String> {
+        let triton = resolved.triton.clone();
+        let loaded = self.load_serving(name, resolved, client_keys).await?;
+        let mut configs = self.inner.triton_configs.lock();
+        match (triton, self.model(&loaded)) {
+            (Some(config), Ok(group)) => {
+                configs.insert(loaded.clone(), (Arc::downgrade(&group), config));
+            }
+            _ => {
+                configs.remove(&loaded);
+            }
+        }
+        Ok(loaded)
+    }
+
+    /// The `config.pbtxt` `group` was loaded from, completed as Triton answers
+    /// `/config` ([`crate::triton_config::complete`]); `None` for a model of
+    /// another origin (a `config.toml`, a worker loaded by name).
+    pub fn triton_config(&self, group: &Arc<WorkerGroup>) -> Option<ModelConfigProto> {
+        let configs = self.inner.triton_configs.lock();
+        let (loaded, config) = configs.get(&group.endpoint)?;
+        let same = loaded.upgrade().is_some_and(|g| Arc::ptr_eq(&g, group));
+        same.then(|| crate::triton_config::complete::complete(config, &group.endpoint, group))
+    }
+
+    /// [`Server::load_resolved`] without the bookkeeping of Triton's configs.
+    async fn load_serving(
+        &self,
+        name: &str,
+        resolved: Resolved,
+        client_keys: Vec<String>,
+    ) -> Result<String> {
         if let Serving::Ensemble(config) = resolved.serving {
             return self.load_ensemble(name, resolved.version, config).await;
         }
@@ -210,7 +261,16 @@ impl Server {
         // such a model at load too).
         if let Some(declared) = &resolved.declared {
             let group = self.model(&loaded)?;
-            if let Err(why) = declared.check(&group.info.inputs, &group.info.outputs) {
+            let (inputs, outputs) = (&group.info.inputs, &group.info.outputs);
+            let mut checked = declared.check(inputs, outputs);
+            // Without auto-completion (Triton's strict model configuration) the
+            // file must declare every tensor of the model.
+            if checked.is_ok() && self.model_control().strict_config {
+                checked = declared.check_complete(inputs, outputs).map_err(|why| {
+                    format!("{why} (--disable-auto-complete-config: nothing is completed from the model)")
+                });
+            }
+            if let Err(why) = checked {
                 self.unload(&loaded).await?;
                 return Err(ServerError::invalid(format!("model `{name}`: {why}")));
             }
@@ -376,9 +436,28 @@ impl Server {
         self.inner.restricted.get_or_init(RestrictedApis::default)
     }
 
-    /// Whether the server takes requests.
+    /// Sets how the repository's models are controlled (Triton's
+    /// `--model-control-mode`, `--strict-readiness`,
+    /// `--disable-auto-complete-config`). Call it before serving; refused once set.
+    pub fn set_model_control(&self, control: ModelControl) -> Result<()> {
+        self.inner
+            .model_control
+            .set(control)
+            .map_err(|_| ServerError::Internal("model control is already set".into()))
+    }
+
+    /// How the repository's models are controlled ([`ModelControl::default`]
+    /// unless [`Server::set_model_control`] set it).
+    pub fn model_control(&self) -> &ModelControl {
+        self.inner.model_control.get_or_init(ModelControl::default)
+    }
+
+    /// Whether the server takes requests: marked ready and, with strict readiness,
+    /// every loaded model ready (Triton's `--strict-readiness`).
     pub fn is_ready(&self) -> bool {
         self.inner.ready.load(Ordering::SeqCst)
+            && (!self.model_control().strict_readiness
+                || self.inner.models.load().values().all(|g| g.is_ready()))
     }
 
     /// Marks the server ready (or not).

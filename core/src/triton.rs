@@ -490,6 +490,19 @@ pub fn repository_index(server: &Server, only_ready: bool) -> Result<Vec<IndexEn
     Ok(index)
 }
 
+/// The model a repository load or unload names: Triton's `model_name` (field
+/// 2), else field 1, which is Triton's `repository_name` and KServe's
+/// `model_name` (kiln serves one repository, so a name there is the model's).
+pub fn repository_model_name<'a>(field_1: &'a str, field_2: &'a str) -> Result<&'a str> {
+    match (field_1, field_2) {
+        (_, model) if !model.is_empty() => Ok(model),
+        (model, _) if !model.is_empty() => Ok(model),
+        _ => Err(ServerError::invalid(
+            "the request names no model: set `model_name`",
+        )),
+    }
+}
+
 /// Takes the `version` parameter of a repository load out of `params`: the version
 /// to load, if given.
 pub fn take_version(params: &mut Vec<Param>) -> Result<Option<u64>> {
@@ -516,6 +529,17 @@ mod tests {
     use kiln_worker_sdk::ParamValue;
 
     use super::*;
+
+    #[test]
+    fn a_repository_call_names_its_model_in_either_field() {
+        // Triton's layout, with or without a repository name.
+        assert_eq!(repository_model_name("", "m").unwrap(), "m");
+        assert_eq!(repository_model_name("repo", "m").unwrap(), "m");
+        // KServe's: the model in field 1.
+        assert_eq!(repository_model_name("m", "").unwrap(), "m");
+        let e = repository_model_name("", "").unwrap_err().to_string();
+        assert!(e.contains("names no model"), "{e}");
+    }
 
     #[test]
     fn every_datatype_has_triton_name() {

@@ -393,6 +393,27 @@ impl Declared {
         side("input", &self.inputs, inputs)?;
         side("output", &self.outputs, outputs)
     }
+
+    /// Checks that every tensor of the model is declared (what Triton requires
+    /// when it does not complete a config from the model).
+    pub fn check_complete(
+        &self,
+        inputs: &[TensorSpec],
+        outputs: &[TensorSpec],
+    ) -> Result<(), String> {
+        let side = |what: &str, declared: &[TensorConfig], model: &[TensorSpec]| match model
+            .iter()
+            .find(|m| !declared.iter().any(|d| m.name.as_str() == d.name))
+        {
+            Some(m) => Err(format!(
+                "the config declares no {what} `{}`, which the model has",
+                m.name.as_str()
+            )),
+            None => Ok(()),
+        };
+        side("input", &self.inputs, inputs)?;
+        side("output", &self.outputs, outputs)
+    }
 }
 
 #[cfg(test)]

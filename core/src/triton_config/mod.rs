@@ -11,6 +11,7 @@
 //! - [`map`]: the typed config → what kiln loads (a worker and its load
 //!   parameters, or an ensemble).
 
+pub mod complete;
 pub mod map;
 
 use std::sync::OnceLock;
@@ -121,6 +122,14 @@ fn colon_before_lists(text: &str) -> std::borrow::Cow<'_, str> {
     }
     out.push_str(&text[from..]);
     std::borrow::Cow::Owned(out)
+}
+
+/// The config as a reflective message: what renders it in protobuf's JSON
+/// mapping (prost-reflect's serde), as Triton answers `/config`.
+pub fn to_message(config: &proto::ModelConfig) -> Result<DynamicMessage, String> {
+    let mut message = DynamicMessage::new(descriptor().clone());
+    message.transcode_from(config).map_err(|e| e.to_string())?;
+    Ok(message)
 }
 
 /// The config as protobuf text (what kiln read, for logs and tests).

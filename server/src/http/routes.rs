@@ -173,7 +173,7 @@ async fn model_route(state: web::Data<State>, req: HttpRequest, payload: web::Pa
     match path.action {
         Action::Metadata => Ok(model_metadata(&group)),
         Action::Ready => Ok(model_ready(&group)),
-        Action::Config => Ok(triton::config(&group)),
+        Action::Config => triton::config(&state.server, &group),
         Action::Stats => Ok(triton::model_stats(&group)),
         Action::Infer => infer(&state, &req, payload, &group).await,
         Action::Stream => {
@@ -409,6 +409,7 @@ async fn repository_load(
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Reply {
+    state.server.model_control().check_api()?;
     let mut body = json_object(payload, &state).await?;
     let overrides = match body.remove("parameters") {
         None => Map::new(),
@@ -439,6 +440,7 @@ fn blocking_failed(e: actix_web::error::BlockingError) -> HttpError {
 }
 
 async fn repository_unload(state: web::Data<State>, path: web::Path<String>) -> Reply {
+    state.server.model_control().check_api()?;
     state.server.unload(&path.into_inner()).await?;
     Ok(HttpResponse::Ok().json(json!({})))
 }
