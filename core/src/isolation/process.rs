@@ -21,6 +21,7 @@ use kiln_worker_sdk::{BatchCompletionBox, BatchFfi, Param, WorkerFfi, WorkerInfo
 use prometheus_client::metrics::counter::Counter;
 
 use super::arena::{align, ARENA_KEEP};
+use super::relay::{self, HOST_CALLS};
 use super::spawn::{describe, reap, spawn, Host};
 use super::wire::{read_frame, write_frame, Call, Reader, WireError, Writer, REPLY_OK};
 
@@ -56,6 +57,8 @@ pub struct ProcessWorker {
     crashes: u32,
     out: Vec<u8>,
     reply: Vec<u8>,
+    /// The answer to the running batch's model calls.
+    calls: Vec<u8>,
 }
 
 impl ProcessWorker {
@@ -71,6 +74,7 @@ impl ProcessWorker {
             crashes: 0,
             out: Vec::new(),
             reply: Vec::new(),
+            calls: Vec::new(),
         }
     }
 
@@ -116,8 +120,15 @@ impl ProcessWorker {
         let Some(host) = self.host.as_mut() else {
             return Err("no worker host".to_owned());
         };
-        let sent = write_frame(&mut host.socket, &self.out)
+        let mut sent = write_frame(&mut host.socket, &self.out)
             .and_then(|()| read_frame(&mut host.socket, &mut self.reply));
+        // A batch's model calls come before its reply; each is answered here, on
+        // the instance thread, as an in-process worker's would be.
+        while sent.is_ok() && self.reply.first() == Some(&HOST_CALLS) {
+            relay::serve(&host.arena, &self.reply[1..], &mut self.calls);
+            sent = write_frame(&mut host.socket, &self.calls)
+                .and_then(|()| read_frame(&mut host.socket, &mut self.reply));
+        }
         if let Err(e) = sent {
             return Err(self.lost(during, None, Some(e)));
         }
