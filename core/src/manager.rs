@@ -592,6 +592,7 @@ impl State {
             restarts: self.metrics.host_restarts(endpoint),
             max_batch_bytes: usize::try_from(self.limits.buffer_bytes_per_model)
                 .unwrap_or(usize::MAX),
+            max_memory: params.max_host_memory.map(|m| m.get()),
         }))
     }
 

@@ -442,3 +442,69 @@ async fn tritons_bls_examples_call_models_unmodified() {
         assert!(restarts.unwrap_or(0.0) == 0.0, "{model}: {text}");
     }
 }
+
+/// A model.py that leaks 64 MiB per request, in a host bounded by
+/// `max_host_memory`: its allocations fail there (MemoryError, one batch), the
+/// host is restarted, and the model serves again; another model answers all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaking_model_is_bounded_and_its_host_restarted() {
+    let repo = repository(&["leak_python", "add_sub"], &[]);
+    let config = repo.path().join("leak_python/config.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("{text}max_host_memory = {}\n", 1u64 << 30)).unwrap();
+    let kiln = Kiln::start(&["--model-repository", &repo.arg(), "--load-model", "*"]);
+    let client = &kiln.client;
+    let leak = |i: i32| async move { client.infer(&int32("leak_python", &[i])).await };
+    let output = |answer: &InferResponse, name: &str| {
+        answer
+            .outputs
+            .iter()
+            .find(|o| o.name == name)
+            .unwrap()
+            .clone()
+    };
+    let held = |answer: &InferResponse| output(answer, "HELD").values::<i64>()[0];
+    let mut kept = Vec::new();
+    let mut failure = None;
+    for i in 0..32 {
+        match leak(i).await {
+            Ok(answer) => {
+                assert_eq!(output(&answer, "OUTPUT0").values::<i32>(), vec![i]);
+                kept.push(held(&answer));
+            }
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        }
+        check_add_sub(
+            &client
+                .infer(&add_sub_request("add_sub", None))
+                .await
+                .unwrap(),
+        );
+    }
+    let failure = failure.expect("64 MiB a request reaches 1 GiB within 16 requests");
+    assert_eq!(failure.status(), Some(500), "{failure}");
+    assert!(failure.to_string().contains("MemoryError"), "{failure}");
+    let want: Vec<i64> = (1..=kept.len() as i64).map(|n| n * 64).collect();
+    assert_eq!(kept, want);
+    assert!(kept.len() >= 4, "the host started near its bound: {kept:?}");
+
+    // A new host (a new interpreter, nothing kept) serves the next request.
+    let answer = leak(100).await.unwrap();
+    assert_eq!(held(&answer), 64);
+    let text = client.metrics().await.unwrap();
+    let restarts = metric(
+        &text,
+        "kiln_worker_host_restarts_total",
+        &[("model", "leak_python")],
+    );
+    assert_eq!(restarts, Some(1.0), "{text}");
+    check_add_sub(
+        &client
+            .infer(&add_sub_request("add_sub", None))
+            .await
+            .unwrap(),
+    );
+}
