@@ -15,6 +15,7 @@ use kiln_worker_sdk::{
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
+use crate::client_bytes::ClientBytes;
 use crate::ensemble::bind::bind;
 use crate::ensemble::config::EnsembleConfig;
 use crate::ensemble::plan::Plan;
@@ -81,6 +82,7 @@ impl Manager {
         models: Arc<ArcSwap<Models>>,
         metrics: Arc<Metrics>,
         limits: Limits,
+        client_bytes: Arc<ClientBytes>,
     ) -> Result<Manager> {
         let (commands, rx) = unbounded();
         let state = State {
@@ -90,6 +92,7 @@ impl Manager {
             groups: HashMap::new(),
             built_from: HashMap::new(),
             limits,
+            client_bytes,
         };
         let thread = std::thread::Builder::new()
             .name("kiln-manager".into())
@@ -203,9 +206,13 @@ impl Manager {
 
 /// The published models, as a worker's calls find them (weak: the table holds
 /// the groups that hold this).
-struct ModelTable(std::sync::Weak<ArcSwap<Models>>);
+struct ModelTable(std::sync::Weak<ArcSwap<Models>>, Arc<ClientBytes>);
 
 impl crate::calls::Callees for ModelTable {
+    fn budget(&self) -> Option<&Arc<ClientBytes>> {
+        Some(&self.1)
+    }
+
     fn find(&self, name: &str) -> Option<Arc<dyn crate::calls::Callee>> {
         let models = self.0.upgrade()?;
         let models = models.load();
@@ -229,6 +236,8 @@ struct State {
     /// of a rebuilt library replaces the group that runs the old one.
     built_from: HashMap<String, PluginId>,
     limits: Limits,
+    /// What model calls' copies of their inputs are reserved from.
+    client_bytes: Arc<ClientBytes>,
 }
 
 /// Which loaded library a root module is (each load of a changed file maps a new
@@ -591,7 +600,10 @@ impl State {
                     self.metrics.remove(&endpoint)
                 }
             })?;
-        group.connect_calls(Arc::new(ModelTable(Arc::downgrade(&self.models))));
+        group.connect_calls(Arc::new(ModelTable(
+            Arc::downgrade(&self.models),
+            Arc::clone(&self.client_bytes),
+        )));
         spdlog::info!(
             "loaded `{endpoint}` (worker `{worker}`, version {version}, batch_size {}, {} batcher, {} instance(s), {} buffer sets)",
             group.settings.batch_size,
@@ -631,6 +643,7 @@ impl State {
             restarts: self.metrics.host_restarts(endpoint),
             max_batch_bytes: usize::try_from(self.limits.buffer_bytes_per_model)
                 .unwrap_or(usize::MAX),
+            max_memory: params.max_host_memory.map(|m| m.get()),
         }))
     }
 

@@ -104,6 +104,7 @@ impl Server {
             Arc::clone(&models),
             Arc::clone(&metrics),
             config.limits,
+            Arc::clone(&client_bytes),
         )?;
         let housekeeping = match config.trim_interval {
             Some(interval) => Some(Housekeeping::start(Arc::clone(&models), interval)?),

@@ -131,8 +131,9 @@ struct ServeArgs {
     shm_max_held_bytes: usize,
     /// The one budget of bytes clients can make the server hold at once: decoded
     /// images and frames, stream results, shared-memory copies, unfinished gRPC
-    /// messages, job submissions and results (beyond: 429 / RESOURCE_EXHAUSTED, or
-    /// a frame dropped). Default: a quarter of the machine's memory.
+    /// messages, job submissions and results, model calls' inputs (beyond: 429 /
+    /// RESOURCE_EXHAUSTED, or a frame dropped). Default: a quarter of the
+    /// machine's memory.
     #[arg(long, env = "KILN_MAX_CLIENT_BYTES")]
     max_client_bytes: Option<usize>,
     // Queues and server-wide limits (hardening, slice "queues"): what loads may take
