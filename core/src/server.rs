@@ -200,17 +200,19 @@ impl Server {
             .manager
             .load_model(
                 &name.to_ascii_lowercase(),
-                resolved.version,
                 &resolved.worker,
-                resolved.params,
+                resolved.versions,
                 client_keys,
             )
             .await?;
         // A config.pbtxt's declared tensors must be the model's (Triton refuses
-        // such a model at load too).
+        // such a model at load too), in every version served.
         if let Some(declared) = &resolved.declared {
-            let group = self.model(&loaded)?;
-            if let Err(why) = declared.check(&group.info.inputs, &group.info.outputs) {
+            let models = self.inner.models.load();
+            let wrong = models
+                .versions(&loaded)
+                .find_map(|(_, g)| declared.check(&g.info.inputs, &g.info.outputs).err());
+            if let Some(why) = wrong {
                 self.unload(&loaded).await?;
                 return Err(ServerError::invalid(format!("model `{name}`: {why}")));
             }
@@ -260,13 +262,7 @@ impl Server {
             if let Serving::Worker = resolved.serving {
                 self.inner
                     .manager
-                    .load_model(
-                        &step.model,
-                        resolved.version,
-                        &resolved.worker,
-                        resolved.params,
-                        Vec::new(),
-                    )
+                    .load_model(&step.model, &resolved.worker, resolved.versions, Vec::new())
                     .await
                     .map_err(at)?;
             }
@@ -277,43 +273,50 @@ impl Server {
             .await
     }
 
-    /// Unloads an endpoint, answering its accepted requests first.
+    /// Unloads an endpoint (every version of it), answering its accepted
+    /// requests first.
     pub async fn unload(&self, endpoint: &str) -> Result<()> {
-        self.inner.manager.unload(endpoint).await
+        self.inner.manager.unload(endpoint, None).await
     }
 
-    /// The group serving `name` (case-insensitive).
+    /// Unloads version `version` of `endpoint` alone, answering its accepted
+    /// requests first; the other versions serve on.
+    pub async fn unload_version(&self, endpoint: &str, version: u64) -> Result<()> {
+        self.inner.manager.unload(endpoint, Some(version)).await
+    }
+
+    /// The group serving `name` (case-insensitive): its highest loaded version.
     pub fn model(&self, name: &str) -> Result<Arc<WorkerGroup>> {
-        let models = self.inner.models.load();
-        if let Some(group) = models.get(name) {
-            return Ok(Arc::clone(group));
-        }
-        models
-            .get(&name.to_ascii_lowercase())
-            .cloned()
-            .ok_or_else(|| ServerError::NotFound(format!("no model `{name}` is loaded")))
+        self.lookup(name, None)
     }
 
-    /// Loaded endpoints, sorted.
+    /// Every loaded group (each version of each model), sorted by name, then
+    /// version.
     pub fn models(&self) -> Vec<Arc<WorkerGroup>> {
         let mut groups: Vec<Arc<WorkerGroup>> =
             self.inner.models.load().values().cloned().collect();
-        groups.sort_by(|a, b| a.endpoint.cmp(&b.endpoint));
+        let number = |g: &WorkerGroup| g.version.parse::<u64>().unwrap_or(0);
+        groups.sort_by(|a, b| (&a.endpoint, number(a)).cmp(&(&b.endpoint, number(b))));
         groups
     }
 
-    /// The group serving `model` (as [`Server::model`]); with `version`, only if it
-    /// serves that version (404 otherwise). The lookup step of every ingress
-    /// ([`crate::serve`]).
+    /// The loaded versions of model `name`, ascending (empty when it is not
+    /// loaded).
+    pub fn versions(&self, name: &str) -> Vec<String> {
+        let models = self.inner.models.load();
+        let name = if models.contains_key(name) {
+            name.to_owned()
+        } else {
+            name.to_ascii_lowercase()
+        };
+        models.versions(&name).map(|(v, _)| v.to_string()).collect()
+    }
+
+    /// The group serving `model` (case-insensitive): with `version`, that version
+    /// (a 404 in Triton's words when it is not loaded); without, the highest loaded
+    /// one. The lookup step of every ingress ([`crate::serve`]).
     pub fn lookup(&self, model: &str, version: Option<&str>) -> Result<Arc<WorkerGroup>> {
-        let group = self.model(model)?;
-        match version {
-            Some(version) if version != group.version => Err(ServerError::NotFound(format!(
-                "model `{model}` has no version `{version}` loaded (loaded: {})",
-                group.version
-            ))),
-            _ => Ok(group),
-        }
+        self.inner.models.load().find(model, version).cloned()
     }
 
     /// Looks up `request.model` and queues the request ([`crate::serve`]); await

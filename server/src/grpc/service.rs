@@ -206,7 +206,11 @@ impl GrpcInferenceService for KilnGrpc {
     ) -> Result<Response<ModelMetadataResponse>, Status> {
         let r = request.into_inner();
         let group = lookup(&self.server, &r.name, &r.version)?;
-        let m = ModelMetadata::of(&group);
+        let mut m = ModelMetadata::of(&group);
+        let versions = self.server.versions(&group.endpoint);
+        if !versions.is_empty() {
+            m.versions = versions;
+        }
         let tensors = |tensors: Vec<MetadataTensor>| -> Vec<TensorMetadata> {
             tensors
                 .into_iter()
@@ -359,10 +363,14 @@ impl GrpcInferenceService for KilnGrpc {
         &self,
         request: Request<RepositoryModelUnloadRequest>,
     ) -> Result<Response<RepositoryModelUnloadResponse>, Status> {
-        self.server
-            .unload(&request.into_inner().model_name)
-            .await
-            .map_err(status)?;
+        // Every version; kiln's `version` parameter names one to unload alone.
+        let r = request.into_inner();
+        let mut params = repository_params(r.parameters).map_err(status)?;
+        let unloaded = match triton::take_version(&mut params).map_err(status)? {
+            None => self.server.unload(&r.model_name).await,
+            Some(version) => self.server.unload_version(&r.model_name, version).await,
+        };
+        unloaded.map_err(status)?;
         Ok(Response::new(RepositoryModelUnloadResponse {}))
     }
 
