@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use kiln_client::{ClientError, DataType, GrpcClient, HttpClient, InferRequest, InputTensor};
+use kiln_server::grpc::proto::{self, model_repository_parameter::ParameterChoice};
 use kiln_tests::fixtures::TempRepository;
 use kiln_tests::{metric, Kiln};
 use serde_json::{json, Value};
@@ -55,7 +56,7 @@ async fn index(client: &HttpClient) -> Vec<(String, String, String)> {
         .collect()
 }
 
-fn rows(rows: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
+fn rows_of(rows: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
     rows.iter()
         .map(|(n, v, s)| (n.to_string(), v.to_string(), s.to_string()))
         .collect()
@@ -152,7 +153,7 @@ async fn every_version_the_policy_allows_answers_under_its_own_number() {
     );
     assert_eq!(
         index(c).await,
-        rows(&[("echo", "1", "READY"), ("echo", "2", "READY")])
+        rows_of(&[("echo", "1", "READY"), ("echo", "2", "READY")])
     );
     let metadata = c.model_metadata("echo").await.unwrap();
     assert_eq!(metadata["versions"], json!(["1", "2"]), "{metadata}");
@@ -185,6 +186,28 @@ async fn every_version_the_policy_allows_answers_under_its_own_number() {
         let counted = metric(&text, "kiln_requests_total", &labels).unwrap_or(0.0);
         assert!(counted >= 2.0, "version {version}: {counted}\n{text}");
     }
+
+    // Over gRPC: the index has a row per version; an unload naming a version
+    // unloads it alone.
+    let rows = grpc.repository_index(false).await.unwrap();
+    let versions: Vec<_> = rows
+        .iter()
+        .map(|m| (m.version.as_str(), m.state.as_str()))
+        .collect();
+    assert_eq!(versions, [("1", "READY"), ("2", "READY")]);
+    let version = proto::ModelRepositoryParameter {
+        parameter_choice: Some(ParameterChoice::Int64Param(1)),
+    };
+    grpc.raw()
+        .repository_model_unload(proto::RepositoryModelUnloadRequest {
+            repository_name: String::new(),
+            model_name: "echo".into(),
+            parameters: [("version".to_owned(), version)].into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(index(c).await, rows_of(&[("echo", "2", "READY")]));
+    assert_eq!(answered_by(c, "echo").await.unwrap(), "2");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -207,7 +230,7 @@ async fn the_default_policy_serves_the_newest_and_a_reload_moves_the_window_unde
     assert_eq!(e.status(), Some(404), "{e}");
     assert_eq!(
         index(c).await,
-        rows(&[
+        rows_of(&[
             ("newest", "3", "READY"),
             ("two", "2", "READY"),
             ("two", "3", "READY")
@@ -236,7 +259,10 @@ async fn the_default_policy_serves_the_newest_and_a_reload_moves_the_window_unde
         .into_iter()
         .filter(|(name, _, _)| name == "two")
         .collect();
-    assert_eq!(two, rows(&[("two", "3", "READY"), ("two", "4", "READY")]));
+    assert_eq!(
+        two,
+        rows_of(&[("two", "3", "READY"), ("two", "4", "READY")])
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -259,12 +285,12 @@ async fn unloading_one_version_fails_no_request_of_the_others() {
     none_failed(&stop, running, "version 2 unloaded").await;
     let e = answered_by(c, "echo/versions/2").await.unwrap_err();
     assert_eq!(e.status(), Some(404), "{e}");
-    assert_eq!(index(c).await, rows(&[("echo", "1", "READY")]));
+    assert_eq!(index(c).await, rows_of(&[("echo", "1", "READY")]));
     // Its series went with it; version 1's stay.
     let text = c.metrics().await.unwrap();
     assert!(text.contains("version=\"1\""), "{text}");
     assert!(!text.contains("version=\"2\""), "{text}");
     // Unloading the model unloads every version.
     c.unload_model("echo").await.unwrap();
-    assert_eq!(index(c).await, rows(&[("echo", "2", "UNAVAILABLE")]));
+    assert_eq!(index(c).await, rows_of(&[("echo", "2", "UNAVAILABLE")]));
 }
