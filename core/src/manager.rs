@@ -30,6 +30,8 @@ use crate::params::{check_known, identity, GroupParams};
 use crate::plugin::{check_name, Plugins};
 use crate::worker_params::{check_client_keys, RequestParams};
 
+mod scale;
+
 pub use crate::models::Models;
 
 enum Command {
@@ -55,6 +57,11 @@ enum Command {
     Unload {
         endpoint: String,
         version: Option<u64>,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    Scale {
+        endpoint: String,
+        instances: usize,
         reply: oneshot::Sender<Result<()>>,
     },
     Shutdown {
@@ -162,6 +169,19 @@ impl Manager {
         self.send(Command::Unload {
             endpoint: endpoint.to_ascii_lowercase(),
             version,
+            reply,
+        })?;
+        rx.await.map_err(|_| stopped())?
+    }
+
+    /// Raises or lowers the instances of `endpoint` to `instances` ([`scale`]):
+    /// in place, with the buffer pool resized to match, or for a stateful model
+    /// by a reload with the new count. No request fails either way.
+    pub async fn scale(&self, endpoint: &str, instances: usize) -> Result<()> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Scale {
+            endpoint: endpoint.to_ascii_lowercase(),
+            instances,
             reply,
         })?;
         rx.await.map_err(|_| stopped())?
@@ -277,6 +297,17 @@ impl State {
                         None => self.unload(&endpoint),
                         Some(version) => self.unload_version(&endpoint, version),
                     });
+                }
+                Command::Scale {
+                    endpoint,
+                    instances,
+                    reply,
+                } => {
+                    let result = self.scale(&endpoint, instances);
+                    if let Err(e) = &result {
+                        spdlog::warn!("scaling `{endpoint}` failed: {e}");
+                    }
+                    let _ = reply.send(result);
                 }
                 Command::Shutdown { reply } => {
                     // Ensembles first: their step models are unloaded after them.
@@ -490,6 +521,7 @@ impl State {
         // worker has described itself.
         let count = only_instances(group_params.instances.get());
         self.within_limits(&endpoint, count, count)?;
+        let params_as_given = params.to_vec();
         let params = with_instances(params, group_params.instances.get());
         let host = self.host_spec(worker, &endpoint, group_params)?;
         let (instances, info) =
@@ -508,6 +540,14 @@ impl State {
                 return Err(e);
             }
         };
+        let mut settings = settings;
+        // What a scale up may grow the pool to: the sets of the most instances the
+        // limits let the model have.
+        let most = self.limits.instances_per_model.max(instances.len());
+        settings.buffer_capacity = resolve(&info, group_params, most, asynchronous)
+            .map_or(settings.max_buffers, |s| {
+                s.max_buffers.max(settings.max_buffers)
+            });
         let instances = start_instances(worker, instances, settings.batch_size)?;
         let metrics = self.metrics.model(&endpoint, version);
         let fresh = self
@@ -519,6 +559,7 @@ impl State {
             worker: worker.to_owned(),
             identity: id,
             version: version.to_owned(),
+            params: params_as_given,
         };
         let request_params = RequestParams::new((module.parameters())().as_slice());
         let group = WorkerGroup::start(name, info, settings, instances, metrics, request_params)

@@ -273,6 +273,14 @@ impl Server {
             .await
     }
 
+    /// Raises or lowers the worker instances of `endpoint` to `instances` while it
+    /// serves: no request fails, and its buffer pool is resized to match
+    /// ([`crate::group`]'s `scale`). Checked against the server-wide limits. A
+    /// model served in several versions: its highest.
+    pub async fn scale(&self, endpoint: &str, instances: usize) -> Result<()> {
+        self.inner.manager.scale(endpoint, instances).await
+    }
+
     /// Unloads an endpoint (every version of it), answering its accepted
     /// requests first.
     pub async fn unload(&self, endpoint: &str) -> Result<()> {

@@ -359,6 +359,12 @@ impl ModelConfig {
             &group.settings,
             instances,
         );
+        // The pool's size now: a scale resizes it ([`WorkerGroup::buffer_sets`]).
+        for (key, value) in &mut config.parameters {
+            if *key == "max_buffers" {
+                *value = group.buffer_sets().to_string();
+            }
+        }
         if group.settings.batcher == BatcherKind::Sequence {
             config.dynamic_batching = None;
             config.sequence_batching = Some(SequenceBatching::of(

@@ -87,6 +87,16 @@ struct ServeArgs {
         value_delimiter = ','
     )]
     cors_allow_origin: Vec<String>,
+    /// A host name browsers may reach kiln by, besides IP addresses and
+    /// `localhost` (repeatable; env: `,`-separated; `*`: any name). A browser's
+    /// request to another name is refused 403: the defence against DNS rebinding
+    /// (docs/security.md, "Browsers"). Clients that are not browsers are unaffected.
+    #[arg(
+        long = "allowed-host",
+        env = "KILN_ALLOWED_HOST",
+        value_delimiter = ','
+    )]
+    allowed_host: Vec<String>,
     /// gRPC port (0: any free port; the bound address is printed).
     #[arg(long, env = "KILN_GRPC_PORT", default_value_t = 8001)]
     grpc_port: u16,
@@ -480,6 +490,7 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
             },
             jobs: Some(jobs.clone()),
             origins: kiln_server::http::origin::OriginPolicy::new(&args.cors_allow_origin)
+                .and_then(|policy| policy.with_hosts(&args.allowed_host))
                 .map_err(anyhow::Error::msg)?,
         },
     )
@@ -520,7 +531,7 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
             // The dispatcher stops first: its claimed jobs go back to the queue.
             let jobs_stopped = tokio::task::spawn_blocking({
                 let jobs = jobs.clone();
-                move || jobs.stop()
+                move || jobs.stop(exit_timeout)
             });
             let drained = drain::until_idle(&server, deadline, &mut signals).await;
             let _ = jobs_stopped.await;
@@ -529,7 +540,7 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
         // The HTTP server ended by itself (an error): stop the rest as before.
         served = &mut http => {
             served.context("the HTTP server failed")??;
-            jobs.stop();
+            jobs.stop(exit_timeout);
             Drained::Idle
         }
     };

@@ -188,3 +188,49 @@ async fn allowed_origins_get_cors_headers_and_preflights() {
     let answer = upgrade(&kiln, app).await;
     assert!(answer.starts_with("HTTP/1.1 101"), "{answer}");
 }
+
+/// DNS rebinding: a hostile page whose name now resolves to kiln's address is
+/// "same origin" to the browser, so its requests carry its own origin (or none,
+/// for a GET) and `Sec-Fetch-Site: same-origin`; only the `Host` shows the name.
+/// Refused unless the operator named it with `--allowed-host`; kiln's address and
+/// clients that are not browsers are unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebound_name_is_refused_to_browsers() {
+    let kiln = Kiln::start(&["--load", "echo", "--allowed-host", "kiln.internal"]);
+    let port = host(&kiln).rsplit_once(':').unwrap().1.to_owned();
+    let get = |name: &str, browser: bool| {
+        let mut request = reqwest::Client::new()
+            .get(format!("{}/v2/models/echo", kiln.url))
+            .header("host", format!("{name}:{port}"));
+        if browser {
+            request = request.header("sec-fetch-site", "same-origin");
+        }
+        request.send()
+    };
+    let rebound = get("rebind.evil.example", true).await.unwrap();
+    assert_eq!(rebound.status(), 403);
+    let body: Value = rebound.json().await.unwrap();
+    let error = body["error"].as_str().unwrap();
+    assert!(error.contains("--allowed-host"), "{error}");
+    // Its POSTs carry its own origin: refused before anything is applied.
+    let before = log_settings(&kiln).await;
+    let forged = reqwest::Client::new()
+        .post(format!("{}/v2/logging", kiln.url))
+        .header("host", format!("rebind.evil.example:{port}"))
+        .header("origin", format!("http://rebind.evil.example:{port}"))
+        .header("content-type", "text/plain")
+        .body(r#"{"log_verbose_level": 1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 403);
+    assert_eq!(log_settings(&kiln).await, before);
+    assert_eq!(get("kiln.internal", true).await.unwrap().status(), 200);
+    assert_eq!(get("localhost", true).await.unwrap().status(), 200);
+    assert_eq!(get("127.0.0.1", true).await.unwrap().status(), 200);
+    // Not a browser: any name, as before (a proxy, tritonclient, curl).
+    assert_eq!(
+        get("rebind.evil.example", false).await.unwrap().status(),
+        200
+    );
+}

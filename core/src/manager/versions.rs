@@ -122,9 +122,18 @@ impl State {
         for (version, params) in wanted {
             let group_params = GroupParams::parse(params)?;
             let id = identity(params);
-            if let Some(group) = self.groups.version(name, *version) {
+            if let Some(group) = self.groups.version(name, *version).cloned() {
                 let same = group.worker == worker && group.identity == id;
-                if same && self.runs(group, module) {
+                if same && self.runs(&group, module) {
+                    continue;
+                }
+                // A reload whose only change is `instances` (Triton's
+                // `instance_group` count) scales the running group.
+                let same_but_instances = group.worker == worker
+                    && super::scale::same_but_instances(&group.params, params)
+                    && self.runs(&group, module);
+                if same_but_instances && group.scales_in_place().is_ok() {
+                    self.scale_group(&group, group_params.instances.get())?;
                     continue;
                 }
             }

@@ -13,6 +13,10 @@
 //!   runs: no body read, no upgrade, nothing applied.
 //! - A CORS preflight (`OPTIONS` with `Access-Control-Request-Method`) from an
 //!   allowed origin is answered 204 with the usual headers, without a route.
+//! - A browser's request (one with `Origin` or `Sec-Fetch-Site`) must name kiln
+//!   by an IP address, `localhost` or an `--allowed-host` name: DNS rebinding
+//!   (a hostile name resolved to kiln's address) makes the attacker's page kiln's
+//!   "own origin", which only the `Host` gives away.
 //!
 //! Not `actix-cors`: it answers a refused origin 400 in plain text, and knows no
 //! "the request's own origin" but through a callback per request; the policy here
@@ -43,6 +47,11 @@ pub struct OriginPolicy {
     allowed: Vec<String>,
     /// `*` was given: every origin is allowed.
     any: bool,
+    /// Host names a browser may reach kiln by (`--allowed-host`), lower case,
+    /// without port; IP literals and `localhost` always pass.
+    hosts: Vec<String>,
+    /// `--allowed-host *`: any name (no DNS-rebinding check).
+    any_host: bool,
 }
 
 impl OriginPolicy {
@@ -69,8 +78,66 @@ impl OriginPolicy {
         Ok(policy)
     }
 
+    /// The same policy, also letting browsers reach kiln by the host names
+    /// `hosts` (`--allowed-host`; `*` for any name).
+    pub fn with_hosts(mut self, hosts: &[String]) -> Result<OriginPolicy, String> {
+        for host in hosts {
+            let host = host.trim().to_ascii_lowercase();
+            if host == "*" {
+                self.any_host = true;
+            } else if host.is_empty() || host.contains(['/', ':', ' ']) {
+                return Err(format!(
+                    "--allowed-host {host:?}: a host name (no scheme, port or path), or `*`"
+                ));
+            } else {
+                self.hosts.push(host);
+            }
+        }
+        Ok(self)
+    }
+
+    /// Whether a browser may reach kiln by the request's `Host`: an IP literal,
+    /// `localhost` or a name the operator allowed. A page of a hostile name made
+    /// to resolve to kiln's address (DNS rebinding) is "same origin" to the
+    /// browser, so its `Origin` cannot tell it; its `Host` does.
+    fn host_allowed(&self, headers: &HeaderMap) -> Result<(), String> {
+        if self.any_host {
+            return Ok(());
+        }
+        let host = headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        let name = match host.strip_prefix('[') {
+            // `[v6]:port`: an address.
+            Some(_) => return Ok(()),
+            None => host.rsplit_once(':').map_or(host.as_str(), |(n, _)| n),
+        };
+        let local = name == "localhost" || name.ends_with(".localhost");
+        if local || name.parse::<std::net::IpAddr>().is_ok() || self.hosts.iter().any(|h| h == name)
+        {
+            Ok(())
+        } else {
+            Err(format!(
+                "a browser's request to host {:?} (a name this server was not given with                  --allowed-host)",
+                cut(name)
+            ))
+        }
+    }
+
     /// What to do with a request carrying these headers over `scheme`.
     fn decide(&self, headers: &HeaderMap, scheme: &str) -> Decision {
+        // A browser says where a request comes from (`Sec-Fetch-Site`, and
+        // `Origin` on all but same-origin GETs); only browsers are subject to DNS
+        // rebinding, and curl, tritonclient or a proxy send neither.
+        let from_browser =
+            headers.contains_key("sec-fetch-site") || headers.contains_key(header::ORIGIN);
+        if from_browser {
+            if let Err(what) = self.host_allowed(headers) {
+                return Decision::Refuse(what);
+            }
+        }
         let Some(origin) = headers.get(header::ORIGIN) else {
             let cross_site = headers
                 .get("sec-fetch-site")
@@ -154,8 +221,9 @@ pub async fn check(
         Decision::Cors(origin) => Some(origin),
         Decision::Refuse(what) => {
             let refusal = ServerError::Restricted(format!(
-                "{what} is not allowed here: the server answers its own origin and \
-                 --cors-allow-origin only"
+                "{what} is not allowed here: the server answers browsers at its own \
+                 origin and --cors-allow-origin only, by an address, localhost or \
+                 --allowed-host"
             ));
             let response = HttpError(refusal).error_response();
             return Ok(req.into_response(response).map_into_right_body());
@@ -223,8 +291,9 @@ mod tests {
             decide(&none, &[host, ("origin", "http://127.0.0.1:8000")]),
             "pass"
         );
+        let kiln = none.clone().with_hosts(&["kiln".into()]).unwrap();
         assert_eq!(
-            decide(&none, &[("host", "Kiln"), ("origin", "http://kiln:80")]),
+            decide(&kiln, &[("host", "Kiln"), ("origin", "http://kiln:80")]),
             "pass"
         );
         for evil in [
@@ -261,18 +330,51 @@ mod tests {
     #[test]
     fn cross_site_fetches_without_origin_are_refused_but_navigations_pass() {
         let none = OriginPolicy::new(&[]).unwrap();
-        assert_eq!(decide(&none, &[("sec-fetch-site", "cross-site")]), "refuse");
+        let host = ("host", "127.0.0.1:8000");
+        let cross = ("sec-fetch-site", "cross-site");
+        assert_eq!(decide(&none, &[host, cross]), "refuse");
+        let navigate = ("sec-fetch-mode", "navigate");
+        assert_eq!(decide(&none, &[host, cross, navigate]), "pass");
+        let same = ("sec-fetch-site", "same-origin");
+        assert_eq!(decide(&none, &[host, same]), "pass");
+    }
+
+    #[test]
+    fn browsers_reach_kiln_by_address_localhost_or_an_allowed_name_only() {
+        let policy = OriginPolicy::new(&[]).unwrap();
+        let same = ("sec-fetch-site", "same-origin");
+        for host in ["127.0.0.1:8000", "[::1]:8000", "localhost:8000", "10.1.2.3"] {
+            let mut map = headers(&[same]);
+            map.insert(header::HOST, HeaderValue::from_str(host).unwrap());
+            assert!(
+                matches!(policy.decide(&map, "http"), Decision::Pass),
+                "{host}"
+            );
+        }
+        // A rebinding page: same origin to the browser, a name kiln was not given.
+        let rebound = [("host", "evil.example:8000"), same];
+        assert_eq!(decide(&policy, &rebound), "refuse");
+        let post = [
+            ("host", "evil.example:8000"),
+            ("origin", "http://evil.example:8000"),
+        ];
+        assert_eq!(decide(&policy, &post), "refuse");
+        // Not a browser (curl, tritonclient, a proxy): any Host, as before.
+        assert_eq!(decide(&policy, &[("host", "evil.example:8000")]), "pass");
+        let named = policy
+            .clone()
+            .with_hosts(&["Kiln.Internal".into()])
+            .unwrap();
         assert_eq!(
-            decide(
-                &none,
-                &[
-                    ("sec-fetch-site", "cross-site"),
-                    ("sec-fetch-mode", "navigate")
-                ]
-            ),
+            decide(&named, &[("host", "kiln.internal:8000"), same]),
             "pass"
         );
-        assert_eq!(decide(&none, &[("sec-fetch-site", "same-origin")]), "pass");
+        assert_eq!(decide(&named, &rebound), "refuse");
+        let any = policy.with_hosts(&["*".into()]).unwrap();
+        assert_eq!(decide(&any, &rebound), "pass");
+        assert!(OriginPolicy::default()
+            .with_hosts(&["http://x".into()])
+            .is_err());
     }
 
     #[test]

@@ -73,6 +73,10 @@ pub fn configure(cfg: &mut web::ServiceConfig, restrictions: &Restrictions) {
         post("/v2/repository/models/{model}/unload", repository_unload),
     );
     add(
+        ModelRepository,
+        post("/v2/repository/models/{model}/scale", repository_scale),
+    );
+    add(
         SharedMemory,
         get("/v2/systemsharedmemory/status", shm::status_all),
     );
@@ -466,6 +470,39 @@ async fn repository_unload(
         Some(version) => state.server.unload_version(&name, version).await?,
     }
     Ok(HttpResponse::Ok().json(json!({})))
+}
+
+/// Scales a loaded model: `{"instances": N}` raises or lowers its worker instances
+/// while it serves (docs/operations.md, "Scaling"); answers the count and the
+/// buffer sets its pool now holds.
+async fn repository_scale(
+    state: web::Data<State>,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Reply {
+    let body = json_object(payload, &state).await?;
+    if let Some(field) = body.keys().find(|k| k.as_str() != "instances") {
+        return Err(HttpError(ServerError::invalid(format!(
+            "unexpected field `{field}` in the scale request (only `instances` is known)"
+        ))));
+    }
+    let instances = body
+        .get("instances")
+        .and_then(Value::as_u64)
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|&n| n > 0)
+        .ok_or_else(|| {
+            HttpError(ServerError::invalid(
+                "the scale request needs `instances`, a whole number of at least 1",
+            ))
+        })?;
+    let name = path.into_inner();
+    state.server.scale(&name, instances).await?;
+    let group = state.server.model(&name)?;
+    Ok(HttpResponse::Ok().json(json!({
+        "instances": group.instance_count(),
+        "buffer_sets": group.buffer_sets(),
+    })))
 }
 
 async fn metrics(state: web::Data<State>) -> HttpResponse {

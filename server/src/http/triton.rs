@@ -271,6 +271,7 @@ mod tests {
             gather: true,
             batchers: 1,
             max_buffers: 5,
+            buffer_capacity: 5,
             max_outstanding: None,
             queue_size: 4096,
             dynamic: kiln_batchers::dynamic::DynamicConfig::new(batch_size, Duration::ZERO),

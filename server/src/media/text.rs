@@ -27,6 +27,18 @@ pub fn input(frame: &Rgb, name: &str) -> Result<InputTensor, String> {
     DETECTION.with(|d| d.borrow_mut().input(name, &frame.pixels, w, h, false))
 }
 
+/// The bytes [`input`] allocates for `frame` (reserved before it runs): the
+/// detector's FP32 input, at most 960 × 960 × 3 × 4 whatever the frame's size.
+pub fn input_len(frame: &Rgb) -> usize {
+    let side = |s: usize| u32::try_from(s).unwrap_or(u32::MAX);
+    let (w, h) = kiln_media::det::input_size(
+        side(frame.width),
+        side(frame.height),
+        kiln_media::det::DEFAULT_LIMIT_SIDE,
+    );
+    w as usize * h as usize * 3 * std::mem::size_of::<f32>()
+}
+
 /// The text boxes in `outputs`' probability map (the first output), in a
 /// `width × height` frame's pixels, as the result's `boxes`: `[{"x0", "y0", "x1",
 /// "y1", "score"}]` (ends exclusive).

@@ -174,12 +174,14 @@ fn prepare(ctx: &FrameContext, frame: Incoming) -> Result<(InferRequest, FrameIn
         },
     };
     let size = data.size();
+    // Processing may make a tensor of another size (text_boxes: FP32, resized),
+    // allocated while the frame lives: reserved before, trimmed to it after.
+    held.grow_by(ctx.open.processing.new_bytes(&data))?;
     let mut input = ctx
         .open
         .processing
         .pre(data, &ctx.open.input)
         .map_err(DecodeError::Invalid)?;
-    // Processing may make a tensor of another size (text_boxes: FP32, resized).
     let len = input.data.len();
     held.grow_to(len)?;
     held.shrink_to(len);

@@ -83,6 +83,15 @@ impl Processing {
         }
     }
 
+    /// The bytes [`pre`](Self::pre) allocates beside `frame` (reserved before it
+    /// runs): none when the frame's own buffer becomes the tensor.
+    pub fn new_bytes(&self, frame: &FrameData) -> usize {
+        match (self, frame) {
+            (Processing::TextBoxes, FrameData::Image(rgb)) => crate::media::text::input_len(rgb),
+            _ => 0,
+        }
+    }
+
     /// The input tensor `input` for `frame` (its shape without a batch dimension).
     pub fn pre(&self, frame: FrameData, input: &str) -> Result<InputTensor, String> {
         match self {
@@ -157,5 +166,20 @@ mod tests {
             ("image", DataType::Uint8, vec![1, 2, 3])
         );
         assert_eq!(&t.data[..], &[1, 2, 3, 4, 5, 6]);
+    }
+
+    /// What `pre` allocates is what was reserved for it beforehand: exactly the
+    /// detector's input for text boxes (a 4K frame: 960 × 544 FP32), nothing
+    /// for a frame whose pixels become the tensor.
+    #[test]
+    fn the_bytes_reserved_are_the_bytes_preprocessing_makes() {
+        for (w, h) in [(3840, 2160), (1, 1), (640, 480), (1, 2000)] {
+            let frame = FrameData::Image(Rgb::new(w, h, vec![0; w * h * 3]).unwrap());
+            let reserved = Processing::TextBoxes.new_bytes(&frame);
+            let t = Processing::TextBoxes.pre(frame, "x").unwrap();
+            assert_eq!(reserved, t.data.len(), "{w}x{h}");
+        }
+        let frame = FrameData::Image(Rgb::new(2, 1, vec![0; 6]).unwrap());
+        assert_eq!(Processing::None.new_bytes(&frame), 0);
     }
 }
