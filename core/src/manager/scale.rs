@@ -66,7 +66,7 @@ impl State {
                 self.within_limits(endpoint, wanted, more)?;
                 let worker = group.worker.as_str();
                 let module = self.plugins.load(worker)?;
-                if !self.runs(&group, module) {
+                if !self.runs(group, module) {
                     return Err(ServerError::invalid(format!(
                         "the library of worker `{worker}` changed since `{endpoint}` was \
                          loaded: load the model again to run the new build"
