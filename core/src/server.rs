@@ -252,26 +252,29 @@ impl Server {
             .manager
             .load_model(
                 &name.to_ascii_lowercase(),
-                resolved.version,
                 &resolved.worker,
-                resolved.params,
+                resolved.versions,
                 client_keys,
             )
             .await?;
         // A config.pbtxt's declared tensors must be the model's (Triton refuses
-        // such a model at load too).
+        // such a model at load too), in every version served.
         if let Some(declared) = &resolved.declared {
-            let group = self.model(&loaded)?;
-            let (inputs, outputs) = (&group.info.inputs, &group.info.outputs);
-            let mut checked = declared.check(inputs, outputs);
-            // Without auto-completion (Triton's strict model configuration) the
-            // file must declare every tensor of the model.
-            if checked.is_ok() && self.model_control().strict_config {
-                checked = declared.check_complete(inputs, outputs).map_err(|why| {
-                    format!("{why} (--disable-auto-complete-config: nothing is completed from the model)")
-                });
-            }
-            if let Err(why) = checked {
+            let strict = self.model_control().strict_config;
+            let models = self.inner.models.load();
+            let wrong = models.versions(&loaded).find_map(|(_, g)| {
+                let (inputs, outputs) = (&g.info.inputs, &g.info.outputs);
+                let mut checked = declared.check(inputs, outputs);
+                // Without auto-completion (Triton's strict model configuration) the
+                // file must declare every tensor of the model.
+                if checked.is_ok() && strict {
+                    checked = declared.check_complete(inputs, outputs).map_err(|why| {
+                        format!("{why} (--disable-auto-complete-config: nothing is completed from the model)")
+                    });
+                }
+                checked.err()
+            });
+            if let Some(why) = wrong {
                 self.unload(&loaded).await?;
                 return Err(ServerError::invalid(format!("model `{name}`: {why}")));
             }
@@ -321,13 +324,7 @@ impl Server {
             if let Serving::Worker = resolved.serving {
                 self.inner
                     .manager
-                    .load_model(
-                        &step.model,
-                        resolved.version,
-                        &resolved.worker,
-                        resolved.params,
-                        Vec::new(),
-                    )
+                    .load_model(&step.model, &resolved.worker, resolved.versions, Vec::new())
                     .await
                     .map_err(at)?;
             }
@@ -340,48 +337,56 @@ impl Server {
 
     /// Raises or lowers the worker instances of `endpoint` to `instances` while it
     /// serves: no request fails, and its buffer pool is resized to match
-    /// ([`crate::group`]'s `scale`). Checked against the server-wide limits.
+    /// ([`crate::group`]'s `scale`). Checked against the server-wide limits. A
+    /// model served in several versions: its highest.
     pub async fn scale(&self, endpoint: &str, instances: usize) -> Result<()> {
         self.inner.manager.scale(endpoint, instances).await
     }
 
-    /// Unloads an endpoint, answering its accepted requests first.
+    /// Unloads an endpoint (every version of it), answering its accepted
+    /// requests first.
     pub async fn unload(&self, endpoint: &str) -> Result<()> {
-        self.inner.manager.unload(endpoint).await
+        self.inner.manager.unload(endpoint, None).await
     }
 
-    /// The group serving `name` (case-insensitive).
+    /// Unloads version `version` of `endpoint` alone, answering its accepted
+    /// requests first; the other versions serve on.
+    pub async fn unload_version(&self, endpoint: &str, version: u64) -> Result<()> {
+        self.inner.manager.unload(endpoint, Some(version)).await
+    }
+
+    /// The group serving `name` (case-insensitive): its highest loaded version.
     pub fn model(&self, name: &str) -> Result<Arc<WorkerGroup>> {
-        let models = self.inner.models.load();
-        if let Some(group) = models.get(name) {
-            return Ok(Arc::clone(group));
-        }
-        models
-            .get(&name.to_ascii_lowercase())
-            .cloned()
-            .ok_or_else(|| ServerError::NotFound(format!("no model `{name}` is loaded")))
+        self.lookup(name, None)
     }
 
-    /// Loaded endpoints, sorted.
+    /// Every loaded group (each version of each model), sorted by name, then
+    /// version.
     pub fn models(&self) -> Vec<Arc<WorkerGroup>> {
         let mut groups: Vec<Arc<WorkerGroup>> =
             self.inner.models.load().values().cloned().collect();
-        groups.sort_by(|a, b| a.endpoint.cmp(&b.endpoint));
+        let number = |g: &WorkerGroup| g.version.parse::<u64>().unwrap_or(0);
+        groups.sort_by(|a, b| (&a.endpoint, number(a)).cmp(&(&b.endpoint, number(b))));
         groups
     }
 
-    /// The group serving `model` (as [`Server::model`]); with `version`, only if it
-    /// serves that version (404 otherwise). The lookup step of every ingress
-    /// ([`crate::serve`]).
+    /// The loaded versions of model `name`, ascending (empty when it is not
+    /// loaded).
+    pub fn versions(&self, name: &str) -> Vec<String> {
+        let models = self.inner.models.load();
+        let name = if models.contains_key(name) {
+            name.to_owned()
+        } else {
+            name.to_ascii_lowercase()
+        };
+        models.versions(&name).map(|(v, _)| v.to_string()).collect()
+    }
+
+    /// The group serving `model` (case-insensitive): with `version`, that version
+    /// (a 404 in Triton's words when it is not loaded); without, the highest loaded
+    /// one. The lookup step of every ingress ([`crate::serve`]).
     pub fn lookup(&self, model: &str, version: Option<&str>) -> Result<Arc<WorkerGroup>> {
-        let group = self.model(model)?;
-        match version {
-            Some(version) if version != group.version => Err(ServerError::NotFound(format!(
-                "model `{model}` has no version `{version}` loaded (loaded: {})",
-                group.version
-            ))),
-            _ => Ok(group),
-        }
+        self.inner.models.load().find(model, version).cloned()
     }
 
     /// Looks up `request.model` and queues the request ([`crate::serve`]); await

@@ -436,11 +436,11 @@ impl ModelMetadata {
     }
 }
 
-/// One model of the repository index.
+/// One model version of the repository index.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IndexEntry {
     pub name: String,
-    /// The loaded version, else the latest on disk.
+    /// A loaded version, else the latest on disk.
     pub version: String,
     /// `READY` or `UNAVAILABLE`.
     pub state: &'static str,
@@ -448,44 +448,48 @@ pub struct IndexEntry {
     pub reason: &'static str,
 }
 
-/// Triton's repository index: every model of the repository with its state; with
+/// Triton's repository index: every model of the repository with its state, one
+/// row per loaded version (one row, `UNAVAILABLE`, for a model not loaded); with
 /// `only_ready`, the ready ones.
 pub fn repository_index(server: &Server, only_ready: bool) -> Result<Vec<IndexEntry>> {
     let loaded = server.models();
     let mut index = Vec::new();
     for entry in server.repository_index()? {
-        let group = loaded.iter().find(|g| g.endpoint == entry.name);
-        let (version, state, reason) = match group {
-            Some(g) if g.is_ready() => (g.version.clone(), "READY", ""),
-            Some(g) if g.ensemble.is_some() => (
-                g.version.clone(),
-                "UNAVAILABLE",
-                "a step's model is not loaded or not ready",
-            ),
-            Some(g) => (
-                g.version.clone(),
-                "UNAVAILABLE",
-                "no worker instance can run",
-            ),
-            None => (
-                entry
+        let mut rows: Vec<IndexEntry> = loaded
+            .iter()
+            .filter(|g| g.endpoint == entry.name)
+            .map(|g| {
+                let (state, reason) = match g {
+                    g if g.is_ready() => ("READY", ""),
+                    g if g.ensemble.is_some() => {
+                        ("UNAVAILABLE", "a step's model is not loaded or not ready")
+                    }
+                    _ => ("UNAVAILABLE", "no worker instance can run"),
+                };
+                IndexEntry {
+                    name: entry.name.clone(),
+                    version: g.version.clone(),
+                    state,
+                    reason,
+                }
+            })
+            .collect();
+        if rows.is_empty() {
+            rows.push(IndexEntry {
+                name: entry.name.clone(),
+                version: entry
                     .versions
                     .last()
                     .map(u64::to_string)
                     .unwrap_or_default(),
-                "UNAVAILABLE",
-                "unloaded",
-            ),
-        };
-        if only_ready && state != "READY" {
-            continue;
+                state: "UNAVAILABLE",
+                reason: "unloaded",
+            });
         }
-        index.push(IndexEntry {
-            name: entry.name,
-            version,
-            state,
-            reason,
-        });
+        index.extend(
+            rows.into_iter()
+                .filter(|r| !only_ready || r.state == "READY"),
+        );
     }
     Ok(index)
 }

@@ -6,11 +6,12 @@
 //! runs; a stateful model, whose sequences are pinned to instances, is reloaded
 //! with the new count instead (its old group drains, as in any reload).
 
+use kiln_worker_sdk::{Param, ParamValue, INSTANCES_PARAM};
 use std::cmp::Ordering;
 
-use kiln_worker_sdk::{Param, ParamValue, INSTANCES_PARAM};
+use std::sync::Arc;
 
-use super::{init_instances, load_failed, start_instances, teardown, Stage, State};
+use super::{init_instances, load_failed, start_instances, teardown, version_of, Stage, State};
 use crate::error::{Result, ServerError};
 use crate::group::{pool_bytes, resolve, WorkerGroup};
 use crate::limits::Demand;
@@ -24,16 +25,23 @@ impl State {
                 "`instances` must be at least 1 (unload a model to stop it)",
             ));
         }
+        // A model served in several versions: its unversioned name's, the highest.
         let group = self
             .groups
             .get(endpoint)
             .cloned()
             .ok_or_else(|| ServerError::NotFound(format!("no model `{endpoint}` is loaded")))?;
+        self.scale_group(&group, instances)
+    }
+
+    /// Makes `group` (one version of a model) run `instances` instances.
+    pub(super) fn scale_group(&mut self, group: &Arc<WorkerGroup>, instances: usize) -> Result<()> {
+        let endpoint = group.endpoint.as_str();
         if let Err(why) = group.scales_in_place() {
             if group.ensemble.is_some() {
                 return Err(ServerError::invalid(why));
             }
-            return self.reload_with(&group, instances);
+            return self.reload_with(group, instances);
         }
         let current = group.instance_count();
         let group_params = GroupParams::parse(&group.params)?;
@@ -58,7 +66,7 @@ impl State {
                 self.within_limits(endpoint, wanted, more)?;
                 let worker = group.worker.as_str();
                 let module = self.plugins.load(worker)?;
-                if !self.runs(&group, module) {
+                if !self.runs(group, module) {
                     return Err(ServerError::invalid(format!(
                         "the library of worker `{worker}` changed since `{endpoint}` was \
                          loaded: load the model again to run the new build"
@@ -104,7 +112,7 @@ impl State {
             &group_params,
             &group.version,
         )?;
-        self.replace(&endpoint, new, module);
+        self.replace(&endpoint, version_of(group), new, module);
         spdlog::info!("reloaded `{endpoint}` with {instances} instance(s)");
         Ok(())
     }

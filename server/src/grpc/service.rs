@@ -206,7 +206,11 @@ impl GrpcInferenceService for KilnGrpc {
     ) -> Result<Response<ModelMetadataResponse>, Status> {
         let r = request.into_inner();
         let group = lookup(&self.server, &r.name, &r.version)?;
-        let m = ModelMetadata::of(&group);
+        let mut m = ModelMetadata::of(&group);
+        let versions = self.server.versions(&group.endpoint);
+        if !versions.is_empty() {
+            m.versions = versions;
+        }
         let tensors = |tensors: Vec<MetadataTensor>| -> Vec<TensorMetadata> {
             tensors
                 .into_iter()
@@ -367,11 +371,17 @@ impl GrpcInferenceService for KilnGrpc {
         request: Request<RepositoryModelUnloadRequest>,
     ) -> Result<Response<RepositoryModelUnloadResponse>, Status> {
         self.server.model_control().check_api().map_err(status)?;
+        // Every version; kiln's `version` parameter names one to unload alone.
         let r = request.into_inner();
         let model = triton::repository_model_name(&r.repository_name, &r.model_name)
             .map_err(status)?
             .to_owned();
-        self.server.unload(&model).await.map_err(status)?;
+        let mut params = repository_params(r.parameters).map_err(status)?;
+        let unloaded = match triton::take_version(&mut params).map_err(status)? {
+            None => self.server.unload(&model).await,
+            Some(version) => self.server.unload_version(&model, version).await,
+        };
+        unloaded.map_err(status)?;
         Ok(Response::new(RepositoryModelUnloadResponse {
             model_name: model,
             is_unloaded: true,

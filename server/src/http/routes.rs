@@ -171,7 +171,10 @@ async fn model_route(state: web::Data<State>, req: HttpRequest, payload: web::Pa
     }
     let group = state.server.lookup(path.model, path.version)?;
     match path.action {
-        Action::Metadata => Ok(model_metadata(&group)),
+        Action::Metadata => Ok(model_metadata(
+            &group,
+            state.server.versions(&group.endpoint),
+        )),
         Action::Ready => Ok(model_ready(&group)),
         Action::Config => triton::config(&state.server, &group),
         Action::Stats => Ok(triton::model_stats(&group)),
@@ -230,8 +233,12 @@ async fn list_models(state: web::Data<State>) -> HttpResponse {
     HttpResponse::Ok().json(json!({ "models": models }))
 }
 
-fn model_metadata(group: &WorkerGroup) -> HttpResponse {
-    let m = crate::triton::ModelMetadata::of(group);
+/// A model's metadata; `versions` are its loaded versions (Triton lists them all).
+fn model_metadata(group: &WorkerGroup, versions: Vec<String>) -> HttpResponse {
+    let mut m = crate::triton::ModelMetadata::of(group);
+    if !versions.is_empty() {
+        m.versions = versions;
+    }
     let tensors = |tensors: &[crate::triton::MetadataTensor]| -> Vec<Value> {
         tensors
             .iter()
@@ -439,9 +446,31 @@ fn blocking_failed(e: actix_web::error::BlockingError) -> HttpError {
     )))
 }
 
-async fn repository_unload(state: web::Data<State>, path: web::Path<String>) -> Reply {
+/// Triton's repository unload: every version of the model; `parameters.version`
+/// (kiln's) unloads that version alone, the others serving on. Other parameters
+/// (Triton's `unload_dependents`) change nothing.
+async fn repository_unload(
+    state: web::Data<State>,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Reply {
     state.server.model_control().check_api()?;
-    state.server.unload(&path.into_inner()).await?;
+    let mut body = json_object(payload, &state).await?;
+    let parameters = match body.remove("parameters") {
+        None => Map::new(),
+        Some(Value::Object(map)) => map,
+        Some(other) => {
+            return Err(HttpError(ServerError::invalid(format!(
+                "`parameters` must be an object, got {other}"
+            ))))
+        }
+    };
+    let mut params = load_params_from_json(parameters)?;
+    let name = path.into_inner();
+    match crate::triton::take_version(&mut params)? {
+        None => state.server.unload(&name).await?,
+        Some(version) => state.server.unload_version(&name, version).await?,
+    }
     Ok(HttpResponse::Ok().json(json!({})))
 }
 
