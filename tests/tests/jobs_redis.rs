@@ -308,14 +308,31 @@ async fn jobs_cut_at_the_exit_timeout_go_back_to_the_queue() {
 }
 
 /// What consumers can see of the store: jobs counted queued, listed, in the
-/// priority-5 stream.
+/// priority-5 stream — read in one script, so the three are one moment's (three
+/// commands could straddle the submission's commit).
 fn visible(redis: &RedisServer) -> (i64, i64, i64) {
-    let queued = "return tonumber(redis.call('HGET', KEYS[1], 'queued') or '0')";
-    (
-        redis.integer(&["EVAL", queued, "1", "kiln:jobs:counts"]),
-        redis.integer(&["ZCARD", "kiln:jobs:index"]),
-        redis.integer(&["XLEN", "kiln:jobs:stream:5"]),
-    )
+    let script = "return {tonumber(redis.call('HGET', KEYS[1], 'queued') or '0'), \
+                  redis.call('ZCARD', KEYS[2]), redis.call('XLEN', KEYS[3])}";
+    let lines = redis
+        .lines(
+            &[
+                "EVAL",
+                script,
+                "3",
+                "kiln:jobs:counts",
+                "kiln:jobs:index",
+                "kiln:jobs:stream:5",
+            ],
+            4,
+        )
+        .expect("redis answers");
+    let int = |line: &str| -> i64 {
+        line.strip_prefix(':')
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("the script answered {lines:?}"))
+    };
+    assert_eq!(lines[0], "*3", "the script answered {lines:?}");
+    (int(&lines[1]), int(&lines[2]), int(&lines[3]))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
