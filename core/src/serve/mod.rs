@@ -26,7 +26,8 @@
 //!
 //! Between 2 and 3 an ingress may wait as its transport needs (gRPC queues on the
 //! connection's task and awaits on the call's; REST waits for the answer *or* the
-//! client's leaving); before 1 and after 3 only decoding and encoding differ.
+//! client's leaving); before 1 and between 3 and 4 only decoding and encoding
+//! differ.
 //! A worker's call to another model ([`crate::calls`]) takes steps 1 to 3 (no
 //! trace of its own, nothing to encode).
 
