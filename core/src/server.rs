@@ -21,7 +21,7 @@ use crate::model_control::ModelControl;
 use crate::plugin::Plugins;
 use crate::repository::{Entry, Repository, Resolved, Serving};
 use crate::restricted::RestrictedApis;
-use crate::serve::{self, Pending};
+use crate::serve::{self, Call, Pending};
 use crate::shm::SharedMemory;
 use crate::trace::Trace;
 use crate::triton_config::proto::ModelConfig as ModelConfigProto;
@@ -390,29 +390,22 @@ impl Server {
     }
 
     /// Looks up `request.model` and queues the request ([`crate::serve`]); await
-    /// the [`Pending`] for its answer, or drop it to cancel the request.
+    /// the [`Pending`] for its answer, or drop it to cancel the request. Not
+    /// traced (see [`Server::infer`]).
     pub fn submit(&self, request: InferRequest) -> Result<Pending> {
-        self.submit_traced(request, &mut Trace::default())
-    }
-
-    /// [`Server::submit`], recording the request in `trace` (begun with
-    /// [`Trace::receive`] when the request arrived).
-    pub fn submit_traced(&self, request: InferRequest, trace: &mut Trace) -> Result<Pending> {
         let group = self.lookup(&request.model, None)?;
-        serve::submit(&group, Ok((request, ())), trace).map(|(pending, ())| pending)
+        serve::submit(&group, Ok((request, ())), &mut Trace::default()).map(|(pending, ())| pending)
     }
 
-    /// Runs one inference: [`Server::submit`], then its answer. Traced as the
-    /// other ingresses are (with no caller's context).
+    /// Runs one inference through a [`Call`]: traced as the other ingresses are
+    /// (with no caller's context), nothing to encode.
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
-        let mut trace = Trace::receive(Default::default);
-        let result = match self.submit_traced(request, &mut trace) {
-            Ok(pending) => pending.await,
-            Err(e) => Err(e),
-        };
-        trace.answered(result.as_ref().ok());
-        trace.finish(result.as_ref().err().map(|e| e as _));
-        result
+        let trace = Trace::receive(Default::default);
+        let group = self.lookup(&request.model, None)?;
+        let (mut call, ()) = Call::start(group, Ok((request, ())), trace)?;
+        call.answer()
+            .await
+            .and_then(|response| call.end(Ok(response)))
     }
 
     /// The one budget of bytes clients make this server hold

@@ -1,9 +1,9 @@
 //! The local server as a [`DispatchTarget`]: its own gauges read in process (no
-//! scraping), jobs submitted through the one inference path
-//! (`kiln_core::serve::submit`) at the lowest priority the model's batcher has.
+//! scraping), jobs run through the one inference path (a `kiln_core::serve::Call`)
+//! at the lowest priority the model's batcher has.
 
 use kiln_core::error::ServerError;
-use kiln_core::serve;
+use kiln_core::serve::Call;
 use kiln_core::trace::Trace;
 use kiln_core::{InferRequest, Param, ParamValue, Server};
 use kiln_protocol::http::json::{decode_request, encode_response};
@@ -76,17 +76,18 @@ async fn run(server: &Server, job: ClaimedJob) -> Dispatched {
         Err(e) => return Dispatched::Ran(Outcome::Failed(e.to_string())),
     };
     lowest_priority(&mut request, group.lowest_priority());
-    let mut trace = Trace::default();
-    let pending = match serve::submit(&group, Ok((request, ())), &mut trace) {
-        Ok((pending, ())) => pending,
+    // Jobs are not traced: a job's request is not a client's call.
+    let mut call = match Call::start(group, Ok((request, ())), Trace::default()) {
+        Ok((call, ())) => call,
         Err(e) if overloaded(&e) => return Dispatched::Overloaded,
         Err(e) if unavailable(&e) || matches!(e, ServerError::NotFound(_)) => {
             return Dispatched::Unavailable(e.to_string())
         }
         Err(e) => return Dispatched::Ran(Outcome::Failed(e.to_string())),
     };
-    match pending.await {
-        Ok(response) => Dispatched::Ran(Outcome::Done(encode_response(&response))),
+    let answered = call.answer().await;
+    match answered.and_then(|response| call.end(Ok(encode_response(&response)))) {
+        Ok(encoded) => Dispatched::Ran(Outcome::Done(encoded)),
         Err(e) if overloaded(&e) => Dispatched::Overloaded,
         Err(e) if unavailable(&e) => Dispatched::Unavailable(e.to_string()),
         Err(e) => Dispatched::Ran(Outcome::Failed(e.to_string())),

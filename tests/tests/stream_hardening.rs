@@ -147,6 +147,49 @@ async fn a_result_over_the_limit_is_a_frame_error() {
     assert_eq!(r.outputs[0].json.as_ref().unwrap()[0], 248);
 }
 
+/// Issue #28: a frame answered by the model whose result cannot be encoded (over
+/// `--stream-max-result-bytes`) writes its failure line, as a REST or gRPC answer
+/// that cannot be encoded does, with the frame's request id (`<session>/<frame>`);
+/// a frame that goes out writes none. Before the call owned the request's life,
+/// the WebSocket path counted the failure but wrote no line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_that_cannot_be_encoded_writes_its_failure_line() {
+    let limit = 64 << 10;
+    let limit = limit.to_string();
+    let kiln = invert_video(&["--stream-max-result-bytes", &limit, "--log-level", "debug"]);
+    let mut s = session(
+        &kiln,
+        json!({"id": "lines", "encoding": "raw", "image_format": "raw", "output_format": "json"}),
+    )
+    .await;
+    let small = vec![7u8; 8 * 8 * 3];
+    s.send_frame(raw_frame(DataType::Uint8, &[8, 8, 3], &small))
+        .await
+        .unwrap();
+    assert!(matches!(next(&mut s).await, Event::Result(_)));
+    // 128×128×3 values as JSON: well over 64 KiB.
+    let pixels = vec![7u8; 128 * 128 * 3];
+    s.send_frame(raw_frame(DataType::Uint8, &[128, 128, 3], &pixels))
+        .await
+        .unwrap();
+    let Event::FrameError { frame: 1, .. } = next(&mut s).await else {
+        panic!("not frame 1's error")
+    };
+    let log = kiln.log_with("request_id=lines/1");
+    let failed: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("request failed"))
+        .collect();
+    assert_eq!(failed.len(), 1, "one line, for frame 1 only: {log}");
+    assert!(
+        failed[0].contains("request_id=lines/1")
+            && failed[0].contains("model `invert-video`")
+            && failed[0].contains("--stream-max-result-bytes"),
+        "{}",
+        failed[0]
+    );
+}
+
 /// Finding 3, the client that never reads: 6 MiB results it does not read. After
 /// `--stream-write-timeout` it is closed and everything its session held is
 /// given back — the budget's gauge returns to 0 and the session is gone — long

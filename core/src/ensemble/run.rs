@@ -73,26 +73,9 @@ pub struct Run {
 impl Run {
     /// Admits `request` to ensemble `group` (whose side is `side`): validates it
     /// against the ensemble's inputs and submits the steps that need only them.
+    /// A refusal is logged by the caller ([`crate::serve::submit`]).
     pub fn start(group: &WorkerGroup, side: &EnsembleSide, request: InferRequest) -> Result<Run> {
         let (stats, metrics) = group.counters();
-        let log = RequestLog {
-            id: request.id.clone(),
-            trace_id: None,
-        };
-        let started = Self::admit(group, side, request, stats, metrics);
-        if let Err(e) = &started {
-            crate::request_log::failed(&log, &group.endpoint, e);
-        }
-        started
-    }
-
-    fn admit(
-        group: &WorkerGroup,
-        side: &EnsembleSide,
-        request: InferRequest,
-        stats: &Arc<ModelStats>,
-        metrics: &Arc<ModelMetrics>,
-    ) -> Result<Run> {
         let steps = side.steps.load_full();
         if let Err(reason) = steps.as_ref() {
             metrics.unavailable.inc();

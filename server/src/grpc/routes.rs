@@ -250,10 +250,10 @@ async fn answer(
     pending: Result<Pending, Status>,
     max_message_bytes: usize,
 ) -> http::Response<TonicBody> {
-    let mut delivery = None;
+    let mut call = None;
     let answered = async {
-        let (response, delivered) = pending?.finish().await.map_err(status)?;
-        delivery = Some(delivered);
+        let (response, answered) = pending?.finish().await.map_err(status)?;
+        call = Some(answered);
         let length = response.encoded_len();
         if length > max_message_bytes {
             return Err(too_large("encoded", length, max_message_bytes));
@@ -278,9 +278,13 @@ async fn answer(
         }
     };
     let answered = answered.await;
-    if let (Err(refused), Some(delivery)) = (&answered, delivery) {
-        // Answered by the worker, then not deliverable (too large, not encodable).
-        delivery.failed(&ServerError::Internal(refused.message().to_owned()));
+    if let Some(call) = call {
+        // Answered by the worker: delivered, or not (too large, not encodable).
+        let sent = match &answered {
+            Ok(_) => Ok(()),
+            Err(refused) => Err(ServerError::Internal(refused.message().to_owned())),
+        };
+        let _ = call.end(sent);
     }
     match answered {
         Ok(message) => {

@@ -28,9 +28,7 @@ use super::proto::{
 use super::status::{status, triton_status};
 use crate::error::{Result, ServerError};
 use crate::group::WorkerGroup;
-use crate::reply::Delivery;
-use crate::request_log;
-use crate::serve;
+use crate::serve::Call;
 use crate::server::Server;
 use crate::trace::{Propagated, Trace};
 use crate::triton::{self, MetadataTensor, ModelConfig, ModelMetadata};
@@ -81,68 +79,51 @@ fn lookup(server: &Server, name: &str, v: &str) -> Result<Arc<WorkerGroup>, Stat
     server.lookup(name, non_empty(v)).map_err(status)
 }
 
-/// An inference on its way: queued in its model's group (with the shared-memory
-/// windows its outputs go to), or refused.
+/// An inference on its way: its [`Call`] (with the shared-memory windows its
+/// outputs go to), or its refusal.
 pub(crate) struct Pending {
     id: String,
-    answer: Result<(serve::Pending, ShmOutputs, Arc<WorkerGroup>)>,
-    trace: Trace,
+    call: Result<(Call, ShmOutputs)>,
 }
 
 impl Pending {
     /// Decodes `request`, checks it against its model and queues it
-    /// ([`crate::serve`]).
-    /// `trace` began when the call arrived ([`Trace::receive`]).
-    pub(crate) fn start(server: &Server, request: ModelInferRequest, mut trace: Trace) -> Pending {
+    /// ([`Call::start`]). `trace` began when the call arrived ([`Trace::receive`]).
+    pub(crate) fn start(server: &Server, request: ModelInferRequest, trace: Trace) -> Pending {
         let id = request.id.clone();
-        let answer = server
+        let call = server
             .lookup(&request.model_name, non_empty(&request.model_version))
             .and_then(|group| {
                 let decoded = decode_request_shm(request, server.shared_memory());
                 let request = decoded.as_ref().ok().map(|(r, _)| r);
                 server.refuse_if_stopping(&group, request)?;
-                let (pending, in_shm) = serve::submit(&group, decoded, &mut trace)?;
-                Ok((pending, in_shm, group))
+                Call::start(group, decoded, trace)
             });
-        Pending { id, answer, trace }
+        Pending { id, call }
     }
 
-    /// Waits for the answer and encodes it; the [`Delivery`] says whether the
-    /// client got it (see [`serve::Pending::delivered`]). The request's trace ends here.
-    pub(crate) async fn finish(self) -> Result<(ModelInferResponse, Delivery)> {
-        let Pending {
-            answer, mut trace, ..
-        } = self;
-        let encoded = Self::encode(answer, &mut trace).await;
-        trace.finish(encoded.as_ref().err().map(|e| e as _));
-        encoded
-    }
-
-    async fn encode(
-        answer: Result<(serve::Pending, ShmOutputs, Arc<WorkerGroup>)>,
-        trace: &mut Trace,
-    ) -> Result<(ModelInferResponse, Delivery)> {
-        let (pending, in_shm, group) = answer?;
-        let answered = pending.delivered().await;
-        trace.answered(answered.as_ref().ok().map(|(r, _)| r));
-        let (response, delivery) = answered?;
-        // Only for a line about a failure: no copy of the id unless one is written.
-        let log = request_log::when_logged(&response.id, trace.trace_id());
+    /// Waits for the answer and converts it to its message (its outputs placed in
+    /// their shared-memory windows); the [`Call`] is then ended by whoever sends
+    /// the message ([`Call::end`]: whether the client got it). A failure to
+    /// convert ends the call here.
+    pub(crate) async fn finish(self) -> Result<(ModelInferResponse, Call)> {
+        let (mut call, in_shm) = self.call?;
+        let response = call.answer().await?;
         match encode_response_shm(response, &in_shm) {
-            Ok(encoded) => Ok((encoded, delivery)),
-            Err(e) => {
-                request_log::failed(&log, &group.endpoint, &e);
-                delivery.failed(&e);
-                Err(e)
-            }
+            Ok(message) => Ok((message, call)),
+            Err(e) => call.end(Err(e)),
         }
     }
 
     /// The answer as a stream message: an error carries the request's id too.
     async fn finish_streamed(self) -> ModelStreamInferResponse {
         let id = self.id.clone();
-        match self.finish().await {
-            Ok((response, _delivered)) => ModelStreamInferResponse {
+        let sent = self
+            .finish()
+            .await
+            .and_then(|(message, call)| call.end(Ok(message)));
+        match sent {
+            Ok(response) => ModelStreamInferResponse {
                 error_message: String::new(),
                 infer_response: Some(response),
             },
@@ -238,7 +219,7 @@ impl GrpcInferenceService for KilnGrpc {
         Pending::start(&self.server, request.into_inner(), trace)
             .finish()
             .await
-            .map(|(response, _delivered)| Response::new(response))
+            .and_then(|(message, call)| call.end(Ok(Response::new(message))))
             .map_err(status)
     }
 

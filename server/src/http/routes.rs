@@ -1,5 +1,7 @@
 //! The REST routes.
 
+use std::sync::Arc;
+
 use actix_web::{web, HttpRequest, HttpResponse};
 use kiln_protocol::http::load_params_from_json;
 use serde_json::{json, Map, Value};
@@ -14,7 +16,7 @@ use super::{
 use crate::error::ServerError;
 use crate::group::WorkerGroup;
 use crate::restricted::{Category, Restrictions};
-use crate::serve;
+use crate::serve::Call;
 use crate::trace::Trace;
 use crate::ui;
 
@@ -178,7 +180,7 @@ async fn model_route(state: web::Data<State>, req: HttpRequest, payload: web::Pa
         Action::Ready => Ok(model_ready(&group)),
         Action::Config => triton::config(&state.server, &group),
         Action::Stats => Ok(triton::model_stats(&group)),
-        Action::Infer => infer(&state, &req, payload, &group).await,
+        Action::Infer => infer(&state, &req, payload, group).await,
         Action::Stream => {
             let streams = &state.streams;
             {
@@ -274,27 +276,16 @@ fn model_ready(group: &WorkerGroup) -> HttpResponse {
     }
 }
 
-/// An inference, traced (see `kiln_core::trace`): the trace begins before the body
-/// is read and ends once the response is built.
+/// An inference: its body read and decoded, then its [`Call`] (admission, answer,
+/// trace, accounting), then its response encoded. The trace begins before the
+/// body is read (see `kiln_core::trace`).
 async fn infer(
     state: &State,
     req: &HttpRequest,
     payload: web::Payload,
-    group: &WorkerGroup,
+    group: Arc<WorkerGroup>,
 ) -> Reply {
-    let mut trace = Trace::receive(|| trace::propagated(req));
-    let reply = infer_traced(state, req, payload, group, &mut trace).await;
-    trace.finish(reply.as_ref().err().map(|e| &e.0 as _));
-    reply
-}
-
-async fn infer_traced(
-    state: &State,
-    req: &HttpRequest,
-    payload: web::Payload,
-    group: &WorkerGroup,
-    trace: &mut Trace,
-) -> Reply {
+    let trace = Trace::receive(|| trace::propagated(req));
     // `_held` keeps the body's bytes counted until the answer is built: the
     // decoded request may point into the body.
     let body::Body { bytes, held: _held } = read_body(
@@ -313,37 +304,26 @@ async fn infer_traced(
     )
     .await;
     let request = decoded.as_ref().ok().map(|(r, _)| r);
-    state.server.refuse_if_stopping(group, request)?;
-    let (pending, placement) = serve::submit(group, decoded, trace)?;
+    state.server.refuse_if_stopping(&group, request)?;
+    let (mut call, placement) = Call::start(group, decoded, trace)?;
     let response = match req.conn_data::<super::peer::Peer>() {
-        // Returning drops the pending answer: a queued request is then cancelled.
+        // Returning drops the call: a queued request is then cancelled.
         Some(peer) => tokio::select! {
-            answer = pending.delivered() => answer,
+            answer = call.answer() => answer?,
             () = peer.closed(req.version()) => {
                 return Err(HttpError(ServerError::Unavailable("the client went away".into())))
             }
         },
-        None => pending.delivered().await,
+        None => call.answer().await?,
     };
-    trace.answered(response.as_ref().ok().map(|(r, _)| r));
-    let (response, delivery) = response?;
-    // Only for a line about a failure: no copy of the id unless one can be written.
-    let log = crate::request_log::when_logged(&response.id, trace.trace_id());
-    let answered = match offload::encode_response(response, placement).await {
+    let encoded = match offload::encode_response(response, placement).await {
         Ok(encoded) => match super::compress::negotiate(req) {
             None => Ok(encoded.into_response()),
             Some(encoding) => super::compress::respond(encoded, encoding).await,
         },
         Err(e) => Err(e),
     };
-    match answered {
-        Ok(answer) => Ok(answer),
-        Err(e) => {
-            crate::request_log::failed(&log, &group.endpoint, &e);
-            delivery.failed(&e);
-            Err(HttpError(e))
-        }
-    }
+    Ok(call.end(encoded)?)
 }
 
 async fn load(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {

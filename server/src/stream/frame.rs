@@ -1,7 +1,8 @@
 //! One frame's way through kiln: decoded and pre-processed on actix's blocking
-//! pool, then the core's one inference path ([`serve::submit`], awaiting the
-//! [`crate::serve::Pending`]) as REST and gRPC take it, then post-processed and
-//! encoded on the blocking pool again. The session runs up to
+//! pool, then the core's one inference path (a [`Call`]) as REST and gRPC take
+//! it, then post-processed and encoded on the blocking pool again, the call
+//! ended with the outcome (a frame that cannot be encoded is logged and counted a
+//! failure, as a REST answer that cannot be). The session runs up to
 //! `max_inflight_frames` of these at once and sends their results in order.
 //!
 //! Off the I/O thread because each step is milliseconds: decoding a 640×480 JPEG
@@ -26,7 +27,7 @@ use super::protocol::{self, Encoding, Open};
 use super::result::{self, EncodeError, EncodedOutputs, ResultLimit};
 use crate::error::ServerError;
 use crate::group::WorkerGroup;
-use crate::serve;
+use crate::serve::Call;
 use crate::trace::Trace;
 
 /// A frame as it arrives, with the budget's bytes it holds.
@@ -105,46 +106,34 @@ async fn infer(ctx: Arc<FrameContext>, frame: Incoming) -> Result<Answered, Fail
         Ok(Err(DecodeError::Exhausted(e))) => return Err(memory(e)),
         Err(e) => Err(e),
     };
-    let mut trace = Trace::receive(Default::default);
-    let answer = match serve::submit(&ctx.group, decoded, &mut trace) {
-        Ok((pending, info)) => pending.delivered().await.map(|a| (a, info)),
+    let trace = Trace::receive(Default::default);
+    let answer = match Call::start(Arc::clone(&ctx.group), decoded, trace) {
+        Ok((mut call, info)) => call.answer().await.map(|response| (call, response, info)),
         Err(e) => Err(e),
     };
-    trace.answered(answer.as_ref().ok().map(|((r, _), _)| r));
-    let ((response, delivery), info) = match answer {
-        Ok(answer) => answer,
-        Err(e) => {
-            trace.finish(Some(&e));
-            return Err(failed(e));
-        }
-    };
+    let (call, response, info) = answer.map_err(failed)?;
     let size = info.size;
     let encode = {
         let ctx = Arc::clone(&ctx);
         move || finish(&ctx, response.outputs, &info)
     };
+    // The budget's refusal, kept apart: the frame is then dropped for memory.
+    let mut exhausted = None;
     let encoded = match blocking(encode).await {
         Ok(Ok(encoded)) => Ok(encoded),
-        Ok(Err(EncodeError::Exhausted(e))) => Err((ServerError::from(e.clone()), Some(e))),
-        Ok(Err(e)) => Err((ServerError::Internal(e.message(ctx.limit.max_bytes)), None)),
-        Err(e) => Err((e, None)),
+        Ok(Err(EncodeError::Exhausted(e))) => Err(ServerError::from(exhausted.insert(e).clone())),
+        Ok(Err(e)) => Err(ServerError::Internal(e.message(ctx.limit.max_bytes))),
+        Err(e) => Err(e),
     };
-    match encoded {
-        Ok(encoded) => {
-            trace.finish(None);
-            Ok(Answered { encoded, size })
-        }
-        Err((e, exhausted)) => {
-            delivery.failed(&e);
-            trace.finish(Some(&e));
-            Err(match exhausted {
-                Some(exhausted) => memory(exhausted),
-                None => Failed {
-                    dropped: None,
-                    error: format!("frame {index}: {e}"),
-                },
-            })
-        }
+    match call.end(encoded) {
+        Ok(encoded) => Ok(Answered { encoded, size }),
+        Err(e) => Err(match exhausted {
+            Some(exhausted) => memory(exhausted),
+            None => Failed {
+                dropped: None,
+                error: format!("frame {index}: {e}"),
+            },
+        }),
     }
 }
 

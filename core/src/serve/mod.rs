@@ -1,27 +1,37 @@
 //! The one inference path. Every ingress (REST, gRPC unary and streaming, the
-//! in-process [`crate::Server::infer`]) decodes its protocol into an
-//! [`InferRequest`], then takes the same steps:
+//! WebSocket streams' frames, jobs, the in-process [`crate::Server::infer`])
+//! decodes its protocol into an [`InferRequest`], then takes the same steps,
+//! through a [`Call`] ([`call`]), which does everything but decoding and encoding:
 //!
 //! 1. **lookup**: [`crate::Server::lookup`], the group serving the model (and the
 //!    version) the call names;
-//! 2. **admission**: [`submit`], which counts a request that failed to decode as
-//!    invalid, or validates the decoded one and queues it
+//! 2. **admission**: [`Call::start`], that is [`submit`], which counts a request
+//!    that failed to decode as invalid, or validates the decoded one and queues it
 //!    ([`WorkerGroup::submit`]), refusing it at once when the queue is full; an
 //!    ensemble's request instead starts its steps ([`crate::ensemble::run`]), each
-//!    admitted by its own model's group the same way;
-//! 3. **answer**: awaiting the [`Pending`] it returns. Dropping the `Pending`
-//!    (a client gone, a deadline passed) cancels the request: the dynamic batcher
-//!    sees the closed reply channel and takes it out of its queue.
+//!    admitted by its own model's group the same way. A refusal is logged here
+//!    (or by the group, for its own admission checks);
+//! 3. **answer**: [`Call::answer`], awaiting the [`Pending`] [`submit`] returned.
+//!    Dropping the call (a client gone, a deadline passed) cancels the request:
+//!    the dynamic batcher sees the closed reply channel and takes it out of its
+//!    queue;
+//! 4. **end**: [`Call::end`], with what the ingress's encoder made of the answer:
+//!    the request counted a success or a failure, a failure logged.
 //!
-//! The ingress holds the request's [`Trace`] throughout: begun at receipt
-//! ([`Trace::receive`], with the caller's W3C headers), sampled at admission,
-//! told of the answer ([`Trace::answered`]) and finished once the response is
-//! encoded ([`Trace::finish`]); while tracing is off it is empty and each step
-//! is a branch (see [`crate::trace`]).
+//! The call holds the request's [`Trace`] throughout: begun at receipt by the
+//! ingress ([`Trace::receive`], with the caller's W3C headers), sampled at
+//! admission, told of the answer ([`Trace::answered`]) and finished when the call
+//! ends; while tracing is off it is empty and each step is a branch (see
+//! [`crate::trace`]).
 //!
 //! Between 2 and 3 an ingress may wait as its transport needs (gRPC queues on the
 //! connection's task and awaits on the call's; REST waits for the answer *or* the
-//! client's leaving); before 1 and after 3 only decoding and encoding differ.
+//! client's leaving); before 1 and between 3 and 4 only decoding and encoding
+//! differ.
+//! A worker's call to another model ([`crate::calls`]) takes steps 1 to 3 (no
+//! trace of its own, nothing to encode).
+
+mod call;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -34,7 +44,10 @@ use crate::error::{Result, ServerError};
 use crate::group::WorkerGroup;
 use crate::infer::{InferRequest, InferResponse};
 use crate::reply::{Answer, Answered, Delivery};
+use crate::request_log::{self, RequestLog};
 use crate::trace::Trace;
+
+pub use call::Call;
 
 /// An inference its model's group accepted: awaiting it yields the answer
 /// (a [`ServerError`] when the request failed in its batch); dropping it cancels
@@ -70,11 +83,11 @@ impl Future for Pending {
 }
 
 impl Pending {
-    /// The answer and its [`Delivery`], for an ingress that still has to encode or
-    /// place the response: it reports a failure there through the delivery, so the
-    /// request is counted a failure rather than a success (awaiting the `Pending`
-    /// itself counts it a success).
-    pub async fn delivered(self) -> Result<(InferResponse, Delivery)> {
+    /// The answer and its [`Delivery`], for a [`Call`], which still has to encode
+    /// or place the response: it reports a failure there through the delivery, so
+    /// the request is counted a failure rather than a success (awaiting the
+    /// `Pending` itself counts it a success).
+    pub(crate) async fn delivered(self) -> Result<(InferResponse, Delivery)> {
         match self.0 {
             Waiting::Group(rx) => match rx.await {
                 Ok(answer) => answer.map(Answered::into_delivery),
@@ -105,18 +118,21 @@ pub fn submit<T>(
     let (request, keep) = decoded.inspect_err(|e| {
         group.record_invalid();
         // Undecodable: its id, if it had one, is not known.
-        crate::request_log::failed(&Default::default(), &group.endpoint, e);
+        refused(&RequestLog::default(), group, e);
     })?;
     if let Some(side) = &group.ensemble {
         // An ensemble's steps are requests of their own models (traced apart).
-        return Ok((
-            Pending(Waiting::Ensemble(Box::new(Run::start(
-                group, side, request,
-            )?))),
-            keep,
-        ));
+        let log = request_log::when_logged(&request.id, link.map(|l| l.trace_id));
+        let run = Run::start(group, side, request).inspect_err(|e| refused(&log, group, e))?;
+        return Ok((Pending(Waiting::Ensemble(Box::new(run))), keep));
     }
     Ok((Pending(Waiting::Group(group.submit(request, link)?)), keep))
+}
+
+/// The line about a request `group` refused at admission (a worker group writes
+/// its own: [`WorkerGroup::submit`]).
+fn refused(log: &RequestLog, group: &WorkerGroup, error: &ServerError) {
+    request_log::failed(log, &group.endpoint, error);
 }
 
 /// A worker's call to another model takes this same path
