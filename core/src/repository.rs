@@ -16,6 +16,9 @@
 //! A model with `platform = "ensemble"` declares, instead of a worker, its inputs,
 //! outputs and steps ([`crate::ensemble::config`]); it has no files, so its version
 //! folders are optional (version 1 when there are none).
+//!
+//! A folder without `config.toml` is read as Triton's ([`crate::triton_config::folder`]):
+//! its `config.pbtxt`, or, auto-completed, none at all beside `1/model.onnx`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -26,7 +29,8 @@ use serde::Deserialize;
 use crate::ensemble::config::{EnsembleConfig, EnsembleScheduling, TensorConfig};
 use crate::error::{Result, ServerError};
 use crate::plugin::check_name;
-use crate::triton_config::map::{Declared, Mapped};
+use crate::triton_config::folder;
+use crate::triton_config::map::Declared;
 
 /// A model's `config.toml`: a worker and its parameters, or an ensemble.
 #[derive(Debug, Deserialize)]
@@ -84,12 +88,25 @@ pub struct Resolved {
 #[derive(Debug, Clone)]
 pub struct Repository {
     root: PathBuf,
+    /// Triton's auto-completion of `config.pbtxt` models (on by default).
+    auto_complete: bool,
 }
 
 impl Repository {
-    /// The repository at `root`.
+    /// The repository at `root`, auto-completing Triton models.
     pub fn new(root: PathBuf) -> Repository {
-        Repository { root }
+        Repository {
+            root,
+            auto_complete: true,
+        }
+    }
+
+    /// `false`: Triton's `--disable-auto-complete-config`: a Triton model is
+    /// its `config.pbtxt` alone, which then declares every tensor and the batch
+    /// size ([`crate::triton_config::complete`]).
+    pub fn with_auto_complete(mut self, on: bool) -> Repository {
+        self.auto_complete = on;
+        self
     }
 
     /// The repository's directory.
@@ -104,7 +121,10 @@ impl Repository {
         })?;
         let mut entries: Vec<Entry> = dir
             .filter_map(|e| e.ok())
-            .filter(|e| e.path().join("config.toml").is_file() || e.path().join(PBTXT).is_file())
+            .filter(|e| {
+                e.path().join("config.toml").is_file()
+                    || folder::is_model(&e.path(), self.auto_complete)
+            })
             .filter_map(|e| e.file_name().to_str().map(str::to_owned))
             .filter(|name| check_name(name).is_ok())
             .map(|name| {
@@ -127,8 +147,8 @@ impl Repository {
         check_name(name)?;
         let folder = self.root.join(name);
         let file = folder.join("config.toml");
-        if !file.is_file() && folder.join(PBTXT).is_file() {
-            return resolve_pbtxt(name, &folder, version, overrides);
+        if !file.is_file() && folder::is_model(&folder, self.auto_complete) {
+            return folder::resolve(name, &folder, version, overrides, self.auto_complete);
         }
         let text = std::fs::read_to_string(&file).map_err(|_| {
             ServerError::NotFound(format!(
@@ -240,7 +260,12 @@ impl Repository {
 
 /// `overrides` replace the parameters of the same name; `model_dir` is the
 /// version's folder, whatever a file or client said.
-fn with_overrides(params: &mut Vec<Param>, overrides: Vec<Param>, folder: &Path, version: u64) {
+pub(crate) fn with_overrides(
+    params: &mut Vec<Param>,
+    overrides: Vec<Param>,
+    folder: &Path,
+    version: u64,
+) {
     for o in overrides {
         params.retain(|p| !p.key.as_str().eq_ignore_ascii_case(o.key.as_str()));
         params.push(o);
@@ -256,70 +281,6 @@ fn with_overrides(params: &mut Vec<Param>, overrides: Vec<Param>, folder: &Path,
                 .into(),
         ),
     });
-}
-
-/// Triton's model configuration file ([`crate::triton_config`]).
-const PBTXT: &str = "config.pbtxt";
-
-/// Resolves a model folder holding Triton's `config.pbtxt` (and no `config.toml`).
-fn resolve_pbtxt(
-    name: &str,
-    folder: &Path,
-    version: Option<u64>,
-    overrides: Vec<Param>,
-) -> Result<Resolved> {
-    let file = folder.join(PBTXT);
-    let invalid = |m: String| ServerError::invalid(format!("{}: {m}", file.display()));
-    let text = std::fs::read_to_string(&file).map_err(|e| invalid(e.to_string()))?;
-    let parsed = crate::triton_config::parse(&text).map_err(invalid)?;
-    let mapped = crate::triton_config::map::map(name, &parsed).map_err(invalid)?;
-    let available = versions(folder);
-    let policy = match &mapped {
-        Mapped::Worker { policy, .. } | Mapped::Ensemble { policy, .. } => policy,
-    };
-    // An ensemble has no files: version 1 when it has no version folder.
-    let available = match (&mapped, available.is_empty()) {
-        (Mapped::Ensemble { .. }, true) => vec![1],
-        _ => available,
-    };
-    let version = policy.pick(&available, version).ok_or_else(|| {
-        ServerError::NotFound(format!(
-            "model `{name}`: no version {} is available under its version_policy \
-             (version folders: {available:?})",
-            version.map_or("at all".to_owned(), |v| v.to_string())
-        ))
-    })?;
-    match mapped {
-        Mapped::Ensemble { config, .. } => {
-            if !overrides.is_empty() {
-                return Err(ServerError::invalid(format!(
-                    "model `{name}` is an ensemble: it takes no parameters"
-                )));
-            }
-            Ok(Resolved {
-                worker: "ensemble".into(),
-                version,
-                params: Vec::new(),
-                serving: Serving::Ensemble(config),
-                declared: None,
-            })
-        }
-        Mapped::Worker {
-            worker,
-            mut params,
-            declared,
-            ..
-        } => {
-            with_overrides(&mut params, overrides, folder, version);
-            Ok(Resolved {
-                worker: worker.into(),
-                version,
-                params,
-                serving: Serving::Worker,
-                declared: Some(declared),
-            })
-        }
-    }
 }
 
 /// An ensemble's declarations; it has no worker and no parameters.
@@ -382,7 +343,7 @@ fn param_value(key: &str, value: &toml::Value) -> Option<ParamValue> {
 }
 
 /// Numbered subfolders, ascending.
-fn versions(folder: &Path) -> Vec<u64> {
+pub(crate) fn versions(folder: &Path) -> Vec<u64> {
     let mut versions: Vec<u64> = std::fs::read_dir(folder)
         .map(|dir| {
             dir.filter_map(|e| e.ok())
