@@ -210,7 +210,9 @@ impl Server {
         // such a model at load too).
         if let Some(declared) = &resolved.declared {
             let group = self.model(&loaded)?;
-            if let Err(why) = declared.check(&group.info.inputs, &group.info.outputs) {
+            let worker_inputs = &group.worker_info.inputs;
+            let checked = declared.check(&group.info.inputs, &group.info.outputs, worker_inputs);
+            if let Err(why) = checked {
                 self.unload(&loaded).await?;
                 return Err(ServerError::invalid(format!("model `{name}`: {why}")));
             }

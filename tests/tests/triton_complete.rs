@@ -162,11 +162,30 @@ async fn silero_with_triton_state_answers_as_onnxruntime() {
     let reference = Arc::new(silero_streams(STREAMS, 20));
     // Losing the state would move the probabilities far beyond the tolerance.
     assert!(reference.reset_max_abs_diff > 0.1);
+    // The same with a state type that is not the model's: refused at load.
+    let lying = SILERO.replace("\"vad\"", "\"lying\"").replace(
+        "data_type: TYPE_FP32\n      dims",
+        "data_type: TYPE_FP16\n      dims",
+    );
     let repo = repository(
-        &[("vad/config.pbtxt", SILERO)],
-        &[("vad/1/model.onnx", "silero-vad/1/model.onnx")],
+        &[("vad/config.pbtxt", SILERO), ("lying/config.pbtxt", &lying)],
+        &[
+            ("vad/1/model.onnx", "silero-vad/1/model.onnx"),
+            ("lying/1/model.onnx", "silero-vad/1/model.onnx"),
+        ],
     );
     let kiln = Kiln::start(&["--model-repository", &repo.arg()]);
+    let err = kiln
+        .client
+        .load_model("lying", &json!({}))
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), Some(400), "{err}");
+    assert!(
+        err.to_string()
+            .contains("sequence_batching input `state`: the config declares Fp16"),
+        "{err}"
+    );
     kiln.client.load_model("vad", &json!({})).await.unwrap();
     let config = triton_config(&kiln.url, "vad").await;
     let state = &config["sequence_batching"]["state"][0];

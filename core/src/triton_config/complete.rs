@@ -18,7 +18,7 @@
 
 use std::path::Path;
 
-use kiln_worker_sdk::TensorSpec;
+use kiln_worker_sdk::{DataType, TensorSpec};
 
 use crate::ensemble::config::TensorConfig;
 
@@ -46,15 +46,42 @@ pub fn backend_of_files(folder: &Path, versions: &[u64]) -> Option<&'static str>
 pub struct Declared {
     pub inputs: Vec<TensorConfig>,
     pub outputs: Vec<TensorConfig>,
+    /// `sequence_batching`'s control and state inputs, with the data types the
+    /// file gives them: the server fills them, so clients never see them.
+    pub sequence_inputs: Vec<(String, DataType)>,
     /// Auto-completion on: the model's tensors the file leaves out are taken as
     /// they are; off: each must be declared.
     pub complete: bool,
 }
 
 impl Declared {
-    /// Checks the declared tensors against the model's, as the worker read them
-    /// (`dims` without the batch dimension; the model's -1 accepts any size).
-    pub fn check(&self, inputs: &[TensorSpec], outputs: &[TensorSpec]) -> Result<(), String> {
+    /// Checks the declared tensors against the model's, as clients see them
+    /// (`inputs`, `outputs`: `dims` without the batch dimension; the model's -1
+    /// accepts any size), and the sequence batcher's inputs against the worker's
+    /// (`worker_inputs`).
+    pub fn check(
+        &self,
+        inputs: &[TensorSpec],
+        outputs: &[TensorSpec],
+        worker_inputs: &[TensorSpec],
+    ) -> Result<(), String> {
+        for (name, dtype) in &self.sequence_inputs {
+            match worker_inputs.iter().find(|m| m.name.as_str() == name) {
+                Some(m) if m.dtype == *dtype => {}
+                Some(m) => {
+                    return Err(format!(
+                        "sequence_batching input `{name}`: the config declares {dtype:?}, \
+                         the model has {:?}",
+                        m.dtype
+                    ))
+                }
+                None => {
+                    return Err(format!(
+                        "sequence_batching input `{name}` is not the model's"
+                    ))
+                }
+            }
+        }
         let side = |what: &str, declared: &[TensorConfig], model: &[TensorSpec]| {
             for d in declared {
                 let m = model
@@ -106,6 +133,7 @@ mod tests {
                 dims: vec![3, -1],
             }],
             outputs: Vec::new(),
+            sequence_inputs: vec![("s".into(), DataType::Fp32)],
             complete,
         }
     }
@@ -114,12 +142,25 @@ mod tests {
     fn left_out_tensors_need_auto_completion() {
         let inputs = [TensorSpec::new("x", DataType::Fp32, &[3, -1])];
         let outputs = [TensorSpec::new("y", DataType::Fp32, &[2])];
-        assert_eq!(declared(true).check(&inputs, &outputs), Ok(()));
-        let e = declared(false).check(&inputs, &outputs).unwrap_err();
+        let worker = [
+            inputs[0].clone(),
+            TensorSpec::new("s", DataType::Fp32, &[4]),
+        ];
+        assert_eq!(declared(true).check(&inputs, &outputs, &worker), Ok(()));
+        let e = declared(false)
+            .check(&inputs, &outputs, &worker)
+            .unwrap_err();
         assert!(e.contains("output `y` of the model is not declared"), "{e}");
         let wrong = [TensorSpec::new("x", DataType::Int32, &[3, -1])];
-        let e = declared(true).check(&wrong, &outputs).unwrap_err();
+        let e = declared(true).check(&wrong, &outputs, &worker).unwrap_err();
         assert!(e.contains("input `x`: the config declares"), "{e}");
+        let state = [TensorSpec::new("s", DataType::Fp16, &[4])];
+        let e = declared(true).check(&inputs, &outputs, &state).unwrap_err();
+        assert!(e.contains("input `s`: the config declares Fp32"), "{e}");
+        let e = declared(true)
+            .check(&inputs, &outputs, &inputs)
+            .unwrap_err();
+        assert!(e.contains("input `s` is not the model's"), "{e}");
     }
 
     #[test]

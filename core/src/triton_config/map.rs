@@ -229,6 +229,7 @@ pub fn map(name: &str, parsed: &Parsed, complete: bool) -> Result<Mapped, String
         // what infer enforces (docs/models.md).
         set("batch_size", ParamValue::Int(c.max_batch_size.into()));
     }
+    let mut sequence_inputs = Vec::new();
     match &c.scheduling_choice {
         Some(SchedulingChoice::DynamicBatching(d)) => {
             if c.max_batch_size == 0 && !autofill {
@@ -236,7 +237,9 @@ pub fn map(name: &str, parsed: &Parsed, complete: bool) -> Result<Mapped, String
             }
             dynamic_batching(d, &mut set);
         }
-        Some(SchedulingChoice::SequenceBatching(s)) => super::sequence::map(s, &mut set)?,
+        Some(SchedulingChoice::SequenceBatching(s)) => {
+            sequence_inputs = super::sequence::map(s, &mut set)?;
+        }
         // Triton's ONNX auto-completion adds `dynamic_batching {}` to a model that
         // batches (more than 1); on a model that turns out not to, kiln's dynamic
         // batcher runs each request alone, as the default scheduler would.
@@ -259,6 +262,7 @@ pub fn map(name: &str, parsed: &Parsed, complete: bool) -> Result<Mapped, String
         declared: Declared {
             inputs,
             outputs,
+            sequence_inputs,
             complete,
         },
     })

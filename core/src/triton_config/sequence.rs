@@ -40,11 +40,14 @@ pub const HONOURED: &[&str] = &[
 const BACKLOG: i64 = 4096;
 
 /// Sets the parameters of `s` (the batcher, its strategy and limits, controls and
-/// states) through `set`.
+/// states) through `set`; returns the control and state inputs with the data
+/// types the file gives them, for [`super::complete::Declared`] to check against
+/// the model's.
 pub fn map(
     s: &ModelSequenceBatching,
     set: &mut impl FnMut(&str, ParamValue),
-) -> Result<(), String> {
+) -> Result<Vec<(String, kiln_worker_sdk::DataType)>, String> {
+    let mut typed = Vec::new();
     let int = |v: u64| ParamValue::Int(i64::try_from(v).unwrap_or(i64::MAX));
     set("batcher", ParamValue::Str("sequence".into()));
     // Triton holds a new sequence that finds every slot taken in a backlog of no
@@ -105,9 +108,12 @@ pub fn map(
             Kind::ControlSequenceReady => "control.ready",
             Kind::ControlSequenceCorrid => "control.corrid",
         };
-        if control.kind() != Kind::ControlSequenceCorrid {
-            zero_one(&input.name, control)?;
-        }
+        let dtype = if control.kind() == Kind::ControlSequenceCorrid {
+            control.data_type()
+        } else {
+            zero_one(&input.name, control)?
+        };
+        typed.push((input.name.clone(), data_type(&input.name, dtype)?));
         set(key, ParamValue::Str(input.name.as_str().into()));
     }
     for state in &s.state {
@@ -143,27 +149,36 @@ pub fn map(
                 ParamValue::Str(dims.join(",").as_str().into()),
             );
         }
-        if state.data_type() == DataType::TypeInvalid {
-            return Err(format!("state `{}`: set its `data_type`", state.input_name));
-        }
+        typed.push((
+            state.input_name.clone(),
+            data_type(&state.input_name, state.data_type())?,
+        ));
     }
-    Ok(())
+    Ok(typed)
+}
+
+/// kiln's datatype of a control or state input's `data_type`.
+fn data_type(name: &str, dtype: DataType) -> Result<kiln_worker_sdk::DataType, String> {
+    crate::ensemble::config::parse_data_type(dtype.as_str_name())
+        .ok_or_else(|| format!("`{name}`: set its `data_type` ({})", dtype.as_str_name()))
 }
 
 /// kiln's control inputs carry 0 (false) and 1 (true), Triton's usual
-/// `int32_false_true: [0, 1]` (and its FP32 and BOOL forms); other values are refused.
-fn zero_one(name: &str, control: &Control) -> Result<(), String> {
-    let ok = match (
+/// `int32_false_true: [0, 1]` (and its FP32 and BOOL forms); other values are
+/// refused. The data type the values give the input.
+fn zero_one(name: &str, control: &Control) -> Result<DataType, String> {
+    let typed = match (
         &control.int32_false_true[..],
         &control.fp32_false_true[..],
         &control.bool_false_true[..],
     ) {
-        ([0, 1], [], []) | ([], [], [false, true]) => true,
-        ([], [f, t], []) => *f == 0.0 && *t == 1.0,
-        _ => false,
+        ([0, 1], [], []) => Some(DataType::TypeInt32),
+        ([], [], [false, true]) => Some(DataType::TypeBool),
+        ([], [f, t], []) if *f == 0.0 && *t == 1.0 => Some(DataType::TypeFp32),
+        _ => None,
     };
-    if ok {
-        Ok(())
+    if let Some(dtype) = typed {
+        Ok(dtype)
     } else {
         Err(format!(
             "control input `{name}`: kiln's control values are false = 0 and true = 1 \
@@ -186,7 +201,12 @@ mod tests {
             return Err("no sequence_batching".into());
         };
         let mut out = Vec::new();
-        map(s, &mut |k, v| out.push((k.to_owned(), format!("{v:?}"))))?;
+        let typed = map(s, &mut |k, v| out.push((k.to_owned(), format!("{v:?}"))))?;
+        out.extend(
+            typed
+                .into_iter()
+                .map(|(name, dtype)| (format!("type {name}"), format!("{dtype:?}"))),
+        );
         Ok(out)
     }
 
@@ -223,6 +243,11 @@ mod tests {
         assert!(get(&p, "control.corrid").unwrap().contains("CORRID"));
         assert!(get(&p, "state.state").unwrap().contains("stateN"));
         assert!(get(&p, "state_dims.state").unwrap().contains("2,1,128"));
+        // The types the file gives them, for the check against the model.
+        assert_eq!(get(&p, "type START"), Some("Int32"));
+        assert_eq!(get(&p, "type READY"), Some("Bool"));
+        assert_eq!(get(&p, "type CORRID"), Some("Uint64"));
+        assert_eq!(get(&p, "type state"), Some("Fp32"));
         // No strategy: Triton's direct.
         let p = params("max_sequence_idle_microseconds: 1").unwrap();
         assert!(get(&p, "sequence_strategy").unwrap().contains("direct"));
@@ -246,6 +271,14 @@ mod tests {
             (
                 r#"state [ { input_name: "s" } ]"#,
                 "needs `input_name` and `output_name`",
+            ),
+            (
+                r#"state [ { input_name: "s" output_name: "t" } ]"#,
+                "`s`: set its `data_type`",
+            ),
+            (
+                r#"control_input [ { name: "C" control [ { kind: CONTROL_SEQUENCE_CORRID } ] } ]"#,
+                "`C`: set its `data_type`",
             ),
         ] {
             let e = params(text).unwrap_err();
