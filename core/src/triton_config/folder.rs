@@ -5,7 +5,7 @@ use std::path::Path;
 
 use kiln_worker_sdk::Param;
 
-use super::complete::backend_of_files;
+use super::autocomplete::backend_of_files;
 use super::map::Mapped;
 use crate::error::{Result, ServerError};
 use crate::repository::{versions, with_overrides, Resolved, Serving};

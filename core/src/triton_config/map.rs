@@ -21,7 +21,7 @@
 
 use kiln_worker_sdk::{Param, ParamValue};
 
-pub use super::complete::Declared;
+pub use super::autocomplete::Declared;
 use super::proto::{
     self, model_config::SchedulingChoice, model_instance_group::Kind,
     model_version_policy::PolicyChoice,
@@ -219,7 +219,7 @@ pub fn map(name: &str, parsed: &Parsed, complete: bool) -> Result<Mapped, String
     if autofill {
         set(
             "default_max_batch_size",
-            ParamValue::Int(super::complete::DEFAULT_MAX_BATCH_SIZE),
+            ParamValue::Int(super::autocomplete::DEFAULT_MAX_BATCH_SIZE),
         );
     } else {
         set("max_batch_size", ParamValue::Int(c.max_batch_size.into()));

@@ -10,12 +10,12 @@
 //!   does not honour instead of ignoring it;
 //! - [`map`]: the typed config → what kiln loads (a worker and its load
 //!   parameters, or an ensemble), with [`sequence`] for `sequence_batching`;
-//! - [`complete`]: Triton's auto-completion (what the file leaves out comes from
+//! - [`autocomplete`]: Triton's auto-completion (what the file leaves out comes from
 //!   the model) and the check of declared tensors against the model;
 //! - [`folder`]: a model folder (its `config.pbtxt`, or none) → what the
 //!   repository loads.
 
-pub mod complete;
+pub mod autocomplete;
 pub mod folder;
 pub mod map;
 pub mod sequence;

@@ -41,7 +41,7 @@ const BACKLOG: i64 = 4096;
 
 /// Sets the parameters of `s` (the batcher, its strategy and limits, controls and
 /// states) through `set`; returns the control and state inputs with the data
-/// types the file gives them, for [`super::complete::Declared`] to check against
+/// types the file gives them, for [`super::autocomplete::Declared`] to check against
 /// the model's.
 pub fn map(
     s: &ModelSequenceBatching,
