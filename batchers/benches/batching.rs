@@ -153,5 +153,36 @@ fn free_list(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, batcher, pool, admission, handoff, free_list);
+/// An idle instance's wait for work, woken for each item (a round trip through an
+/// echoing thread that waits for every item): a plain blocking receive
+/// (`wait_for_first`) against one that also watches the group's leave channel
+/// (`wait_for_first_or_stop`, what a scalable group's instances wait with).
+fn idle_wait(c: &mut Criterion) {
+    let mut group = c.benchmark_group("idle_wait_round_trip");
+    for watch_leave in [false, true] {
+        let (tx, rx) = crossbeam_channel::bounded::<u32>(1);
+        let (back_tx, back) = crossbeam_channel::bounded::<u32>(1);
+        let (_leave_tx, leave) = unbounded::<()>();
+        let echo = std::thread::spawn(move || {
+            let leave = watch_leave.then_some(&leave);
+            while let Some(v) = kiln_batchers::wait_for_first_or_stop(&rx, &mut (), leave) {
+                if back_tx.send(v).is_err() {
+                    return;
+                }
+            }
+        });
+        let name = if watch_leave { "or_stop" } else { "plain" };
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let _ = tx.send(1);
+                back.recv()
+            })
+        });
+        drop(tx);
+        let _ = echo.join();
+    }
+    group.finish();
+}
+
+criterion_group!(benches, batcher, pool, admission, handoff, free_list, idle_wait);
 criterion_main!(benches);

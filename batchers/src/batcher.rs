@@ -59,6 +59,19 @@ pub fn form_batch<R>(
     carried: &mut Option<Request<R>>,
     idle: &mut dyn Idle,
 ) -> Option<Batch<R>> {
+    form_batch_or_stop(config, requests, pool, carried, idle, None)
+}
+
+/// [`form_batch`], also ending (`None`, nothing taken) when a message or the
+/// disconnection of `stop` comes while it waits for a first request.
+fn form_batch_or_stop<R>(
+    config: &BatcherConfig,
+    requests: &Receiver<Request<R>>,
+    pool: &Arc<Pool<BufferSet>>,
+    carried: &mut Option<Request<R>>,
+    idle: &mut dyn Idle,
+    stop: Option<&Receiver<()>>,
+) -> Option<Batch<R>> {
     let batch_size = config.batch_size.max(1);
     // Busy: a request was waiting already (none had to be waited for).
     let (first, busy) = match carried.take() {
@@ -66,7 +79,7 @@ pub fn form_batch<R>(
         None => match requests.try_recv() {
             Ok(request) => (request, true),
             Err(TryRecvError::Disconnected) => return None,
-            Err(TryRecvError::Empty) => (wait_for_first(requests, idle)?, false),
+            Err(TryRecvError::Empty) => (wait_for_first_or_stop(requests, idle, stop)?, false),
         },
     };
     if busy && config.gather && config.kind == BatcherKind::Soft && config.timeout.is_zero() {
@@ -142,8 +155,11 @@ impl<R> BatchFormer<R> {
 
     /// Waits for the turn, then forms a batch ([`form_batch`]) for the caller to run;
     /// `idle` is told when no request is ready. `None` once the request queue is
-    /// disconnected and drained.
-    pub fn next_batch(&self, idle: &mut dyn Idle) -> Option<Batch<R>> {
+    /// disconnected and drained, or when the caller is to stop: a message on `stop`
+    /// found with the turn taken and no request carried (so a former whose every
+    /// instance stopped holds no request), or coming while it waits for a first
+    /// request.
+    pub fn next_batch(&self, idle: &mut dyn Idle, stop: Option<&Receiver<()>>) -> Option<Batch<R>> {
         // Waiting for another instance to finish forming is waiting for work too.
         let mut carried = match self.turn.try_lock() {
             Some(turn) => turn,
@@ -153,7 +169,17 @@ impl<R> BatchFormer<R> {
             }),
             None => self.turn.lock(),
         };
-        form_batch(&self.config, &self.requests, &self.pool, &mut carried, idle)
+        if carried.is_none() && stop.is_some_and(|stop| stop.try_recv().is_ok()) {
+            return None;
+        }
+        form_batch_or_stop(
+            &self.config,
+            &self.requests,
+            &self.pool,
+            &mut carried,
+            idle,
+            stop,
+        )
     }
 }
 
@@ -246,19 +272,44 @@ fn gather<T>(requests: &Receiver<T>, target: usize) {
 /// The next item of `rx`, telling `idle` first when none is ready at once; `None`
 /// once `rx` is disconnected and drained.
 pub fn wait_for_first<T>(rx: &Receiver<T>, idle: &mut dyn Idle) -> Option<T> {
+    wait_for_first_or_stop(rx, idle, None)
+}
+
+/// [`wait_for_first`], also ending (`None`) when a message comes on `stop`, or
+/// `stop` is disconnected, while it waits: a worker instance told to leave
+/// (a group scaled down) stops waiting for work. Only the wait itself watches
+/// `stop`; an item ready at once is taken as before.
+pub fn wait_for_first_or_stop<T>(
+    rx: &Receiver<T>,
+    idle: &mut dyn Idle,
+    stop: Option<&Receiver<()>>,
+) -> Option<T> {
     match rx.try_recv() {
         Ok(item) => return Some(item),
         Err(TryRecvError::Disconnected) => return None,
         Err(TryRecvError::Empty) => {}
     }
+    let Some(stop) = stop else {
+        if idle.idle() {
+            match rx.recv_timeout(IDLE_LINGER) {
+                Ok(item) => return Some(item),
+                Err(RecvTimeoutError::Disconnected) => return None,
+                Err(RecvTimeoutError::Timeout) => idle.lingered(),
+            }
+        }
+        return rx.recv().ok();
+    };
     if idle.idle() {
-        match rx.recv_timeout(IDLE_LINGER) {
-            Ok(item) => return Some(item),
-            Err(RecvTimeoutError::Disconnected) => return None,
-            Err(RecvTimeoutError::Timeout) => idle.lingered(),
+        crossbeam_channel::select! {
+            recv(rx) -> item => return item.ok(),
+            recv(stop) -> _ => return None,
+            default(IDLE_LINGER) => idle.lingered(),
         }
     }
-    rx.recv().ok()
+    crossbeam_channel::select! {
+        recv(rx) -> item => item.ok(),
+        recv(stop) -> _ => None,
+    }
 }
 
 fn recv_until<T>(rx: &Receiver<T>, deadline: Instant) -> Result<T, RecvTimeoutError> {
@@ -450,7 +501,7 @@ mod tests {
                 let former = Arc::clone(&former);
                 std::thread::spawn(move || {
                     let mut ran = Vec::new();
-                    while let Some(batch) = former.next_batch(&mut ()) {
+                    while let Some(batch) = former.next_batch(&mut (), None) {
                         ran.push(batch.members.iter().map(|m| m.reply).collect::<Vec<_>>());
                     }
                     ran
@@ -480,9 +531,54 @@ mod tests {
         }
         drop(tx);
         let ids = |b: Batch<u32>| b.members.iter().map(|m| m.reply).collect::<Vec<_>>();
-        assert_eq!(former.next_batch(&mut ()).map(ids), Some(vec![0]));
-        assert_eq!(former.next_batch(&mut ()).map(ids), Some(vec![1, 2]));
-        assert!(former.next_batch(&mut ()).is_none());
+        assert_eq!(former.next_batch(&mut (), None).map(ids), Some(vec![0]));
+        assert_eq!(former.next_batch(&mut (), None).map(ids), Some(vec![1, 2]));
+        assert!(former.next_batch(&mut (), None).is_none());
+    }
+
+    #[test]
+    fn a_stop_ends_the_wait_and_is_seen_between_batches() {
+        let (tx, rx) = unbounded();
+        let (stop_tx, stop_rx) = unbounded::<()>();
+        let pool = Pool::new(4, || BufferSet::with_capacities(&[64], &[64]));
+        let former = Arc::new(BatchFormer::new(
+            config(BatcherKind::Soft, 1, 0, false),
+            rx,
+            pool,
+        ));
+        // Waiting for a first request: the stop ends the wait, nothing taken.
+        let waiting = {
+            let (former, stop) = (Arc::clone(&former), stop_rx.clone());
+            std::thread::spawn(move || former.next_batch(&mut (), Some(&stop)).is_none())
+        };
+        while former.turn.try_lock().is_some() {
+            std::thread::yield_now();
+        }
+        stop_tx.send(()).unwrap();
+        assert!(waiting.join().unwrap());
+        // A request ready and a stop too: the stop is seen first (between batches),
+        // and the request is left for the next caller.
+        tx.send(request(0, &[1, 1])).unwrap();
+        stop_tx.send(()).unwrap();
+        assert!(former.next_batch(&mut (), Some(&stop_rx)).is_none());
+        let ids = |b: Batch<u32>| b.members.iter().map(|m| m.reply).collect::<Vec<_>>();
+        assert_eq!(
+            former.next_batch(&mut (), Some(&stop_rx)).map(ids),
+            Some(vec![0])
+        );
+        // Without a stop, an item ready at once or later is taken as before.
+        let (items, items_rx) = unbounded();
+        items.send(5u32).unwrap();
+        assert_eq!(
+            wait_for_first_or_stop(&items_rx, &mut (), Some(&stop_rx)),
+            Some(5)
+        );
+        drop(stop_tx);
+        // A stop channel disconnected (its group gone) stops the wait too.
+        assert_eq!(
+            wait_for_first_or_stop(&items_rx, &mut (), Some(&stop_rx)),
+            None
+        );
     }
 
     /// An idle hook a test watches from outside: counts what it is told, and holds
@@ -692,7 +788,7 @@ mod tests {
         // One instance takes the turn and waits for a request.
         let first = {
             let former = Arc::clone(&former);
-            std::thread::spawn(move || former.next_batch(&mut ()).map(|b| b.members[0].reply))
+            std::thread::spawn(move || former.next_batch(&mut (), None).map(|b| b.members[0].reply))
         };
         while former.turn.try_lock().is_some() {
             std::thread::yield_now();
@@ -702,7 +798,11 @@ mod tests {
         hook.hold();
         let second = {
             let (former, mut hook) = (Arc::clone(&former), hook.clone());
-            std::thread::spawn(move || former.next_batch(&mut hook).map(|b| b.members[0].reply))
+            std::thread::spawn(move || {
+                former
+                    .next_batch(&mut hook, None)
+                    .map(|b| b.members[0].reply)
+            })
         };
         hook.wait_told(1, 1);
         tx.send(request(0, &[1, 1])).unwrap();

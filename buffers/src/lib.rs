@@ -13,7 +13,7 @@ pub mod cuda;
 mod pool;
 
 pub use aligned::AlignedBuf;
-pub use pool::{Pool, Pooled};
+pub use pool::{Pool, Pooled, TooLarge};
 
 /// The buffers of one batch: one per worker input and one per worker output.
 #[derive(Debug, Default)]

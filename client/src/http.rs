@@ -199,6 +199,20 @@ impl HttpClient {
         .map(drop)
     }
 
+    /// Raises or lowers the worker instances of loaded model `name` to `instances`
+    /// while it serves (`POST /v2/repository/models/{name}/scale`); answers the
+    /// count and the buffer sets its pool now holds.
+    pub async fn scale_model(&self, name: &str, instances: usize) -> Result<Value, ClientError> {
+        let body = self
+            .send(
+                self.http
+                    .post(format!("{}/v2/repository/models/{name}/scale", self.base))
+                    .json(&serde_json::json!({ "instances": instances })),
+            )
+            .await?;
+        serde_json::from_slice(&body).map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
     /// Unloads repository model `name`.
     pub async fn unload_model(&self, name: &str) -> Result<(), ClientError> {
         self.send(

@@ -33,6 +33,7 @@ use kiln_worker_sdk::call::{
 use kiln_worker_sdk::reexports::{RResult, RSlice, RVec};
 use kiln_worker_sdk::{Param, ParamValue, Params};
 
+use crate::client_bytes::{ClientBytes, Reservation, Use};
 use crate::error::{Result, ServerError};
 use crate::infer::{InferRequest, InferResponse, InputTensor};
 use crate::reply::Reply;
@@ -61,6 +62,11 @@ pub trait Callees: Send + Sync {
     /// The model named `name` (as given, then lower-cased), if loaded; `None`
     /// also once the server has stopped.
     fn find(&self, name: &str) -> Option<Arc<dyn Callee>>;
+    /// The budget a call's copy of its inputs is reserved from (the server's
+    /// client bytes: a call's inputs derive from its clients' requests).
+    fn budget(&self) -> Option<&Arc<ClientBytes>> {
+        None
+    }
 }
 
 /// A group's side of calling: the models it may call and whether it has called.
@@ -138,6 +144,12 @@ fn error(kind: CallErrorKind, message: impl Into<String>) -> CallResultFfi {
 }
 
 extern "C" fn call(calls: RSlice<'_, CallFfi<'_>>) -> RVec<CallResultFfi> {
+    run_here(calls.as_slice()).into()
+}
+
+/// Runs `calls` for the batch this thread runs (an in-process plugin's through
+/// [`plugin_call_sink`], a worker host's relayed by [`crate::isolation::relay`]).
+pub(crate) fn run_here(calls: &[CallFfi<'_>]) -> Vec<CallResultFfi> {
     let n = calls.len();
     // Nothing may unwind into the plugin.
     catch_unwind(AssertUnwindSafe(|| {
@@ -150,7 +162,7 @@ extern "C" fn call(calls: RSlice<'_, CallFfi<'_>>) -> RVec<CallResultFfi> {
         // SAFETY: `active` was set by a `Scope` that still lives on this thread
         // (it is cleared on drop), and it borrows both for its whole life.
         let (caller, members) = unsafe { (&*active.caller, &*active.members) };
-        run_calls(caller, members, calls.as_slice())
+        run_calls(caller, members, calls)
     }))
     .unwrap_or_else(|_| {
         (0..n)
@@ -162,7 +174,6 @@ extern "C" fn call(calls: RSlice<'_, CallFfi<'_>>) -> RVec<CallResultFfi> {
             })
             .collect()
     })
-    .into()
 }
 
 fn refused_all(n: usize, message: &str) -> Vec<CallResultFfi> {
@@ -178,6 +189,8 @@ struct Waiting {
     /// The request served (`None`: the whole batch).
     for_request: Option<usize>,
     deadline: Option<Instant>,
+    /// The inputs' copy, held until the callee answers.
+    _held: Option<Reservation>,
 }
 
 fn run_calls(
@@ -299,6 +312,13 @@ fn submit(
             value: ParamValue::Int(left.as_micros().clamp(1, i64::MAX as u128) as i64),
         });
     }
+    // Counted before the copy below is made.
+    let bytes = call.inputs.iter().map(|i| i.data.len()).sum();
+    let held = callees
+        .budget()
+        .map(|budget| budget.reserve(Use::ModelCall, bytes))
+        .transpose()
+        .map_err(|e| CallError::new(CallErrorKind::Exhausted, format!("model `{name}`: {e}")))?;
     let request = InferRequest {
         model: group.endpoint().to_owned(),
         id: None,
@@ -324,6 +344,7 @@ fn submit(
         model: group.endpoint().to_owned(),
         for_request,
         deadline,
+        _held: held,
     })
 }
 
@@ -450,6 +471,7 @@ mod tests {
             model: "m".into(),
             for_request,
             deadline,
+            _held: None,
         })
     }
 

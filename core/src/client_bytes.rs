@@ -49,11 +49,14 @@ pub enum Use {
     JobResult,
     /// A request or response body held for a client.
     Body,
+    /// Inputs of a model call a worker makes for a client's request (BLS),
+    /// copied for the callee until it answers.
+    ModelCall,
 }
 
 impl Use {
     /// Every use, in label order.
-    pub const ALL: [Use; 7] = [
+    pub const ALL: [Use; 8] = [
         Use::DecodedImage,
         Use::StreamResult,
         Use::SharedMemory,
@@ -61,6 +64,7 @@ impl Use {
         Use::JobSubmission,
         Use::JobResult,
         Use::Body,
+        Use::ModelCall,
     ];
 
     /// The label value.
@@ -73,6 +77,7 @@ impl Use {
             Use::JobSubmission => "job_submission",
             Use::JobResult => "job_result",
             Use::Body => "body",
+            Use::ModelCall => "model_call",
         }
     }
 

@@ -4,62 +4,50 @@
 //! handing batches over), a pool of buffer sets bounding the batches in flight, and
 //! one thread per worker instance.
 
-use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
-use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TrySendError};
-use kiln_batchers::dynamic::{run_dynamic_batcher, DynamicConfig, DynamicHost, Rejection};
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
+use kiln_batchers::dynamic::{run_dynamic_batcher, DynamicConfig};
 use kiln_batchers::sequence::{run_sequence_batcher, SequenceEvent};
 use kiln_batchers::{Admission, Batch, BatchFormer, BatcherConfig, Request};
 use kiln_buffers::{BufferSet, Pool};
-use kiln_worker_sdk::{BatcherKind, Shape, WorkerBox, WorkerInfo};
+use kiln_worker_sdk::{BatcherKind, WorkerBox, WorkerInfo};
 use parking_lot::Mutex;
-use tokio::sync::oneshot;
 
 use crate::async_instance::run_async_instance;
 use crate::ensemble::plan::Plan;
 use crate::error::{Result, ServerError};
-use crate::infer::{validate, InferRequest, MAX_OUTPUTS};
-use crate::instance::{run_instance, BatchSource, InstanceContext};
+use crate::instance::{run_instance, BatchSource, From, InstanceContext};
 use crate::limits::Demand;
 use crate::metrics::ModelMetrics;
-use crate::params::GroupParams;
 pub use crate::reply::Reply;
-use crate::request_log::RequestLog;
 use crate::sequence::{SequenceGroupHost, SequenceLink, SequenceModel, SequenceParams};
 use crate::stats::ModelStats;
 
-/// Settings a group runs with, resolved from parameters and the worker's info.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GroupSettings {
-    pub batch_size: usize,
-    pub batcher: BatcherKind,
-    pub timeout: Duration,
-    /// Soft, no timeout: whether batches gather while the callers fall behind.
-    pub gather: bool,
-    pub batchers: usize,
-    pub max_buffers: usize,
-    /// An asynchronous worker's `max_outstanding` (`None`: a synchronous worker).
-    pub max_outstanding: Option<usize>,
-    pub queue_size: usize,
-    /// The dynamic batcher's settings (used when `batcher` is dynamic).
-    pub dynamic: DynamicConfig,
-    /// The sequence batcher's settings (used when `batcher` is sequence).
-    pub sequence: SequenceParams,
-}
+mod admit;
+mod dynamic_host;
+mod scale;
+mod settings;
+
+use dynamic_host::DynamicGroupHost;
+
+use settings::{batcher_threads, buffer_capacities};
+pub use settings::{demand, pool_bytes, resolve, GroupSettings};
 
 /// What names a group: its endpoint, the worker behind it, the identity of its
 /// load-time parameters and the model version it serves.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct GroupName {
     pub endpoint: String,
     pub worker: String,
     pub identity: String,
     pub version: String,
+    /// The load-time parameters (new instances of a scale up are made with them).
+    pub params: Vec<kiln_worker_sdk::Param>,
 }
 
 /// A group's load at one moment ([`WorkerGroup::load`]).
@@ -102,6 +90,8 @@ pub struct WorkerGroup {
     pub identity: String,
     /// The model version served ("1" for workers loaded directly).
     pub version: String,
+    /// The load-time parameters, as given (see [`GroupName::params`]).
+    pub params: Vec<kiln_worker_sdk::Param>,
     queue: ArcSwapOption<Sender<Request<Reply>>>,
     /// The group that took this one's name when a reload replaced it: a request
     /// that found this group in the snapshot just before the swap goes there, so a
@@ -117,11 +107,9 @@ pub struct WorkerGroup {
     pool: Arc<Pool<BufferSet>>,
     context: Arc<InstanceContext>,
     threads: Mutex<Vec<JoinHandle<()>>>,
-    /// Batcher threads (the rest of `threads` run instances): dynamic and sequence
-    /// only.
-    batcher_threads: usize,
-    /// The pool's memory at load (see [`pool_bytes`]), for the server-wide limits.
-    pool_bytes: u64,
+    /// The instance count, the pool's memory, and the channel that tells instances
+    /// to leave ([`scale`]).
+    scaling: scale::Scaling,
     sequence: Option<SequenceRuntime>,
     /// The worker's declared request parameters, checked at admission.
     request_params: crate::worker_params::RequestParams,
@@ -160,6 +148,7 @@ impl WorkerGroup {
             worker,
             identity,
             version,
+            params,
         } = name;
         let sequence_model = match settings.batcher {
             BatcherKind::Sequence => Some(SequenceModel::new(&info, &settings.sequence)?),
@@ -181,10 +170,12 @@ impl WorkerGroup {
         // batches out is the point of its tests); a synchronous one's hot path
         // does not pay for it.
         let make = || BufferSet::with_capacities(&input_caps, &output_caps);
-        let pool = match settings.max_outstanding {
-            Some(_) => Pool::tracked(settings.max_buffers, make),
-            None => Pool::new(settings.max_buffers, make),
-        };
+        let pool = Pool::resizable(
+            settings.max_buffers,
+            settings.buffer_capacity,
+            settings.max_outstanding.is_some(),
+            make,
+        );
         metrics.pool_size.set(settings.max_buffers as i64);
         let context = Arc::new(InstanceContext {
             outstanding: settings
@@ -254,7 +245,6 @@ impl WorkerGroup {
                 })
                 .collect();
         }
-        let batcher_threads = threads.len();
         let admission = Admission::new(settings.queue_size);
         let pool_bytes = pool_bytes(&info, &settings);
         let group = Arc::new(WorkerGroup {
@@ -265,6 +255,7 @@ impl WorkerGroup {
             settings,
             identity,
             version,
+            params,
             queue: ArcSwapOption::from_pointee(queue_tx),
             successor: ArcSwapOption::empty(),
             admission,
@@ -273,8 +264,7 @@ impl WorkerGroup {
             pool,
             context,
             threads: Mutex::new(threads),
-            batcher_threads,
-            pool_bytes,
+            scaling: scale::Scaling::new(pool_bytes),
             sequence: sequence_model.map(|model| SequenceRuntime {
                 batched: model.layout.batched,
                 model,
@@ -317,6 +307,7 @@ impl WorkerGroup {
             gather: false,
             batchers: 0,
             max_buffers: 0,
+            buffer_capacity: 0,
             max_outstanding: None,
             queue_size: 0,
             dynamic: DynamicConfig::new(batch_size, Duration::ZERO),
@@ -331,6 +322,7 @@ impl WorkerGroup {
             settings,
             identity: String::new(),
             version: version.to_owned(),
+            params: Vec::new(),
             queue: ArcSwapOption::empty(),
             successor: ArcSwapOption::empty(),
             admission: Admission::new(1),
@@ -340,8 +332,7 @@ impl WorkerGroup {
             pool: Pool::new(1, BufferSet::default),
             context,
             threads: Mutex::new(Vec::new()),
-            batcher_threads: 0,
-            pool_bytes: 0,
+            scaling: scale::Scaling::new(0),
             sequence: None,
             request_params: crate::worker_params::RequestParams::new(&[]),
             last_scrape: Mutex::new((Instant::now(), 0)),
@@ -363,21 +354,26 @@ impl WorkerGroup {
     pub fn add_instance(&self, worker: WorkerBox) -> Result<()> {
         // A stateful group's instances each get their own batches (sequences are
         // pinned to one instance); the others share the group's batch queue.
+        let n = self.scaling.started.fetch_add(1, Ordering::SeqCst);
         let (rx, outlet, index) = match &self.sequence {
             Some(seq) => {
                 let (tx, rx) = unbounded();
                 // The Manager adds instances one at a time: the index is the count.
                 let index = seq.instances.load(Ordering::SeqCst);
-                (BatchSource::Queue(rx), Some(tx), index)
+                let source = BatchSource {
+                    from: From::Queue(rx),
+                    leave: None,
+                };
+                (source, Some(tx), index)
             }
             None => {
                 // Instance `n` takes its turns on former `n % batchers`.
-                let n = self.threads.lock().len();
-                let source = match self.formers.get(n % self.formers.len().max(1)) {
-                    Some(former) => BatchSource::Former(Arc::clone(former)),
-                    None => BatchSource::Queue(self.batches.clone()),
+                let from = match self.formers.get(n % self.formers.len().max(1)) {
+                    Some(former) => From::Former(Arc::clone(former)),
+                    None => From::Queue(self.batches.clone()),
                 };
-                (source, None, 0)
+                let leave = Some(self.scaling.leave_rx.clone());
+                (BatchSource { from, leave }, None, 0)
             }
         };
         let ctx = Arc::clone(&self.context);
@@ -388,7 +384,6 @@ impl WorkerGroup {
         // Counted before its thread runs, so a request arriving as the load returns
         // finds it; taken back if the thread cannot start.
         self.context.healthy.fetch_add(1, Ordering::SeqCst);
-        let n = self.threads.lock().len();
         let spawned = spawn(format!("worker-{}-{n}", self.endpoint), move || {
             let worker = theirs.lock().take();
             match worker {
@@ -409,6 +404,7 @@ impl WorkerGroup {
             }
         };
         self.threads.lock().push(handle);
+        self.scaling.instances.fetch_add(1, Ordering::SeqCst);
         if let (Some(seq), Some(batches)) = (&self.sequence, outlet) {
             seq.instances.fetch_add(1, Ordering::SeqCst);
             // Should the batcher be gone, the batch queue's sender goes with this
@@ -422,157 +418,6 @@ impl WorkerGroup {
             .instances
             .set(self.context.healthy.load(Ordering::SeqCst) as i64);
         Ok(())
-    }
-
-    /// Validates `request` and queues it; the receiver yields its answer. A full
-    /// queue refuses at once.
-    /// `trace`: the request span its batch's work is recorded under, if sampled.
-    pub fn submit(
-        &self,
-        mut request: InferRequest,
-        trace: Option<crate::trace::SpanIds>,
-    ) -> Result<oneshot::Receiver<crate::reply::Answer>> {
-        if self.ensemble.is_some() {
-            return Err(ServerError::Internal(format!(
-                "`{}` is an ensemble: its requests go through serve::submit",
-                self.endpoint
-            )));
-        }
-        // Held from here to the send: a group drained meanwhile still takes the
-        // request into its queue (its batchers drain until the last sender goes).
-        let queue = self.queue.load();
-        let Some(tx) = queue.as_ref() else {
-            return match self.successor.load_full() {
-                // Replaced by a reload: the name's new group answers.
-                Some(next) => next.submit(request, trace),
-                None => Err(self.gone()),
-            };
-        };
-        let mut log = RequestLog {
-            id: request.id.take(),
-            trace_id: trace.map(|t| Box::new(t.trace_id)),
-        };
-        self.admit(request, tx, &mut log, trace).inspect_err(|e| {
-            crate::request_log::failed(&log, &self.endpoint, e);
-        })
-    }
-
-    /// [`WorkerGroup::submit`]: `log` goes with the request when it is queued.
-    fn admit(
-        &self,
-        request: InferRequest,
-        tx: &Sender<Request<Reply>>,
-        log: &mut RequestLog,
-        trace: Option<crate::trace::SpanIds>,
-    ) -> Result<oneshot::Receiver<crate::reply::Answer>> {
-        let metrics = &self.context.metrics;
-        // Move the fields out: `validate` needs only the tensors, the rest travels on.
-        let InferRequest {
-            inputs,
-            outputs,
-            parameters,
-            ..
-        } = request;
-        let (priority, timeout) = scheduling(&parameters)
-            .and_then(|scheduling| {
-                // The worker's declared request parameters: a bad value fails this
-                // request alone, before it can share a batch.
-                self.request_params.check(&parameters)?;
-                Ok(scheduling)
-            })
-            .inspect_err(|_| {
-                metrics.invalid.inc();
-            })?;
-        let tensors = InferRequest {
-            inputs,
-            outputs,
-            ..InferRequest::default()
-        };
-        let mut valid =
-            validate(&self.info, self.settings.batch_size, tensors).inspect_err(|_| {
-                metrics.invalid.inc();
-            })?;
-        let sequence = match &self.sequence {
-            None => None,
-            Some(seq) => {
-                let flags = crate::sequence::request_flags(&self.endpoint, &parameters)
-                    .and_then(|flags| match (seq.batched, valid.rows) {
-                        (true, rows) if rows != 1 => Err(ServerError::invalid(format!(
-                            "model `{}` is stateful: each request of a sequence is one row, got {rows}",
-                            self.endpoint
-                        ))),
-                        _ => Ok(flags),
-                    })
-                    .inspect_err(|_| {
-                        metrics.invalid.inc();
-                    })?;
-                valid.output_mask = seq.model.worker_mask(valid.output_mask);
-                Some(flags)
-            }
-        };
-        if self.context.healthy.load(Ordering::SeqCst) == 0 {
-            metrics.unavailable.inc();
-            return Err(ServerError::Unavailable(format!(
-                "model `{}` has no worker instance able to run",
-                self.endpoint
-            )));
-        }
-        // Refused at once when the bound is reached: nothing is queued.
-        let Some(ticket) = self.admission.try_admit() else {
-            metrics.rejected.inc();
-            return Err(ServerError::QueueFull {
-                model: self.endpoint.clone(),
-                capacity: self.settings.queue_size,
-            });
-        };
-        let (reply_tx, reply_rx) = oneshot::channel();
-        let request = Request {
-            inputs: valid.inputs,
-            rows: valid.rows,
-            params: parameters,
-            arrived: Instant::now(),
-            priority,
-            timeout,
-            sequence,
-            ticket: Some(ticket),
-            reply: Reply {
-                tx: reply_tx,
-                log: std::mem::take(log),
-                output_mask: valid.output_mask,
-                trace: trace.map(Box::new),
-            },
-        };
-        metrics.pending.inc();
-        match tx.try_send(request) {
-            Ok(()) => Ok(reply_rx),
-            Err(e) => {
-                metrics.pending.dec();
-                match e {
-                    TrySendError::Full(_) => {
-                        metrics.rejected.inc();
-                        Err(ServerError::QueueFull {
-                            model: self.endpoint.clone(),
-                            capacity: self.settings.queue_size,
-                        })
-                    }
-                    TrySendError::Disconnected(_) => Err(self.gone()),
-                }
-            }
-        }
-    }
-
-    /// Checks `request` as [`WorkerGroup::submit`] would (scheduling and declared
-    /// request parameters, names, datatypes, shapes, sizes) without queuing it:
-    /// the job API validates each job at submission. Counts nothing.
-    pub fn check(&self, request: &InferRequest) -> Result<()> {
-        scheduling(&request.parameters)?;
-        self.request_params.check(&request.parameters)?;
-        let tensors = InferRequest {
-            inputs: request.inputs.clone(),
-            outputs: request.outputs.clone(),
-            ..InferRequest::default()
-        };
-        validate(&self.info, self.settings.batch_size, tensors).map(|_| ())
     }
 
     /// The group's load now: requests in batches, waiting, and how many it can
@@ -644,12 +489,9 @@ impl WorkerGroup {
         self.queue.load().is_some() && self.context.healthy.load(Ordering::SeqCst) > 0
     }
 
-    /// Worker instances running.
+    /// Worker instances running (those told to leave by a scale down not counted).
     pub fn instance_count(&self) -> usize {
-        self.threads
-            .lock()
-            .len()
-            .saturating_sub(self.batcher_threads)
+        self.scaling.instances.load(Ordering::SeqCst)
     }
 
     /// Requests pending (accepted, not answered) and answered or refused so far, for
@@ -677,7 +519,7 @@ impl WorkerGroup {
             instances: self.instance_count(),
             // A hard or soft group's formers count as its batcher threads.
             batcher_threads: batcher_threads(&self.settings),
-            buffer_bytes: self.pool_bytes,
+            buffer_bytes: self.scaling.pool_bytes.load(Ordering::SeqCst),
         }
     }
 
@@ -735,82 +577,6 @@ impl WorkerGroup {
     }
 }
 
-/// Answers the requests the dynamic batcher takes out unbatched, and tells it which
-/// clients are gone and how long batches take.
-struct DynamicGroupHost {
-    ctx: Arc<InstanceContext>,
-    policies: Vec<kiln_batchers::dynamic::QueuePolicy>,
-    levels: usize,
-}
-
-impl DynamicHost<Reply> for DynamicGroupHost {
-    fn rejected(&self, request: Request<Reply>, why: Rejection) {
-        let m = &self.ctx.metrics;
-        let model = &self.ctx.endpoint;
-        m.pending.dec();
-        let error = match why {
-            Rejection::QueueFull => {
-                m.rejected.inc();
-                let level = request.priority.map_or(self.levels, |p| p as usize);
-                ServerError::QueueFull {
-                    model: model.clone(),
-                    capacity: self
-                        .policies
-                        .get(level.saturating_sub(1))
-                        .map_or(0, |p| p.max_queue_size),
-                }
-            }
-            Rejection::BadPriority => {
-                m.invalid.inc();
-                ServerError::invalid(format!(
-                    "priority {} is not a level of model `{model}` (1..={})",
-                    request.priority.unwrap_or(0),
-                    self.levels
-                ))
-            }
-            Rejection::Timeout => {
-                m.timeout.inc();
-                ServerError::Unavailable(format!(
-                    "model `{model}`: request timeout expired in the queue"
-                ))
-            }
-            Rejection::Cancelled => {
-                m.cancelled.inc();
-                ServerError::Unavailable("cancelled: the client went away".into())
-            }
-        };
-        crate::request_log::failed(&request.reply.log, model, &error);
-        let _ = request.reply.tx.send(Err(error));
-    }
-
-    fn is_cancelled(&self, reply: &Reply) -> bool {
-        reply.tx.is_closed()
-    }
-
-    fn compute_estimate(&self) -> Duration {
-        Duration::from_nanos(self.ctx.compute_estimate_ns.load(Ordering::Relaxed))
-    }
-}
-
-/// A request's `priority` (level, 1 highest) and `timeout` (microseconds, Triton's
-/// unit) parameters.
-fn scheduling(parameters: &[kiln_worker_sdk::Param]) -> Result<(Option<u32>, Option<Duration>)> {
-    let p = kiln_worker_sdk::Params(parameters);
-    let priority = match p.int("priority").map_err(ServerError::InvalidRequest)? {
-        None => None,
-        Some(v) => Some(u32::try_from(v).map_err(|_| {
-            ServerError::invalid(format!("parameter `priority` must be a level ≥ 0, got {v}"))
-        })?),
-    };
-    let timeout = match p.int("timeout").map_err(ServerError::InvalidRequest)? {
-        None => None,
-        Some(v) => Some(Duration::from_micros(u64::try_from(v).map_err(|_| {
-            ServerError::invalid(format!("parameter `timeout` (µs) must be ≥ 0, got {v}"))
-        })?)),
-    };
-    Ok((priority, timeout))
-}
-
 /// Ends the lifecycle of an acquired instance that never ran.
 fn end_lifecycle(mut worker: WorkerBox) {
     let _ = worker.release();
@@ -852,123 +618,4 @@ fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<(
         .name(name)
         .spawn(f)
         .map_err(|e| ServerError::Internal(format!("cannot start a thread: {e}")))
-}
-
-/// Resolves the group's settings against what the worker accepts (`asynchronous`:
-/// the worker takes batches through `submit`).
-pub fn resolve(
-    info: &WorkerInfo,
-    params: &GroupParams,
-    instances: usize,
-    asynchronous: bool,
-) -> Result<GroupSettings> {
-    if info.outputs.len() > MAX_OUTPUTS {
-        return Err(ServerError::invalid(format!(
-            "worker declares {} outputs; at most {MAX_OUTPUTS} are supported",
-            info.outputs.len()
-        )));
-    }
-    let max = info.max_batch_size as usize;
-    let batch_size = match (max, params.batch_size.map(NonZeroUsize::get)) {
-        (0, None) | (0, Some(1)) => 1,
-        (0, Some(n)) => {
-            return Err(ServerError::invalid(format!(
-                "batch_size {n}: this worker does not batch (max_batch_size 0)"
-            )))
-        }
-        (max, Some(n)) if n > max => {
-            return Err(ServerError::invalid(format!(
-                "batch_size {n} exceeds the worker's max_batch_size {max}"
-            )))
-        }
-        (_, Some(n)) => n,
-        (max, None) => max.min(64),
-    };
-    let batcher = params.batcher.unwrap_or(info.batcher);
-    let max_outstanding = match (asynchronous, params.max_outstanding.map(NonZeroUsize::get)) {
-        (false, None | Some(1)) => None,
-        (false, Some(n)) => {
-            return Err(ServerError::invalid(format!(
-                "max_outstanding {n}: this worker is synchronous (one batch at a time per \
-                 instance); the parameter is for asynchronous workers"
-            )))
-        }
-        (true, _) if batcher == BatcherKind::Sequence => {
-            return Err(ServerError::invalid(
-                "the sequence batcher is not supported with an asynchronous worker",
-            ))
-        }
-        (true, n) => Some(n.unwrap_or(1)),
-    };
-    // Each instance holds a set per batch it has out (one for a synchronous
-    // worker) and one it is forming; one more lets a batcher start the next.
-    let per_instance = max_outstanding.unwrap_or(1) + 1;
-    Ok(GroupSettings {
-        batch_size,
-        batcher,
-        timeout: params.timeout,
-        gather: params.gather,
-        batchers: params.batchers.get(),
-        max_buffers: params
-            .max_buffers
-            .map_or(per_instance * instances + 1, NonZeroUsize::get),
-        max_outstanding,
-        queue_size: params.queue_size.get(),
-        dynamic: DynamicConfig {
-            max_batch_size: batch_size,
-            allow_ragged: info.allow_ragged_batch,
-            ..params.dynamic.clone()
-        },
-        sequence: params.sequence.clone(),
-    })
-}
-
-/// What a group of `instances` instances with `settings` would take of the machine.
-pub fn demand(info: &WorkerInfo, settings: &GroupSettings, instances: usize) -> Demand {
-    Demand {
-        instances,
-        batcher_threads: batcher_threads(settings),
-        buffer_bytes: pool_bytes(info, settings),
-    }
-}
-
-/// Batcher threads a group counts against the limits: `batchers` for hard and soft
-/// (its formers: the instances form the batches, no thread of its own), one
-/// scheduler for dynamic and sequence.
-fn batcher_threads(settings: &GroupSettings) -> usize {
-    match settings.batcher {
-        BatcherKind::Dynamic | BatcherKind::Sequence => 1,
-        BatcherKind::Hard | BatcherKind::Soft => settings.batchers,
-    }
-}
-
-/// The pool's memory at load: `max_buffers` sets of their initial sizes (buffers of
-/// dynamic shapes grow with use beyond this).
-pub fn pool_bytes(info: &WorkerInfo, settings: &GroupSettings) -> u64 {
-    let (inputs, outputs) = buffer_capacities(info, settings.batch_size);
-    let set: u64 = inputs.iter().chain(&outputs).map(|&b| b as u64).sum();
-    set.saturating_mul(settings.max_buffers as u64)
-}
-
-/// Initial buffer sizes: a full batch of each fixed-size tensor; dynamic ones grow
-/// on first use and keep their memory.
-fn buffer_capacities(info: &WorkerInfo, batch_size: usize) -> (Vec<usize>, Vec<usize>) {
-    let bytes = |dims: &[i64], dtype: kiln_worker_sdk::DataType| -> usize {
-        match (dtype.size(), dims.iter().all(|&d| d >= 0)) {
-            (Some(size), true) => {
-                Shape::new(dims).map_or(0, |s| s.element_count()) * size * batch_size
-            }
-            _ => 4096,
-        }
-    };
-    (
-        info.inputs
-            .iter()
-            .map(|s| bytes(&s.dims, s.dtype))
-            .collect(),
-        info.outputs
-            .iter()
-            .map(|s| bytes(&s.dims, s.dtype))
-            .collect(),
-    )
 }

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use crossbeam_channel::Receiver;
-use kiln_batchers::{wait_for_first, Batch, BatchFormer, Idle, Member};
+use kiln_batchers::{wait_for_first_or_stop, Batch, BatchFormer, Idle, Member};
 use kiln_buffers::BufferSet;
 use kiln_worker_sdk::reexports::RStr;
 use kiln_worker_sdk::{
@@ -72,20 +72,36 @@ impl InstanceContext {
     }
 }
 
-/// Where an instance's batches come from.
-pub enum BatchSource {
-    /// Formed by a batcher thread (dynamic, sequence) and handed over.
+/// Where an instance's batches come from, and the group's call for instances to
+/// leave (a scale down, [`crate::group`]'s `scale`): each message on `leave` ends
+/// one instance, between its batches or while it waits for one.
+pub struct BatchSource {
+    pub from: From,
+    pub leave: Option<Receiver<()>>,
+}
+
+/// What forms an instance's batches.
+pub enum From {
+    /// A batcher thread (dynamic, sequence), which hands them over.
     Queue(Receiver<Batch<Reply>>),
-    /// Formed by the instance itself, in its turn (hard, soft).
+    /// The instance itself, in its turn (hard, soft).
     Former(Arc<BatchFormer<Reply>>),
 }
 
 impl BatchSource {
-    /// The next batch; `idle` is told when none is ready at once.
+    /// The next batch; `idle` is told when none is ready at once. `None` once the
+    /// source closes or the instance is to leave.
     pub(crate) fn next(&self, idle: &mut dyn Idle) -> Option<Batch<Reply>> {
-        match self {
-            BatchSource::Queue(batches) => wait_for_first(batches, idle),
-            BatchSource::Former(former) => former.next_batch(idle),
+        let leave = self.leave.as_ref();
+        match &self.from {
+            From::Queue(batches) => {
+                // One try per batch (an empty channel's read) tells it between batches.
+                if leave.is_some_and(|leave| leave.try_recv().is_ok()) {
+                    return None;
+                }
+                wait_for_first_or_stop(batches, idle, leave)
+            }
+            From::Former(former) => former.next_batch(idle, leave),
         }
     }
 }

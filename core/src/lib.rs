@@ -20,6 +20,8 @@ pub mod limits;
 pub mod logging;
 pub mod manager;
 pub mod metrics;
+pub mod model_control;
+pub mod models;
 pub mod ordering;
 pub mod outstanding;
 pub mod param_de;

@@ -2,6 +2,8 @@
 //! Callers send a command and wait on a one-shot reply. After each change it
 //! publishes a new snapshot of the endpoint table, which readers take without locks.
 
+mod versions;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -15,6 +17,7 @@ use kiln_worker_sdk::{
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
+use crate::client_bytes::ClientBytes;
 use crate::ensemble::bind::bind;
 use crate::ensemble::config::EnsembleConfig;
 use crate::ensemble::plan::Plan;
@@ -28,8 +31,9 @@ use crate::params::{check_known, identity, GroupParams};
 use crate::plugin::{check_name, Plugins};
 use crate::worker_params::{check_client_keys, RequestParams};
 
-/// Endpoint name → group, as published by the Manager.
-pub type Models = HashMap<String, Arc<WorkerGroup>>;
+mod scale;
+
+pub use crate::models::Models;
 
 enum Command {
     Load {
@@ -40,9 +44,8 @@ enum Command {
     },
     LoadModel {
         name: String,
-        version: u64,
         worker: String,
-        params: Vec<Param>,
+        versions: Vec<(u64, Vec<Param>)>,
         client_keys: Vec<String>,
         reply: oneshot::Sender<Result<String>>,
     },
@@ -54,6 +57,12 @@ enum Command {
     },
     Unload {
         endpoint: String,
+        version: Option<u64>,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    Scale {
+        endpoint: String,
+        instances: usize,
         reply: oneshot::Sender<Result<()>>,
     },
     Shutdown {
@@ -74,15 +83,18 @@ impl Manager {
         models: Arc<ArcSwap<Models>>,
         metrics: Arc<Metrics>,
         limits: Limits,
+        client_bytes: Arc<ClientBytes>,
     ) -> Result<Manager> {
         let (commands, rx) = unbounded();
         let state = State {
             plugins,
             models,
             metrics,
-            groups: HashMap::new(),
+            groups: Models::new(),
             built_from: HashMap::new(),
+            building: Demand::default(),
             limits,
+            client_bytes,
         };
         let thread = std::thread::Builder::new()
             .name("kiln-manager".into())
@@ -113,23 +125,22 @@ impl Manager {
         rx.await.map_err(|_| stopped())?
     }
 
-    /// Loads a repository model as endpoint `name` (version `version`). Loading a
-    /// model that is loaded with other parameters replaces it: the new group starts,
-    /// takes the name, then the old one drains. `client_keys` as for [`Manager::load`].
+    /// Serves exactly `versions` (each with its load parameters) of repository
+    /// model `name`: a version loaded with other parameters is replaced (the new
+    /// group starts, takes the version, then the old one drains), a loaded version
+    /// not among them drains ([`versions`]). `client_keys` as for [`Manager::load`].
     pub async fn load_model(
         &self,
         name: &str,
-        version: u64,
         worker: &str,
-        params: Vec<Param>,
+        versions: Vec<(u64, Vec<Param>)>,
         client_keys: Vec<String>,
     ) -> Result<String> {
         let (reply, rx) = oneshot::channel();
         self.send(Command::LoadModel {
             name: name.to_ascii_lowercase(),
-            version,
             worker: worker.to_ascii_lowercase(),
-            params,
+            versions,
             client_keys,
             reply,
         })?;
@@ -154,11 +165,26 @@ impl Manager {
         rx.await.map_err(|_| stopped())?
     }
 
-    /// Unloads `endpoint` after answering every request it accepted.
-    pub async fn unload(&self, endpoint: &str) -> Result<()> {
+    /// Unloads `endpoint` (every version, or only `version`, the others serving
+    /// on) after answering every request it accepted.
+    pub async fn unload(&self, endpoint: &str, version: Option<u64>) -> Result<()> {
         let (reply, rx) = oneshot::channel();
         self.send(Command::Unload {
             endpoint: endpoint.to_ascii_lowercase(),
+            version,
+            reply,
+        })?;
+        rx.await.map_err(|_| stopped())?
+    }
+
+    /// Raises or lowers the instances of `endpoint` to `instances` ([`scale`]):
+    /// in place, with the buffer pool resized to match, or for a stateful model
+    /// by a reload with the new count. No request fails either way.
+    pub async fn scale(&self, endpoint: &str, instances: usize) -> Result<()> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Scale {
+            endpoint: endpoint.to_ascii_lowercase(),
+            instances,
             reply,
         })?;
         rx.await.map_err(|_| stopped())?
@@ -183,15 +209,17 @@ impl Manager {
 
 /// The published models, as a worker's calls find them (weak: the table holds
 /// the groups that hold this).
-struct ModelTable(std::sync::Weak<ArcSwap<Models>>);
+struct ModelTable(std::sync::Weak<ArcSwap<Models>>, Arc<ClientBytes>);
 
 impl crate::calls::Callees for ModelTable {
+    fn budget(&self) -> Option<&Arc<ClientBytes>> {
+        Some(&self.1)
+    }
+
     fn find(&self, name: &str) -> Option<Arc<dyn crate::calls::Callee>> {
         let models = self.0.upgrade()?;
         let models = models.load();
-        let group = models
-            .get(name)
-            .or_else(|| models.get(&name.to_ascii_lowercase()))?;
+        let group = models.find(name, None).ok()?;
         Some(Arc::clone(group) as Arc<dyn crate::calls::Callee>)
     }
 }
@@ -204,11 +232,17 @@ struct State {
     plugins: Plugins,
     models: Arc<ArcSwap<Models>>,
     metrics: Arc<Metrics>,
-    groups: HashMap<String, Arc<WorkerGroup>>,
-    /// The plugin library each group's instances run (by its root module): a load
-    /// of a rebuilt library replaces the group that runs the old one.
-    built_from: HashMap<String, PluginId>,
+    groups: Models,
+    /// The plugin library each group's instances run (by its root module), by
+    /// endpoint and version: a load of a rebuilt library replaces the group that
+    /// runs the old one.
+    built_from: HashMap<(String, u64), PluginId>,
+    /// What the groups built for a load but not yet published take (a load of
+    /// several versions builds them one after the other).
+    building: Demand,
     limits: Limits,
+    /// What model calls' copies of their inputs are reserved from.
+    client_bytes: Arc<ClientBytes>,
 }
 
 /// Which loaded library a root module is (each load of a changed file maps a new
@@ -240,13 +274,12 @@ impl State {
                 }
                 Command::LoadModel {
                     name,
-                    version,
                     worker,
-                    params,
+                    versions,
                     client_keys,
                     reply,
                 } => {
-                    let result = self.load_model(name, version, &worker, params, &client_keys);
+                    let result = self.load_versions(name, &worker, versions, &client_keys);
                     if let Err(e) = &result {
                         spdlog::warn!("load of model `{worker}` failed: {e}");
                     }
@@ -264,16 +297,36 @@ impl State {
                     }
                     let _ = reply.send(result);
                 }
-                Command::Unload { endpoint, reply } => {
-                    let _ = reply.send(self.unload(&endpoint));
+                Command::Unload {
+                    endpoint,
+                    version,
+                    reply,
+                } => {
+                    let _ = reply.send(match version {
+                        None => self.unload(&endpoint),
+                        Some(version) => self.unload_version(&endpoint, version),
+                    });
+                }
+                Command::Scale {
+                    endpoint,
+                    instances,
+                    reply,
+                } => {
+                    let result = self.scale(&endpoint, instances);
+                    if let Err(e) = &result {
+                        spdlog::warn!("scaling `{endpoint}` failed: {e}");
+                    }
+                    let _ = reply.send(result);
                 }
                 Command::Shutdown { reply } => {
                     // Ensembles first: their step models are unloaded after them.
                     let mut names: Vec<(bool, String)> = self
                         .groups
-                        .iter()
-                        .map(|(name, g)| (g.ensemble.is_none(), name.clone()))
+                        .values()
+                        .map(|g| (g.ensemble.is_none(), g.endpoint.clone()))
                         .collect();
+                    names.sort();
+                    names.dedup();
                     names.sort();
                     let names = names.into_iter().map(|(_, name)| name);
                     for name in names {
@@ -326,6 +379,7 @@ impl State {
         }
         let steps = bind(&plan, &self.groups)
             .map_err(|e| ServerError::invalid(format!("ensemble `{name}`: {e}")))?;
+        let number = version;
         let version = version.to_string();
         if let Some(group) = self.groups.get(&name) {
             let same = group
@@ -336,11 +390,17 @@ impl State {
                 return Ok(name);
             }
         }
-        let group = WorkerGroup::ensemble(&version, plan, Ok(steps), self.metrics.model(&name));
-        let replaced = self.groups.insert(name.clone(), group);
+        let metrics = self.metrics.model(&name, &version);
+        let group = WorkerGroup::ensemble(&version, plan, Ok(steps), metrics);
+        // An ensemble serves one version: the one loaded last.
+        let replaced = self.groups.remove(&name);
+        self.groups.insert(&name, number, group);
         self.publish();
-        if let Some(old) = replaced {
+        for old in replaced {
             old.drain();
+            if old.version != version {
+                self.metrics.remove(&name, &old.version);
+            }
         }
         spdlog::info!("loaded ensemble `{name}` (version {version})");
         Ok(name)
@@ -379,6 +439,7 @@ impl State {
                 // A rebuilt library: the endpoint's new group runs it, the old one
                 // drains.
                 let endpoint = group.endpoint.clone();
+                let number = version_of(&group);
                 let new = self.build_group(
                     module,
                     endpoint.clone(),
@@ -388,7 +449,7 @@ impl State {
                     &group_params,
                     &group.version,
                 )?;
-                self.replace(&endpoint, new, module);
+                self.replace(&endpoint, number, new, module);
                 spdlog::info!("replaced `{endpoint}`: its worker's library was rebuilt");
                 return Ok(endpoint);
             }
@@ -422,24 +483,25 @@ impl State {
             &group_params,
             "1",
         )?;
-        self.groups.insert(endpoint.clone(), group);
+        self.groups.insert(&endpoint, 1, group);
         self.built_from
-            .insert(endpoint.clone(), PluginId::of(module));
+            .insert((endpoint.clone(), 1), PluginId::of(module));
         self.publish();
         Ok(endpoint)
     }
 
     /// Whether `group` runs the library `module` is the root module of.
     fn runs(&self, group: &WorkerGroup, module: WorkerModRef) -> bool {
-        self.built_from.get(&group.endpoint) == Some(&PluginId::of(module))
+        let key = (group.endpoint.clone(), version_of(group));
+        self.built_from.get(&key) == Some(&PluginId::of(module))
     }
 
-    /// Publishes `group` under `name` in place of the group there (if any), which
-    /// hands late requests to it and drains.
-    fn replace(&mut self, name: &str, group: Arc<WorkerGroup>, module: WorkerModRef) {
-        let replaced = self.groups.insert(name.to_owned(), Arc::clone(&group));
+    /// Publishes `group` as version `version` of `name` in place of the group
+    /// there (if any), which hands late requests to it and drains.
+    fn replace(&mut self, name: &str, version: u64, group: Arc<WorkerGroup>, module: WorkerModRef) {
+        let replaced = self.groups.insert(name, version, Arc::clone(&group));
         self.built_from
-            .insert(name.to_owned(), PluginId::of(module));
+            .insert((name.to_owned(), version), PluginId::of(module));
         if let Some(old) = &replaced {
             old.replaced_by(&group);
         }
@@ -449,44 +511,6 @@ impl State {
             // (and hands on what reaches it late).
             old.drain();
         }
-    }
-
-    fn load_model(
-        &mut self,
-        name: String,
-        version: u64,
-        worker: &str,
-        params: Vec<Param>,
-        client_keys: &[String],
-    ) -> Result<String> {
-        check_name(&name)?;
-        check_name(worker)?;
-        let subject = format!("model `{name}` (worker `{worker}`)");
-        let module = self.plugin(worker, &subject, &params, client_keys)?;
-        let group_params = GroupParams::parse(&params)?;
-        let id = identity(&params);
-        let version = version.to_string();
-        if let Some(group) = self.groups.get(&name) {
-            let same = group.worker == worker && group.identity == id && group.version == version;
-            if same && self.runs(group, module) {
-                return Ok(name);
-            }
-        }
-        let group = self.build_group(
-            module,
-            name.clone(),
-            worker,
-            id,
-            &params,
-            &group_params,
-            &version,
-        )?;
-        let replacing = self.groups.contains_key(&name);
-        self.replace(&name, group, module);
-        if replacing {
-            spdlog::info!("replaced `{name}` (now version {version})");
-        }
-        Ok(name)
     }
 
     /// Creates, starts and returns a group (not yet published). On failure every
@@ -506,6 +530,7 @@ impl State {
         // worker has described itself.
         let count = only_instances(group_params.instances.get());
         self.within_limits(&endpoint, count, count)?;
+        let params_as_given = params.to_vec();
         let params = with_instances(params, group_params.instances.get());
         let host = self.host_spec(worker, &endpoint, group_params)?;
         let (instances, info) =
@@ -524,23 +549,41 @@ impl State {
                 return Err(e);
             }
         };
+        let mut settings = settings;
+        // What a scale up may grow the pool to: the sets of the most instances the
+        // limits let the model have.
+        let most = self.limits.instances_per_model.max(instances.len());
+        settings.buffer_capacity = resolve(&info, group_params, most, asynchronous)
+            .map_or(settings.max_buffers, |s| {
+                s.max_buffers.max(settings.max_buffers)
+            });
         let instances = start_instances(worker, instances, settings.batch_size)?;
-        let metrics = self.metrics.model(&endpoint);
-        let fresh = !self.groups.contains_key(&endpoint);
+        let metrics = self.metrics.model(&endpoint, version);
+        let fresh = self
+            .groups
+            .version(&endpoint, version_number(version))
+            .is_none();
         let name = GroupName {
             endpoint: endpoint.clone(),
             worker: worker.to_owned(),
             identity: id,
             version: version.to_owned(),
+            params: params_as_given,
         };
         let request_params = RequestParams::new((module.parameters())().as_slice());
         let group = WorkerGroup::start(name, info, settings, instances, metrics, request_params)
             .inspect_err(|_| {
                 if fresh {
-                    self.metrics.remove(&endpoint)
+                    self.metrics.remove(&endpoint, version);
+                }
+                if !self.groups.contains_key(&endpoint) {
+                    self.metrics.remove_model(&endpoint);
                 }
             })?;
-        group.connect_calls(Arc::new(ModelTable(Arc::downgrade(&self.models))));
+        group.connect_calls(Arc::new(ModelTable(
+            Arc::downgrade(&self.models),
+            Arc::clone(&self.client_bytes),
+        )));
         spdlog::info!(
             "loaded `{endpoint}` (worker `{worker}`, version {version}, batch_size {}, {} batcher, {} instance(s), {} buffer sets)",
             group.settings.batch_size,
@@ -580,6 +623,7 @@ impl State {
             restarts: self.metrics.host_restarts(endpoint),
             max_batch_bytes: usize::try_from(self.limits.buffer_bytes_per_model)
                 .unwrap_or(usize::MAX),
+            max_memory: params.max_host_memory.map(|m| m.get()),
         }))
     }
 
@@ -588,7 +632,8 @@ impl State {
     /// both run until the new one is published.
     fn within_limits(&self, model: &str, group: Demand, added: Demand) -> Result<()> {
         let loaded: Demand = self.groups.values().map(|g| g.demand()).sum();
-        self.limits.check(model, group, loaded + added)
+        self.limits
+            .check(model, group, loaded + self.building + added)
     }
 
     /// `worker`, else `worker-0`, `worker-1`, … whichever is free first.
@@ -602,19 +647,34 @@ impl State {
             .unwrap_or_else(|| worker.to_owned())
     }
 
+    /// Unloads every version of `endpoint`.
     fn unload(&mut self, endpoint: &str) -> Result<()> {
-        let group = self
-            .groups
-            .remove(endpoint)
-            .ok_or_else(|| ServerError::NotFound(format!("no model `{endpoint}` is loaded")))?;
-        self.built_from.remove(endpoint);
+        let groups = self.groups.remove(endpoint);
+        if groups.is_empty() {
+            return Err(ServerError::NotFound(format!(
+                "no model `{endpoint}` is loaded"
+            )));
+        }
+        self.built_from.retain(|(name, _), _| name != endpoint);
         // New requests stop finding it; then accepted ones are answered.
         self.publish();
-        group.drain();
-        self.metrics.remove(endpoint);
+        for group in groups {
+            group.drain();
+            self.metrics.remove(endpoint, &group.version);
+        }
+        self.metrics.remove_model(endpoint);
         spdlog::info!("unloaded `{endpoint}`");
         Ok(())
     }
+}
+
+/// The version a group serves, as a number (the Manager only makes numbered ones).
+fn version_of(group: &WorkerGroup) -> u64 {
+    version_number(&group.version)
+}
+
+fn version_number(version: &str) -> u64 {
+    version.parse().unwrap_or(1)
 }
 
 /// A demand of `n` instances only.

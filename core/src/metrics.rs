@@ -11,15 +11,25 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
+/// A model version's series, labelled as Triton's (`model`, `version`): the
+/// versions of one model served side by side are counted apart.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModelLabels {
     model: String,
+    version: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
     model: String,
+    version: String,
     outcome: String,
+}
+
+/// A series of the model as a whole (its worker hosts, whatever the version).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NameLabels {
+    model: String,
 }
 
 /// How a request ended, as counted in `kiln_requests_total{outcome}`.
@@ -66,7 +76,7 @@ pub struct Metrics {
     instances: Family<ModelLabels, Gauge>,
     sequences: Family<ModelLabels, Gauge>,
     sequence_backlog: Family<ModelLabels, Gauge>,
-    host_restarts: Family<ModelLabels, Counter>,
+    host_restarts: Family<NameLabels, Counter>,
     queue_depth: Family<ModelLabels, Gauge>,
     capacity: Family<ModelLabels, Gauge>,
     pool_free: Family<ModelLabels, Gauge>,
@@ -256,14 +266,16 @@ impl Metrics {
         self.registry.lock().register_collector(collector);
     }
 
-    /// The handles for `model`, created on first use.
-    pub fn model(&self, model: &str) -> ModelMetrics {
+    /// The handles for version `version` of `model`, created on first use.
+    pub fn model(&self, model: &str, version: &str) -> ModelMetrics {
         let m = ModelLabels {
             model: model.to_owned(),
+            version: version.to_owned(),
         };
         let outcome = |o: &str| {
             self.requests.get_or_create_owned(&OutcomeLabels {
                 model: model.to_owned(),
+                version: version.to_owned(),
                 outcome: o.to_owned(),
             })
         };
@@ -303,23 +315,25 @@ impl Metrics {
     /// `kiln_worker_host_restarts_total{model}`, created on first use (a model
     /// loaded with `isolation = "process"`).
     pub fn host_restarts(&self, model: &str) -> Counter {
-        self.host_restarts.get_or_create_owned(&ModelLabels {
+        self.host_restarts.get_or_create_owned(&NameLabels {
             model: model.to_owned(),
         })
     }
 
-    /// Drops every series of `model` (after it is unloaded).
-    pub fn remove(&self, model: &str) {
+    /// Drops every series of version `version` of `model` (after it is
+    /// unloaded).
+    pub fn remove(&self, model: &str, version: &str) {
         let m = ModelLabels {
             model: model.to_owned(),
+            version: version.to_owned(),
         };
         for o in OUTCOMES {
             self.requests.remove(&OutcomeLabels {
                 model: model.to_owned(),
+                version: version.to_owned(),
                 outcome: o.to_owned(),
             });
         }
-        self.host_restarts.remove(&m);
         for family in [&self.queue, &self.compute, &self.batch_size] {
             family.remove(&m);
         }
@@ -341,6 +355,13 @@ impl Metrics {
         }
         self.busy_seconds.remove(&m);
         self.busy_fraction.remove(&m);
+    }
+
+    /// Drops the series of `model` as a whole (once no version of it is loaded).
+    pub fn remove_model(&self, model: &str) {
+        self.host_restarts.remove(&NameLabels {
+            model: model.to_owned(),
+        });
         self.stream.remove(model);
     }
 
@@ -415,7 +436,7 @@ mod tests {
     #[test]
     fn every_family_of_a_loaded_model_is_exposed() {
         let metrics = Metrics::new();
-        let _m = metrics.model("m");
+        let _m = metrics.model("m", "1");
         let text = metrics.encode();
         for name in [
             "kiln_requests_total",

@@ -46,6 +46,9 @@ pub struct GroupParams {
     /// Where the plugin runs: in the server, or each instance in its own
     /// `kiln worker-host` process (`isolation = "process"`).
     pub isolation: Isolation,
+    /// The most private memory each worker host may map (`max_host_memory`,
+    /// bytes; its `RLIMIT_DATA`).
+    pub max_host_memory: Option<NonZeroUsize>,
 }
 
 /// The load-time parameters the server reads, as they arrive: one field per
@@ -64,6 +67,7 @@ pub struct LoadParams {
     queue_size: Option<i64>,
     share: Option<bool>,
     isolation: Option<IsolationName>,
+    max_host_memory: Option<i64>,
     /// Milliseconds.
     timeout: Option<i64>,
     gather: Option<bool>,
@@ -333,6 +337,7 @@ impl LoadParams {
                 None | Some(IsolationName::None) => Isolation::None,
                 Some(IsolationName::Process) => Isolation::Process,
             },
+            max_host_memory: counted("max_host_memory", self.max_host_memory, usize::MAX)?,
         })
     }
 
@@ -541,6 +546,7 @@ const SERVER_PARAMETERS: &[&str] = &[
     "timeout",
     "gather",
     "isolation",
+    "max_host_memory",
     "model_dir",
     "preferred_batch_size",
     "max_queue_delay_microseconds",

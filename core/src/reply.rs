@@ -463,7 +463,7 @@ mod tests {
             }),
             outputs: Vec::new(),
             tally: Tally::new(
-                Arc::new(Metrics::new().model("m")),
+                Arc::new(Metrics::new().model("m", "1")),
                 Arc::clone(stats),
                 (requests, requests, 0),
                 BatchTiming {

@@ -11,14 +11,14 @@
 //! ```
 //!
 //! Loading a model passes its `[parameters]` (plus any overrides) to the worker, and
-//! `model_dir`: the chosen version's folder. The latest version is the default.
+//! `model_dir`: the version's folder. Which versions are served side by side is
+//! the model's `version_policy` (Triton's: the latest one by default; `{ latest =
+//! N }`, `"all"`, `{ specific = [1, 3] }`); a load naming a version serves that
+//! one alone.
 //!
 //! A model with `platform = "ensemble"` declares, instead of a worker, its inputs,
 //! outputs and steps ([`crate::ensemble::config`]); it has no files, so its version
 //! folders are optional (version 1 when there are none).
-//!
-//! A folder without `config.toml` is read as Triton's ([`crate::triton_config::folder`]):
-//! its `config.pbtxt`, or, auto-completed, none at all beside `1/model.onnx`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -30,7 +30,7 @@ use crate::ensemble::config::{EnsembleConfig, EnsembleScheduling, TensorConfig};
 use crate::error::{Result, ServerError};
 use crate::plugin::check_name;
 use crate::triton_config::folder;
-use crate::triton_config::map::Declared;
+use crate::triton_config::map::{Declared, VersionPolicy};
 
 /// A model's `config.toml`: a worker and its parameters, or an ensemble.
 #[derive(Debug, Deserialize)]
@@ -53,6 +53,33 @@ pub struct ModelConfig {
     pub output: Vec<TensorConfig>,
     /// An ensemble's steps.
     pub ensemble_scheduling: Option<EnsembleScheduling>,
+    /// Which version folders are served (Triton's `version_policy`).
+    pub version_policy: Option<PolicyToml>,
+}
+
+/// `version_policy` in a `config.toml`: `{ latest = 2 }`, `"all"` or
+/// `{ specific = [1, 3] }` (Triton's `latest { num_versions: 2 }`, `all {}`,
+/// `specific { versions: [1, 3] }`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PolicyToml {
+    Latest(std::num::NonZeroU32),
+    All,
+    Specific(Vec<u64>),
+}
+
+impl PolicyToml {
+    fn policy(&self) -> VersionPolicy {
+        match self {
+            PolicyToml::Latest(n) => VersionPolicy::Latest(n.get()),
+            PolicyToml::All => VersionPolicy::All,
+            PolicyToml::Specific(list) => VersionPolicy::Specific(
+                list.iter()
+                    .map(|v| i64::try_from(*v).unwrap_or(i64::MAX))
+                    .collect(),
+            ),
+        }
+    }
 }
 
 /// What a repository model is served by.
@@ -77,11 +104,17 @@ pub struct Entry {
 pub struct Resolved {
     /// The worker (`ensemble` for an ensemble).
     pub worker: String,
+    /// The highest version served, and its parameters.
     pub version: u64,
     pub params: Vec<Param>,
+    /// Every version served, ascending, each with its parameters (its own
+    /// `model_dir`); an ensemble's is its one version.
+    pub versions: Vec<(u64, Vec<Param>)>,
     pub serving: Serving,
     /// The tensors a `config.pbtxt` declares, checked once the model is loaded.
     pub declared: Option<Declared>,
+    /// The `config.pbtxt` read, for answering `/config` as Triton does.
+    pub triton: Option<std::sync::Arc<crate::triton_config::proto::ModelConfig>>,
 }
 
 /// A model repository on disk.
@@ -93,7 +126,7 @@ pub struct Repository {
 }
 
 impl Repository {
-    /// The repository at `root`, auto-completing Triton models.
+    /// The repository at `root`.
     pub fn new(root: PathBuf) -> Repository {
         Repository {
             root,
@@ -103,7 +136,7 @@ impl Repository {
 
     /// `false`: Triton's `--disable-auto-complete-config`: a Triton model is
     /// its `config.pbtxt` alone, which then declares every tensor and the batch
-    /// size ([`crate::triton_config::complete`]).
+    /// size ([`crate::triton_config::autocomplete`]).
     pub fn with_auto_complete(mut self, on: bool) -> Repository {
         self.auto_complete = on;
         self
@@ -144,7 +177,7 @@ impl Repository {
         version: Option<u64>,
         overrides: Vec<Param>,
     ) -> Result<Resolved> {
-        check_name(name)?;
+        check_model_name(name)?;
         let folder = self.root.join(name);
         let file = folder.join("config.toml");
         if !file.is_file() && folder::is_model(&folder, self.auto_complete) {
@@ -160,6 +193,7 @@ impl Repository {
             .map_err(|e| ServerError::invalid(format!("{}: {e}", file.display())))?;
         let invalid = |m: String| ServerError::invalid(format!("{}: {m}", file.display()));
         let (worker, platform) = (config.worker.clone(), config.platform.clone());
+        let policy = config.version_policy.as_ref().map(PolicyToml::policy);
         let worker = match (worker.as_deref(), platform.as_deref()) {
             (None, Some("ensemble")) => {
                 let ensemble = ensemble_config(config).map_err(invalid)?;
@@ -182,8 +216,10 @@ impl Repository {
                     worker: "ensemble".into(),
                     version,
                     params: Vec::new(),
+                    versions: vec![(version, Vec::new())],
                     serving: Serving::Ensemble(ensemble),
                     declared: None,
+                    triton: None,
                 });
             }
             (Some(worker), None) => {
@@ -233,29 +269,79 @@ impl Repository {
             });
         }
         let available = versions(&folder);
-        let version = match version {
-            Some(v) if available.contains(&v) => v,
+        let chosen = match version {
+            // A load naming a version serves that folder alone.
+            Some(v) if available.contains(&v) => vec![v],
             Some(v) => {
                 return Err(ServerError::NotFound(format!(
                     "model `{name}` has no version {v} (versions: {available:?})"
                 )))
             }
-            None => *available.last().ok_or_else(|| {
-                ServerError::invalid(format!(
+            None if available.is_empty() => {
+                return Err(ServerError::invalid(format!(
                     "model `{name}` has no numbered version folder in {}",
                     folder.display()
-                ))
-            })?,
+                )))
+            }
+            None => policy
+                .unwrap_or(VersionPolicy::Latest(1))
+                .allowed(&available),
         };
-        with_overrides(&mut params, overrides, &folder, version);
-        Ok(Resolved {
-            worker,
-            version,
-            params,
-            serving: Serving::Worker,
-            declared: None,
-        })
+        worker_versions(name, worker, &params, overrides, &folder, &chosen, None)
     }
+}
+
+/// A worker's model served in `chosen` versions (ascending): each gets `params`
+/// with `overrides` and its own `model_dir`; `pbtxt`: the tensors a config.pbtxt
+/// declares and the file's parsed config.
+pub(crate) fn worker_versions(
+    name: &str,
+    worker: String,
+    params: &[Param],
+    overrides: Vec<Param>,
+    folder: &Path,
+    chosen: &[u64],
+    pbtxt: Option<(
+        Declared,
+        std::sync::Arc<crate::triton_config::proto::ModelConfig>,
+    )>,
+) -> Result<Resolved> {
+    let (declared, triton) = pbtxt.map_or((None, None), |(d, t)| (Some(d), Some(t)));
+    let versions: Vec<(u64, Vec<Param>)> = chosen
+        .iter()
+        .map(|&v| {
+            let mut params = params.to_vec();
+            with_overrides(&mut params, overrides.clone(), folder, v);
+            (v, params)
+        })
+        .collect();
+    let Some((version, params)) = versions.last().cloned() else {
+        return Err(ServerError::invalid(format!(
+            "at least one version must be available under the version policy of model '{name}'"
+        )));
+    };
+    Ok(Resolved {
+        worker,
+        version,
+        params,
+        versions,
+        serving: Serving::Worker,
+        declared,
+        triton,
+    })
+}
+
+/// A model's name is its folder's: lower-case letters, digits, `-` and `_`
+/// (nothing that can leave the repository).
+pub fn check_model_name(name: &str) -> Result<()> {
+    if name.is_empty() {
+        return Err(ServerError::invalid("the request names no model"));
+    }
+    check_name(name).map_err(|_| {
+        ServerError::invalid(format!(
+            "invalid model name `{name}`: use lower-case letters, digits, `-` and `_`"
+        ))
+    })
 }
 
 /// `overrides` replace the parameters of the same name; `model_dir` is the
@@ -357,176 +443,4 @@ pub(crate) fn versions(folder: &Path) -> Vec<u64> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn repo(files: &[(&str, &str)]) -> (Repository, PathBuf) {
-        let root = std::env::temp_dir().join(format!(
-            "kiln-repo-{}-{}",
-            std::process::id(),
-            files.len() + files.first().map_or(0, |f| f.1.len())
-        ));
-        let _ = std::fs::remove_dir_all(&root);
-        for (path, text) in files {
-            let p = root.join(path);
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(p, text).unwrap();
-        }
-        (Repository::new(root.clone()), root)
-    }
-
-    #[test]
-    fn resolves_latest_version_and_overrides() {
-        let (r, root) = repo(&[
-            (
-                "m/config.toml",
-                "worker = \"echo\"\n[parameters]\nbatch_size = 4\nscale = 1.5\n",
-            ),
-            ("m/1/model.onnx", ""),
-            ("m/3/model.onnx", ""),
-            ("other/readme", ""),
-        ]);
-        assert_eq!(
-            r.index().unwrap(),
-            vec![Entry {
-                name: "m".into(),
-                versions: vec![1, 3]
-            }]
-        );
-        let m = r
-            .resolve(
-                "m",
-                None,
-                vec![Param {
-                    key: "batch_size".into(),
-                    value: ParamValue::Int(8),
-                }],
-            )
-            .unwrap();
-        assert_eq!((m.worker.as_str(), m.version), ("echo", 3));
-        let p = kiln_worker_sdk::Params(&m.params);
-        assert_eq!(p.int("batch_size").unwrap(), Some(8));
-        assert_eq!(p.float("scale").unwrap(), Some(1.5));
-        assert!(p.string("model_dir").unwrap().ends_with("m/3"));
-        assert_eq!(r.resolve("m", Some(1), vec![]).unwrap().version, 1);
-        assert!(matches!(
-            r.resolve("m", Some(2), vec![]),
-            Err(ServerError::NotFound(_))
-        ));
-        assert!(matches!(
-            r.resolve("nope", None, vec![]),
-            Err(ServerError::NotFound(_))
-        ));
-        let _ = std::fs::remove_dir_all(root);
-    }
-
-    #[test]
-    fn nested_tables_and_quoted_keys_are_dotted_parameters() {
-        let (r, root) = repo(&[
-            (
-                "s/config.toml",
-                "worker = \"accumulate\"\n[parameters]\n\"input.sr\" = 16000\n\
-                 control.start = \"START\"\n[parameters.state]\nSTATE = \"STATE_OUT\"\n",
-            ),
-            ("s/1/x", ""),
-        ]);
-        let m = r.resolve("s", None, vec![]).unwrap();
-        let p = kiln_worker_sdk::Params(&m.params);
-        assert_eq!(p.int("input.sr").unwrap(), Some(16000));
-        assert_eq!(p.string("control.start").as_deref(), Some("START"));
-        assert_eq!(p.string("state.STATE").as_deref(), Some("STATE_OUT"));
-        let _ = std::fs::remove_dir_all(root);
-    }
-
-    #[test]
-    fn lists_are_comma_separated_text() {
-        let (r, root) = repo(&[
-            (
-                "l/config.toml",
-                "worker = \"echo\"\n[parameters]\npreferred_batch_size = [4, \"8\"]\n",
-            ),
-            ("l/1/x", ""),
-        ]);
-        let m = r.resolve("l", None, vec![]).unwrap();
-        let p = kiln_worker_sdk::Params(&m.params);
-        assert_eq!(p.string("preferred_batch_size").as_deref(), Some("4,8"));
-        let _ = std::fs::remove_dir_all(root);
-    }
-
-    #[test]
-    fn invalid_config_names_file_and_field() {
-        let (r, root) = repo(&[
-            ("bad/config.toml", "worker = \"echo\"\nbatchsize = 4\n"),
-            ("bad/1/x", ""),
-            (
-                "arr/config.toml",
-                "worker = \"echo\"\n[parameters]\nsizes = [1, 2]\n",
-            ),
-            ("arr/1/x", ""),
-        ]);
-        let e = r.resolve("bad", None, vec![]).unwrap_err().to_string();
-        assert!(
-            e.contains("bad/config.toml") && e.contains("batchsize"),
-            "{e}"
-        );
-        let e = r.resolve("arr", None, vec![]).unwrap_err().to_string();
-        assert!(
-            e.contains("arr/config.toml") && e.contains("parameters.sizes"),
-            "{e}"
-        );
-        let _ = std::fs::remove_dir_all(root);
-    }
-
-    #[test]
-    fn an_ensemble_declares_steps_instead_of_a_worker() {
-        let ensemble = "platform = \"ensemble\"\nmax_batch_size = 4\n\
-             input = [{ name = \"IN\", data_type = \"TYPE_STRING\", dims = [-1] }]\n\
-             output = [{ name = \"OUT\", data_type = \"UINT32\", dims = [2] }]\n\
-             [[ensemble_scheduling.step]]\nmodel_name = \"m\"\nmodel_version = 3\n\
-             input_map = { INPUT0 = \"IN\" }\noutput_map = { OUTPUT0 = \"OUT\" }\n";
-        let (r, root) = repo(&[
-            ("e/config.toml", ensemble),
-            (
-                "both/config.toml",
-                "worker = \"echo\"\nplatform = \"ensemble\"\n",
-            ),
-            ("neither/config.toml", "[parameters]\nx = 1\n"),
-            ("tensors/config.toml", "worker = \"echo\"\nmax_batch_size = 4\n"),
-            ("other/config.toml", "platform = \"onnxruntime_onnx\"\n"),
-            (
-                "dtype/config.toml",
-                "platform = \"ensemble\"\ninput = [{ name = \"A\", data_type = \"TYPE_FLOAT\", dims = [] }]\n",
-            ),
-        ]);
-        let e = r.resolve("e", None, vec![]).unwrap();
-        // No version folder: version 1.
-        assert_eq!((e.worker.as_str(), e.version), ("ensemble", 1));
-        let Serving::Ensemble(config) = e.serving else {
-            panic!("not an ensemble");
-        };
-        assert_eq!(config.max_batch_size, 4);
-        assert_eq!(config.inputs[0].data_type, kiln_worker_sdk::DataType::Bytes);
-        assert_eq!(config.outputs[0].dims, vec![2]);
-        assert_eq!(config.steps[0].model_version, 3);
-        assert_eq!(config.steps[0].input_map["INPUT0"], "IN");
-        let overridden = vec![Param {
-            key: "batch_size".into(),
-            value: ParamValue::Int(8),
-        }];
-        assert!(r.resolve("e", None, overridden).is_err());
-        for (name, wanted) in [
-            ("both", "exclude each other"),
-            ("neither", "set `worker`"),
-            ("tensors", "an ensemble's"),
-            ("other", "platform `onnxruntime_onnx` is not known"),
-            ("dtype", "unknown data_type `TYPE_FLOAT`"),
-        ] {
-            let e = r.resolve(name, None, vec![]).unwrap_err().to_string();
-            assert!(
-                e.contains(wanted) && e.contains("config.toml"),
-                "{name}: {e}"
-            );
-        }
-        let _ = std::fs::remove_dir_all(root);
-    }
-}
+mod tests;

@@ -1,5 +1,6 @@
 //! The embeddable server: start it, load workers, infer without a socket.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -16,12 +17,14 @@ use crate::housekeeping::Housekeeping;
 use crate::infer::{InferRequest, InferResponse};
 use crate::manager::{Manager, Models};
 use crate::metrics::Metrics;
+use crate::model_control::ModelControl;
 use crate::plugin::Plugins;
 use crate::repository::{Entry, Repository, Resolved, Serving};
 use crate::restricted::RestrictedApis;
 use crate::serve::{self, Pending};
 use crate::shm::SharedMemory;
 use crate::trace::Trace;
+use crate::triton_config::proto::ModelConfig as ModelConfigProto;
 use crate::worker_params::{client_keys, Origin};
 
 /// How to start a [`Server`].
@@ -44,6 +47,12 @@ pub struct ServerConfig {
     pub builtin_workers: Vec<crate::plugin::BuiltinWorker>,
 }
 
+/// A `config.pbtxt` as read, with the group it was loaded as.
+type TritonConfig = (
+    std::sync::Weak<WorkerGroup>,
+    Arc<crate::triton_config::proto::ModelConfig>,
+);
+
 /// A running kiln server; cheap to clone.
 #[derive(Clone)]
 pub struct Server {
@@ -61,6 +70,10 @@ struct Inner {
     shared_memory: SharedMemory,
     client_bytes: Arc<ClientBytes>,
     restricted: OnceLock<RestrictedApis>,
+    model_control: OnceLock<ModelControl>,
+    /// The `config.pbtxt` each model was loaded from, with the group it made
+    /// (a group loaded since, from another file or none, is not answered by it).
+    triton_configs: parking_lot::Mutex<HashMap<String, TritonConfig>>,
     /// Stops with the server.
     _housekeeping: Option<Housekeeping>,
 }
@@ -91,6 +104,7 @@ impl Server {
             Arc::clone(&models),
             Arc::clone(&metrics),
             config.limits,
+            Arc::clone(&client_bytes),
         )?;
         let housekeeping = match config.trim_interval {
             Some(interval) => Some(Housekeeping::start(Arc::clone(&models), interval)?),
@@ -107,6 +121,8 @@ impl Server {
                 shared_memory: SharedMemory::with_budget(Arc::clone(&client_bytes)),
                 client_bytes,
                 restricted: OnceLock::new(),
+                model_control: OnceLock::new(),
+                triton_configs: parking_lot::Mutex::new(HashMap::new()),
                 _housekeeping: housekeeping,
             }),
         })
@@ -130,11 +146,23 @@ impl Server {
         self.inner.manager.load(worker, params, keys).await
     }
 
-    fn repository(&self) -> Result<&Repository> {
+    /// The model repository, auto-completing Triton models unless the model
+    /// control says `--disable-auto-complete-config` (a path and a flag: the
+    /// copy is nothing beside reading the folder).
+    fn repository(&self) -> Result<Repository> {
         self.inner
             .repository
             .as_ref()
+            .map(|r| {
+                r.clone()
+                    .with_auto_complete(!self.model_control().strict_config)
+            })
             .ok_or_else(|| ServerError::Unavailable("no model repository is configured".into()))
+    }
+
+    /// The model repository's directory.
+    pub fn repository_root(&self) -> Result<std::path::PathBuf> {
+        Ok(self.repository()?.root().to_owned())
     }
 
     /// The models of the model repository.
@@ -192,6 +220,37 @@ impl Server {
         resolved: Resolved,
         client_keys: Vec<String>,
     ) -> Result<String> {
+        let triton = resolved.triton.clone();
+        let loaded = self.load_serving(name, resolved, client_keys).await?;
+        let mut configs = self.inner.triton_configs.lock();
+        match (triton, self.model(&loaded)) {
+            (Some(config), Ok(group)) => {
+                configs.insert(loaded.clone(), (Arc::downgrade(&group), config));
+            }
+            _ => {
+                configs.remove(&loaded);
+            }
+        }
+        Ok(loaded)
+    }
+
+    /// The `config.pbtxt` `group` was loaded from, completed as Triton answers
+    /// `/config` ([`crate::triton_config::complete`]); `None` for a model of
+    /// another origin (a `config.toml`, a worker loaded by name).
+    pub fn triton_config(&self, group: &Arc<WorkerGroup>) -> Option<ModelConfigProto> {
+        let configs = self.inner.triton_configs.lock();
+        let (loaded, config) = configs.get(&group.endpoint)?;
+        let same = loaded.upgrade().is_some_and(|g| Arc::ptr_eq(&g, group));
+        same.then(|| crate::triton_config::complete::complete(config, &group.endpoint, group))
+    }
+
+    /// [`Server::load_resolved`] without the bookkeeping of Triton's configs.
+    async fn load_serving(
+        &self,
+        name: &str,
+        resolved: Resolved,
+        client_keys: Vec<String>,
+    ) -> Result<String> {
         if let Serving::Ensemble(config) = resolved.serving {
             return self.load_ensemble(name, resolved.version, config).await;
         }
@@ -200,19 +259,29 @@ impl Server {
             .manager
             .load_model(
                 &name.to_ascii_lowercase(),
-                resolved.version,
                 &resolved.worker,
-                resolved.params,
+                resolved.versions,
                 client_keys,
             )
             .await?;
         // A config.pbtxt's declared tensors must be the model's (Triton refuses
-        // such a model at load too).
+        // such a model at load too), in every version served.
         if let Some(declared) = &resolved.declared {
-            let group = self.model(&loaded)?;
-            let worker_inputs = &group.worker_info.inputs;
-            let checked = declared.check(&group.info.inputs, &group.info.outputs, worker_inputs);
-            if let Err(why) = checked {
+            let strict = self.model_control().strict_config;
+            let models = self.inner.models.load();
+            let wrong = models.versions(&loaded).find_map(|(_, g)| {
+                let (inputs, outputs) = (&g.info.inputs, &g.info.outputs);
+                let mut checked = declared.check(inputs, outputs, &g.worker_info.inputs);
+                // Without auto-completion (Triton's strict model configuration) the
+                // file must declare every tensor of the model.
+                if checked.is_ok() && strict {
+                    checked = declared.check_complete(inputs, outputs).map_err(|why| {
+                        format!("{why} (--disable-auto-complete-config: nothing is completed from the model)")
+                    });
+                }
+                checked.err()
+            });
+            if let Some(why) = wrong {
                 self.unload(&loaded).await?;
                 return Err(ServerError::invalid(format!("model `{name}`: {why}")));
             }
@@ -262,13 +331,7 @@ impl Server {
             if let Serving::Worker = resolved.serving {
                 self.inner
                     .manager
-                    .load_model(
-                        &step.model,
-                        resolved.version,
-                        &resolved.worker,
-                        resolved.params,
-                        Vec::new(),
-                    )
+                    .load_model(&step.model, &resolved.worker, resolved.versions, Vec::new())
                     .await
                     .map_err(at)?;
             }
@@ -279,43 +342,58 @@ impl Server {
             .await
     }
 
-    /// Unloads an endpoint, answering its accepted requests first.
+    /// Raises or lowers the worker instances of `endpoint` to `instances` while it
+    /// serves: no request fails, and its buffer pool is resized to match
+    /// ([`crate::group`]'s `scale`). Checked against the server-wide limits. A
+    /// model served in several versions: its highest.
+    pub async fn scale(&self, endpoint: &str, instances: usize) -> Result<()> {
+        self.inner.manager.scale(endpoint, instances).await
+    }
+
+    /// Unloads an endpoint (every version of it), answering its accepted
+    /// requests first.
     pub async fn unload(&self, endpoint: &str) -> Result<()> {
-        self.inner.manager.unload(endpoint).await
+        self.inner.manager.unload(endpoint, None).await
     }
 
-    /// The group serving `name` (case-insensitive).
+    /// Unloads version `version` of `endpoint` alone, answering its accepted
+    /// requests first; the other versions serve on.
+    pub async fn unload_version(&self, endpoint: &str, version: u64) -> Result<()> {
+        self.inner.manager.unload(endpoint, Some(version)).await
+    }
+
+    /// The group serving `name` (case-insensitive): its highest loaded version.
     pub fn model(&self, name: &str) -> Result<Arc<WorkerGroup>> {
-        let models = self.inner.models.load();
-        if let Some(group) = models.get(name) {
-            return Ok(Arc::clone(group));
-        }
-        models
-            .get(&name.to_ascii_lowercase())
-            .cloned()
-            .ok_or_else(|| ServerError::NotFound(format!("no model `{name}` is loaded")))
+        self.lookup(name, None)
     }
 
-    /// Loaded endpoints, sorted.
+    /// Every loaded group (each version of each model), sorted by name, then
+    /// version.
     pub fn models(&self) -> Vec<Arc<WorkerGroup>> {
         let mut groups: Vec<Arc<WorkerGroup>> =
             self.inner.models.load().values().cloned().collect();
-        groups.sort_by(|a, b| a.endpoint.cmp(&b.endpoint));
+        let number = |g: &WorkerGroup| g.version.parse::<u64>().unwrap_or(0);
+        groups.sort_by(|a, b| (&a.endpoint, number(a)).cmp(&(&b.endpoint, number(b))));
         groups
     }
 
-    /// The group serving `model` (as [`Server::model`]); with `version`, only if it
-    /// serves that version (404 otherwise). The lookup step of every ingress
-    /// ([`crate::serve`]).
+    /// The loaded versions of model `name`, ascending (empty when it is not
+    /// loaded).
+    pub fn versions(&self, name: &str) -> Vec<String> {
+        let models = self.inner.models.load();
+        let name = if models.contains_key(name) {
+            name.to_owned()
+        } else {
+            name.to_ascii_lowercase()
+        };
+        models.versions(&name).map(|(v, _)| v.to_string()).collect()
+    }
+
+    /// The group serving `model` (case-insensitive): with `version`, that version
+    /// (a 404 in Triton's words when it is not loaded); without, the highest loaded
+    /// one. The lookup step of every ingress ([`crate::serve`]).
     pub fn lookup(&self, model: &str, version: Option<&str>) -> Result<Arc<WorkerGroup>> {
-        let group = self.model(model)?;
-        match version {
-            Some(version) if version != group.version => Err(ServerError::NotFound(format!(
-                "model `{model}` has no version `{version}` loaded (loaded: {})",
-                group.version
-            ))),
-            _ => Ok(group),
-        }
+        self.inner.models.load().find(model, version).cloned()
     }
 
     /// Looks up `request.model` and queues the request ([`crate::serve`]); await
@@ -371,9 +449,28 @@ impl Server {
         self.inner.restricted.get_or_init(RestrictedApis::default)
     }
 
-    /// Whether the server takes requests.
+    /// Sets how the repository's models are controlled (Triton's
+    /// `--model-control-mode`, `--strict-readiness`,
+    /// `--disable-auto-complete-config`). Call it before serving; refused once set.
+    pub fn set_model_control(&self, control: ModelControl) -> Result<()> {
+        self.inner
+            .model_control
+            .set(control)
+            .map_err(|_| ServerError::Internal("model control is already set".into()))
+    }
+
+    /// How the repository's models are controlled ([`ModelControl::default`]
+    /// unless [`Server::set_model_control`] set it).
+    pub fn model_control(&self) -> &ModelControl {
+        self.inner.model_control.get_or_init(ModelControl::default)
+    }
+
+    /// Whether the server takes requests: marked ready and, with strict readiness,
+    /// every loaded model ready (Triton's `--strict-readiness`).
     pub fn is_ready(&self) -> bool {
         self.inner.ready.load(Ordering::SeqCst)
+            && (!self.model_control().strict_readiness
+                || self.inner.models.load().values().all(|g| g.is_ready()))
     }
 
     /// Marks the server ready (or not).

@@ -359,6 +359,12 @@ impl ModelConfig {
             &group.settings,
             instances,
         );
+        // The pool's size now: a scale resizes it ([`WorkerGroup::buffer_sets`]).
+        for (key, value) in &mut config.parameters {
+            if *key == "max_buffers" {
+                *value = group.buffer_sets().to_string();
+            }
+        }
         if group.settings.batcher == BatcherKind::Sequence {
             config.dynamic_batching = None;
             config.sequence_batching = Some(SequenceBatching::of(
@@ -430,11 +436,11 @@ impl ModelMetadata {
     }
 }
 
-/// One model of the repository index.
+/// One model version of the repository index.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IndexEntry {
     pub name: String,
-    /// The loaded version, else the latest on disk.
+    /// A loaded version, else the latest on disk.
     pub version: String,
     /// `READY` or `UNAVAILABLE`.
     pub state: &'static str,
@@ -442,46 +448,63 @@ pub struct IndexEntry {
     pub reason: &'static str,
 }
 
-/// Triton's repository index: every model of the repository with its state; with
+/// Triton's repository index: every model of the repository with its state, one
+/// row per loaded version (one row, `UNAVAILABLE`, for a model not loaded); with
 /// `only_ready`, the ready ones.
 pub fn repository_index(server: &Server, only_ready: bool) -> Result<Vec<IndexEntry>> {
     let loaded = server.models();
     let mut index = Vec::new();
     for entry in server.repository_index()? {
-        let group = loaded.iter().find(|g| g.endpoint == entry.name);
-        let (version, state, reason) = match group {
-            Some(g) if g.is_ready() => (g.version.clone(), "READY", ""),
-            Some(g) if g.ensemble.is_some() => (
-                g.version.clone(),
-                "UNAVAILABLE",
-                "a step's model is not loaded or not ready",
-            ),
-            Some(g) => (
-                g.version.clone(),
-                "UNAVAILABLE",
-                "no worker instance can run",
-            ),
-            None => (
-                entry
+        let mut rows: Vec<IndexEntry> = loaded
+            .iter()
+            .filter(|g| g.endpoint == entry.name)
+            .map(|g| {
+                let (state, reason) = match g {
+                    g if g.is_ready() => ("READY", ""),
+                    g if g.ensemble.is_some() => {
+                        ("UNAVAILABLE", "a step's model is not loaded or not ready")
+                    }
+                    _ => ("UNAVAILABLE", "no worker instance can run"),
+                };
+                IndexEntry {
+                    name: entry.name.clone(),
+                    version: g.version.clone(),
+                    state,
+                    reason,
+                }
+            })
+            .collect();
+        if rows.is_empty() {
+            rows.push(IndexEntry {
+                name: entry.name.clone(),
+                version: entry
                     .versions
                     .last()
                     .map(u64::to_string)
                     .unwrap_or_default(),
-                "UNAVAILABLE",
-                "unloaded",
-            ),
-        };
-        if only_ready && state != "READY" {
-            continue;
+                state: "UNAVAILABLE",
+                reason: "unloaded",
+            });
         }
-        index.push(IndexEntry {
-            name: entry.name,
-            version,
-            state,
-            reason,
-        });
+        index.extend(
+            rows.into_iter()
+                .filter(|r| !only_ready || r.state == "READY"),
+        );
     }
     Ok(index)
+}
+
+/// The model a repository load or unload names: Triton's `model_name` (field
+/// 2), else field 1, which is Triton's `repository_name` and KServe's
+/// `model_name` (kiln serves one repository, so a name there is the model's).
+pub fn repository_model_name<'a>(field_1: &'a str, field_2: &'a str) -> Result<&'a str> {
+    match (field_1, field_2) {
+        (_, model) if !model.is_empty() => Ok(model),
+        (model, _) if !model.is_empty() => Ok(model),
+        _ => Err(ServerError::invalid(
+            "the request names no model: set `model_name`",
+        )),
+    }
 }
 
 /// Takes the `version` parameter of a repository load out of `params`: the version
@@ -510,6 +533,17 @@ mod tests {
     use kiln_worker_sdk::ParamValue;
 
     use super::*;
+
+    #[test]
+    fn a_repository_call_names_its_model_in_either_field() {
+        // Triton's layout, with or without a repository name.
+        assert_eq!(repository_model_name("", "m").unwrap(), "m");
+        assert_eq!(repository_model_name("repo", "m").unwrap(), "m");
+        // KServe's: the model in field 1.
+        assert_eq!(repository_model_name("m", "").unwrap(), "m");
+        let e = repository_model_name("", "").unwrap_err().to_string();
+        assert!(e.contains("names no model"), "{e}");
+    }
 
     #[test]
     fn every_datatype_has_triton_name() {

@@ -7,7 +7,7 @@
 mod support;
 
 use kiln_core::trace::Trace;
-use support::{params, request, Repository};
+use support::{params, request, Clients, Repository};
 
 #[tokio::test]
 async fn a_request_that_found_the_replaced_group_is_answered_by_the_new_one() {
@@ -43,25 +43,7 @@ async fn reloads_under_load_fail_no_request() {
         .load_model("fake", Some(1), Vec::new())
         .await
         .unwrap();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let clients: Vec<_> = (0..16u32)
-        .map(|c| {
-            let (server, stop) = (server.clone(), stop.clone());
-            tokio::spawn(async move {
-                let (mut answered, mut failed) = (0u64, Vec::new());
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    match server.infer(request("fake", &[c + 100])).await {
-                        Ok(r) => {
-                            assert_eq!(r.outputs[0].values::<u32>(), vec![c + 101]);
-                            answered += 1;
-                        }
-                        Err(e) => failed.push(e.to_string()),
-                    }
-                }
-                (answered, failed)
-            })
-        })
-        .collect();
+    let clients = Clients::start(&server, "fake", 16);
     for i in 0..20i64 {
         // Alternate the parameters and the version: each load replaces the group.
         let version = 1 + (i as u64 % 2);
@@ -71,20 +53,6 @@ async fn reloads_under_load_fail_no_request() {
             .unwrap();
         tokio::task::yield_now().await;
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (mut answered, mut failed) = (0, Vec::new());
-    for client in clients {
-        let (a, f) = client.await.unwrap();
-        answered += a;
-        failed.extend(f);
-    }
-    assert!(
-        failed.is_empty(),
-        "{} of {} failed: {:?}",
-        failed.len(),
-        answered + failed.len() as u64,
-        &failed[..failed.len().min(5)]
-    );
-    assert!(answered > 0);
+    let answered = clients.none_failed().await;
     println!("{answered} requests answered across 20 reloads, none failed");
 }

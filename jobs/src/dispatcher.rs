@@ -18,18 +18,19 @@
 //! gone) releases it too, and nothing is started or claimed for
 //! [`UNAVAILABLE_BACKOFF`]. Jobs claimed but not started go back to the queue
 //! when the dispatcher stops, or when the budget stays 0 past half the reclaim
-//! timeout (`reason="stale"`). Every `ttl / 4` finished jobs older than the TTL
+//! timeout (`reason="stale"`). At stop the jobs in flight get the server's exit
+//! timeout; those cut then go back to the queue too (`reason="stopped"`). Every `ttl / 4` finished jobs older than the TTL
 //! are removed; the state gauges are refreshed a few times a second (both in
 //! the store calls).
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::Notify;
-use tokio::task::{JoinHandle as TaskHandle, JoinSet};
+use tokio::task::{Id as TaskId, JoinHandle as TaskHandle, JoinSet};
 
 use crate::budget::{Budget, BudgetConfig, DispatchTarget, Dispatched};
 use crate::metrics::DispatchMetrics;
@@ -46,6 +47,19 @@ pub const EMPTY_POLL: Duration = Duration::from_millis(20);
 
 /// How often the state gauges are refreshed from the store.
 const COUNTS_EVERY: Duration = Duration::from_millis(200);
+
+/// How long a dispatcher dropped without [`Dispatcher::stop`] waits for its jobs
+/// in flight.
+const DROP_WAIT: Duration = Duration::from_secs(5);
+
+/// The stop request: the flag, the wake-up and how long (ms) the jobs in flight
+/// get to finish.
+#[derive(Default)]
+struct Stop {
+    flag: AtomicBool,
+    wake: Notify,
+    wait_ms: AtomicU64,
+}
 
 /// The dispatcher's settings.
 #[derive(Debug, Clone)]
@@ -76,7 +90,7 @@ impl Default for DispatcherConfig {
 
 /// The running dispatcher; [`Dispatcher::stop`] ends it.
 pub struct Dispatcher {
-    stop: Arc<(AtomicBool, Notify)>,
+    stop: Arc<Stop>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -88,7 +102,7 @@ impl Dispatcher {
         config: DispatcherConfig,
         metrics: DispatchMetrics,
     ) -> std::io::Result<Dispatcher> {
-        let stop = Arc::new((AtomicBool::new(false), Notify::new()));
+        let stop = Arc::new(Stop::default());
         let runtime = tokio::runtime::Builder::new_current_thread()
             // I/O too: a remote target scrapes and posts over HTTP.
             .enable_all()
@@ -111,16 +125,20 @@ impl Dispatcher {
         })
     }
 
-    /// Stops claiming, waits (up to 5 s) for the jobs in flight, stores their
-    /// results and ends the thread. Jobs still running stay claimed; the store
-    /// gives them back at the next start.
-    pub fn stop(mut self) {
-        self.halt();
+    /// Stops claiming, waits up to `wait` (the server's `--exit-timeout-secs`)
+    /// for the jobs in flight, stores their results and ends the thread. What
+    /// did not finish in time, and what was claimed but not started, goes back to
+    /// the queue (`reason="stopped"`): nothing stays claimed by a stopped
+    /// dispatcher.
+    pub fn stop(mut self, wait: Duration) {
+        self.halt(wait);
     }
 
-    fn halt(&mut self) {
-        self.stop.0.store(true, Ordering::SeqCst);
-        self.stop.1.notify_one();
+    fn halt(&mut self, wait: Duration) {
+        let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        self.stop.wait_ms.store(wait_ms, Ordering::SeqCst);
+        self.stop.flag.store(true, Ordering::SeqCst);
+        self.stop.wake.notify_one();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -129,7 +147,7 @@ impl Dispatcher {
 
 impl Drop for Dispatcher {
     fn drop(&mut self) {
-        self.halt();
+        self.halt(DROP_WAIT);
     }
 }
 
@@ -141,6 +159,8 @@ struct Rounds {
     metrics: DispatchMetrics,
     config: DispatcherConfig,
     in_flight: JoinSet<(JobId, Dispatched)>,
+    /// The job each task in flight runs, to release it if it is cut at stop.
+    running: HashMap<TaskId, JobId>,
     /// Claimed and not started yet, with when they were claimed.
     ready: VecDeque<(Instant, ClaimedJob)>,
     results: Vec<(JobId, Outcome)>,
@@ -231,6 +251,7 @@ impl Rounds {
             metrics,
             config,
             in_flight: JoinSet::new(),
+            running: HashMap::new(),
             ready: VecDeque::new(),
             results: Vec::new(),
             released: Vec::new(),
@@ -243,11 +264,11 @@ impl Rounds {
         }
     }
 
-    async fn run(&mut self, stop: &(AtomicBool, Notify)) {
-        while !stop.0.load(Ordering::SeqCst) {
+    async fn run(&mut self, stop: &Stop) {
+        while !stop.flag.load(Ordering::SeqCst) {
             self.dispatch_round().await;
             tokio::select! {
-                ended = self.in_flight.join_next(), if !self.in_flight.is_empty() => {
+                ended = self.in_flight.join_next_with_id(), if !self.in_flight.is_empty() => {
                     if let Some(ended) = ended {
                         self.ended(ended);
                     }
@@ -262,27 +283,32 @@ impl Rounds {
                     self.stored(stored);
                 }
                 _ = tokio::time::sleep(self.config.tick) => {}
-                _ = stop.1.notified() => {}
+                _ = stop.wake.notified() => {}
             }
-            while let Some(ended) = self.in_flight.try_join_next() {
+            while let Some(ended) = self.in_flight.try_join_next_with_id() {
                 self.ended(ended);
             }
         }
-        // Stopping: the store call under way ends, the jobs in flight get a few
-        // seconds, and the jobs claimed but not started go back to the queue.
+        // Stopping: the store call under way ends, the jobs in flight get the
+        // stop's wait, and what is cut then or was claimed but not started goes
+        // back to the queue.
         if let Some(store) = self.store.take() {
             let stored = store.await;
             self.stored(stored);
         }
-        let deadline = tokio::time::sleep(Duration::from_secs(5));
+        let wait = Duration::from_millis(stop.wait_ms.load(Ordering::SeqCst));
+        let deadline = tokio::time::sleep(wait);
         tokio::pin!(deadline);
         while !self.in_flight.is_empty() {
             tokio::select! {
-                Some(ended) = self.in_flight.join_next() => self.ended(ended),
+                Some(ended) = self.in_flight.join_next_with_id() => self.ended(ended),
                 _ = &mut deadline => break,
             }
         }
         self.in_flight.abort_all();
+        while let Some(ended) = self.in_flight.join_next_with_id().await {
+            self.ended(ended);
+        }
         while let Some((_, job)) = self.ready.pop_front() {
             self.release(job.id, "stopped");
         }
@@ -304,7 +330,11 @@ impl Rounds {
                 };
                 let id = job.id.clone();
                 let run = self.target.dispatch(job);
-                self.in_flight.spawn(async move { (id, run.await) });
+                let task = self.in_flight.spawn({
+                    let id = id.clone();
+                    async move { (id, run.await) }
+                });
+                self.running.insert(task.id(), id);
                 self.metrics.dispatched.inc();
             }
         }
@@ -409,10 +439,25 @@ impl Rounds {
     }
 
     /// Notes how a job went.
-    fn ended(&mut self, ended: Result<(JobId, Dispatched), tokio::task::JoinError>) {
-        let Ok((id, dispatched)) = ended else {
-            // Only an aborted task ends so: its job stays claimed until reclaimed.
-            return;
+    fn ended(&mut self, ended: Result<(TaskId, (JobId, Dispatched)), tokio::task::JoinError>) {
+        let (id, dispatched) = match ended {
+            Ok((task, ended)) => {
+                self.running.remove(&task);
+                ended
+            }
+            Err(e) => {
+                let Some(id) = self.running.remove(&e.id()) else {
+                    return;
+                };
+                if e.is_cancelled() {
+                    // Cut at stop: back to the queue (it may have run: at-least-once).
+                    self.release(id, "stopped");
+                } else {
+                    // A panic: left claimed until reclaimed, not retried blindly.
+                    spdlog::error!("jobs: running job {id} panicked: {e}");
+                }
+                return;
+            }
         };
         match dispatched {
             Dispatched::Ran(outcome) => {

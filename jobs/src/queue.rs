@@ -267,8 +267,19 @@ pub trait JobQueue: Send + Sync {
     /// Cancels a queued job.
     fn cancel(&self, id: &JobId) -> Result<CancelResult>;
 
-    /// The job, with its response when done.
-    fn get(&self, id: &JobId) -> Result<Option<Job>>;
+    /// The job, with its response when done: `admit` is told the response's
+    /// length before it is read (the HTTP route reserves it from the
+    /// client-bytes budget there); its error ends the call, nothing read.
+    fn get_admitted(
+        &self,
+        id: &JobId,
+        admit: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<Option<Job>>;
+
+    /// The job, with its response when done, whatever its size.
+    fn get(&self, id: &JobId) -> Result<Option<Job>> {
+        self.get_admitted(id, &mut |_| Ok(()))
+    }
 
     /// Up to `limit` jobs matching `filter`, in submission order, after the
     /// cursor `after` (a previous page's `next`; `None`: from the first).

@@ -75,8 +75,8 @@ pub struct JobsArgs {
     pub jobs_max_stored: u64,
 }
 
-/// `--jobs-max-per-submission`'s default. Also what bounds one Redis `EXEC`
-/// (3 commands a job) and one redb commit.
+/// `--jobs-max-per-submission`'s default. Also what bounds one redb commit
+/// (one transaction a submission); Redis takes any size in bounded chunks.
 pub const DEFAULT_MAX_PER_SUBMISSION: usize = 10_000;
 /// `--jobs-max-stored`'s default.
 pub const DEFAULT_MAX_STORED: u64 = 1_000_000;
@@ -305,11 +305,12 @@ impl Jobs {
         }
     }
 
-    /// Stops the dispatcher (its jobs in flight get a few seconds to finish).
-    pub fn stop(&self) {
+    /// Stops the dispatcher: its jobs in flight get up to `wait` (the exit
+    /// timeout) to finish; the rest go back to the queue.
+    pub fn stop(&self, wait: Duration) {
         let dispatcher = self.open.lock().as_mut().and_then(|o| o.dispatcher.take());
         if let Some(dispatcher) = dispatcher {
-            dispatcher.stop();
+            dispatcher.stop(wait);
         }
     }
 }

@@ -16,6 +16,7 @@ pub mod log_format;
 pub mod log_settings;
 pub mod media;
 pub mod otlp;
+pub mod repository_args;
 pub mod stream;
 pub mod tls;
 pub mod ui;

@@ -54,13 +54,8 @@ struct ServeArgs {
     /// Load a worker at start: WORKER[:key=value,...] (repeatable; env: `;`-separated).
     #[arg(long = "load", env = "KILN_LOAD", value_delimiter = ';')]
     load: Vec<String>,
-    /// Model repository: one folder per model with a config.toml and version folders.
-    #[arg(long, visible_alias = "model-store", env = "KILN_MODEL_REPOSITORY")]
-    model_repository: Option<PathBuf>,
-    /// Load a repository model at start (repeatable; `*` loads every model; env:
-    /// `;`-separated).
-    #[arg(long = "load-model", env = "KILN_LOAD_MODEL", value_delimiter = ';')]
-    load_model: Vec<String>,
+    #[command(flatten)]
+    repository: kiln_server::repository_args::RepositoryArgs,
     /// Log level: error, warn, info, debug or trace.
     #[arg(long, env = "KILN_LOG_LEVEL", default_value = "info")]
     log_level: String,
@@ -136,8 +131,9 @@ struct ServeArgs {
     shm_max_held_bytes: usize,
     /// The one budget of bytes clients can make the server hold at once: decoded
     /// images and frames, stream results, shared-memory copies, unfinished gRPC
-    /// messages, job submissions and results (beyond: 429 / RESOURCE_EXHAUSTED, or
-    /// a frame dropped). Default: a quarter of the machine's memory.
+    /// messages, job submissions and results, model calls' inputs (beyond: 429 /
+    /// RESOURCE_EXHAUSTED, or a frame dropped). Default: a quarter of the
+    /// machine's memory.
     #[arg(long, env = "KILN_MAX_CLIENT_BYTES")]
     max_client_bytes: Option<usize>,
     // Queues and server-wide limits (hardening, slice "queues"): what loads may take
@@ -438,7 +434,7 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
     args.trace.configure()?;
     let server = Server::start(ServerConfig {
         plugin_dirs: args.plugin_dirs.clone(),
-        model_repository: args.model_repository.clone(),
+        model_repository: args.repository.model_repository.clone(),
         limits: args.limits(),
         trim_interval: (args.trim_interval_ms > 0)
             .then(|| std::time::Duration::from_millis(args.trim_interval_ms)),
@@ -449,20 +445,14 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
     server
         .shared_memory()
         .set_max_held_bytes(args.shm_max_held_bytes);
-    let mut models: Vec<String> = Vec::new();
-    for name in &args.load_model {
-        if name == "*" {
-            models.extend(server.repository_index()?.into_iter().map(|e| e.name));
-        } else {
-            models.push(name.clone());
-        }
-    }
-    for name in models {
-        let endpoint = server
-            .load_model(&name, None, Vec::new())
-            .await
-            .with_context(|| format!("loading model `{name}` at start"))?;
-        spdlog::info!("serving model `{endpoint}`");
+    server.set_model_control(args.repository.control())?;
+    let poller = args
+        .repository
+        .start(&server)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    if let Some((poller, every)) = poller {
+        actix_web::rt::spawn(poller.run(every));
     }
     for (worker, params) in loads {
         let endpoint = server
@@ -531,7 +521,7 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
             // The dispatcher stops first: its claimed jobs go back to the queue.
             let jobs_stopped = tokio::task::spawn_blocking({
                 let jobs = jobs.clone();
-                move || jobs.stop()
+                move || jobs.stop(exit_timeout)
             });
             let drained = drain::until_idle(&server, deadline, &mut signals).await;
             let _ = jobs_stopped.await;
@@ -540,7 +530,7 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
         // The HTTP server ended by itself (an error): stop the rest as before.
         served = &mut http => {
             served.context("the HTTP server failed")??;
-            jobs.stop();
+            jobs.stop(exit_timeout);
             Drained::Idle
         }
     };

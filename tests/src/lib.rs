@@ -404,11 +404,21 @@ fn complete_answer(answer: &[u8]) -> bool {
 
 /// The resident memory of process `pid` in bytes (`/proc/PID/status`, VmRSS).
 pub fn rss_bytes(pid: u32) -> u64 {
+    status_bytes(pid, "VmRSS:")
+}
+
+/// The peak resident memory of process `pid` so far, in bytes (VmHWM): an
+/// allocation freed again still shows.
+pub fn peak_rss_bytes(pid: u32) -> u64 {
+    status_bytes(pid, "VmHWM:")
+}
+
+fn status_bytes(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
     let kb: u64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS");
+        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"));
     kb * 1024
 }

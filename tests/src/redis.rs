@@ -123,6 +123,108 @@ impl Drop for RedisServer {
     }
 }
 
+/// What a `MONITOR` connection saw: the largest number of commands Redis ran
+/// in one atomic step (a `MULTI`/`EXEC` block of one client, or one script's
+/// commands, which `MONITOR` tags `lua`), and every command's name with how
+/// many times it ran.
+#[derive(Debug, Default)]
+pub struct Monitored {
+    pub largest_step: usize,
+    pub counts: std::collections::HashMap<String, usize>,
+}
+
+/// A `MONITOR` connection read on a thread of its own until [`Monitor::finish`].
+pub struct Monitor {
+    thread: std::thread::JoinHandle<Monitored>,
+    port: u16,
+}
+
+/// The command [`Monitor::finish`] sends to mark the end of what it reads.
+const MONITOR_END: &str = "kiln-test-monitor-end";
+
+impl RedisServer {
+    /// Starts reading every command Redis runs (`MONITOR`).
+    pub fn monitor(&self) -> Monitor {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
+        stream.write_all(b"MONITOR\r\n").expect("MONITOR");
+        let mut reader = BufReader::new(stream);
+        let mut ok = String::new();
+        reader.read_line(&mut ok).expect("MONITOR answers");
+        assert_eq!(ok.trim_end(), "+OK");
+        let thread = std::thread::spawn(move || {
+            let mut seen = Monitored::default();
+            // The current step: whose (a client's MULTI block, or `lua`) and its size.
+            let mut multi: std::collections::HashMap<String, usize> = Default::default();
+            let mut lua_run = 0usize;
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                match reader.read_until(b'\n', &mut line) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                let text = String::from_utf8_lossy(&line);
+                // `+1700000000.123456 [0 127.0.0.1:5555] "CMD" "arg" ...`
+                let Some((source, rest)) =
+                    text.split_once(" [").and_then(|(_, r)| r.split_once("] "))
+                else {
+                    continue;
+                };
+                let source = source.split_once(' ').map_or(source, |(_, s)| s).to_owned();
+                let name = rest
+                    .split('"')
+                    .nth(1)
+                    .unwrap_or_default()
+                    .to_ascii_uppercase();
+                if name == "ECHO" && rest.contains(MONITOR_END) {
+                    break;
+                }
+                *seen.counts.entry(name.clone()).or_default() += 1;
+                if source == "lua" {
+                    lua_run += 1;
+                    seen.largest_step = seen.largest_step.max(lua_run);
+                    continue;
+                }
+                lua_run = 0;
+                match name.as_str() {
+                    "MULTI" => {
+                        multi.insert(source, 0);
+                    }
+                    "EXEC" | "DISCARD" => {
+                        let n = multi.remove(&source).unwrap_or(0);
+                        seen.largest_step = seen.largest_step.max(n);
+                    }
+                    _ => {
+                        if let Some(n) = multi.get_mut(&source) {
+                            *n += 1;
+                        }
+                    }
+                }
+            }
+            seen
+        });
+        Monitor {
+            thread,
+            port: self.port,
+        }
+    }
+}
+
+impl Monitor {
+    /// Marks the end (an `ECHO` the reader stops at) and answers what it saw.
+    pub fn finish(self) -> Monitored {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
+        let mark = format!(
+            "*2\r\n$4\r\nECHO\r\n${}\r\n{MONITOR_END}\r\n",
+            MONITOR_END.len()
+        );
+        stream.write_all(mark.as_bytes()).expect("ECHO");
+        let mut answer = String::new();
+        let _ = BufReader::new(stream).read_line(&mut answer);
+        self.thread.join().expect("the MONITOR reader")
+    }
+}
+
 /// The path of `program` on `$PATH` (Debian puts redis-server in /usr/bin).
 fn which(program: &str) -> Option<PathBuf> {
     std::env::var_os("PATH")

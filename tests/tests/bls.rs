@@ -4,6 +4,8 @@
 //! (they show in the callee's counts), a call into the caller's own model or into
 //! a model that itself calls models is refused, a callee's error fails only the
 //! request it served, and the request's deadline and cancellation reach the call.
+//! A worker in a worker host calls the same way (the host relays its calls), and
+//! a call's inputs are reserved from the client-bytes budget.
 
 // Test support: a failure should fail the test loudly.
 #![allow(clippy::unwrap_used)]
@@ -146,20 +148,71 @@ async fn the_request_deadline_ends_the_call() {
     assert_eq!(ok.outputs[0].values::<i32>(), vec![-3, 4]);
 }
 
+/// A worker in a worker host (`isolation = "process"`) calls models as an
+/// in-process one does: the host relays the calls to the server (inputs and
+/// answers through its arena), which runs them through the one inference path,
+/// with the request's deadline and the no-deadlock rule.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_host_cannot_call_models() {
+async fn a_worker_host_relays_its_calls() {
     let kiln = Kiln::start(&[
         "--load",
         "echo",
         "--load",
+        "faulty",
+        "--load",
         "bls-echo:target=echo,isolation=process",
+        "--load",
+        "bls-echo:target=faulty,target_dtype=INT32,isolation=process",
+        "--load",
+        "bls-echo:target=bls-echo,isolation=process",
     ]);
-    let err = kiln
-        .client
-        .infer(&request("bls-echo", &[1], Vec::new()))
+    let c = &kiln.client;
+    // Eight requests at once (batched: several calls relayed in one message),
+    // one of 64 KiB.
+    let sizes = [1usize, 3, 16384, 2, 5, 1, 7, 4];
+    let answers = futures_join(sizes.iter().map(|&n| {
+        let c = c.clone();
+        async move {
+            let values: Vec<i32> = (0..n as i32).map(|v| v * 3 - 7).collect();
+            let answer = c
+                .infer_binary(&request("bls-echo", &values, Vec::new()))
+                .await;
+            (values, answer)
+        }
+    }))
+    .await;
+    for (values, answer) in answers {
+        let want: Vec<i32> = values.iter().map(|v| v + 1).collect();
+        assert_eq!(answer.unwrap().outputs[0].values::<i32>(), want);
+    }
+    let text = c.metrics().await.unwrap();
+    assert_eq!(requests_to(&text, "echo", "success"), 8.0, "{text}");
+
+    // The request's deadline reaches the relayed call (faulty takes 1 s on -3).
+    let err = c
+        .infer(&request("bls-echo-0", &[-3], timeout_us(200_000)))
         .await
         .unwrap_err();
-    assert!(err.to_string().contains("isolation = \"process\""), "{err}");
+    assert_eq!(err.status(), Some(500), "{err}");
+    assert!(err.to_string().contains("deadline passed"), "{err}");
+    // A call into a model that calls models (bls-echo) is refused, not waited on.
+    let err = c
+        .infer(&request("bls-echo-1", &[1], Vec::new()))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("which itself calls models"),
+        "{err}"
+    );
+    let text = c.metrics().await.unwrap();
+    for model in ["bls-echo", "bls-echo-0", "bls-echo-1"] {
+        let restarts = metric(
+            &text,
+            "kiln_worker_host_restarts_total",
+            &[("model", model)],
+        );
+        assert_eq!(restarts.unwrap_or(0.0), 0.0, "{model}: {text}");
+    }
 }
 
 /// Runs the futures at once, answers in order.
@@ -214,4 +267,44 @@ async fn a_call_into_an_ensemble_that_holds_the_caller_is_refused() {
         .unwrap_err();
     assert_eq!(err.status(), Some(500), "{err}");
     assert!(err.to_string().contains("itself calls models"), "{err}");
+}
+
+/// A call's copy of its inputs is reserved from the client-bytes budget before
+/// it is made (`Use::ModelCall`): a 64 KiB request, whose body the budget holds,
+/// cannot make the server hold another 64 KiB for its call past 96 KiB; the call
+/// fails at once saying so, smaller ones pass, and nothing stays held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_calls_inputs_are_reserved_from_the_client_bytes_budget() {
+    let kiln = Kiln::start(&[
+        "--max-client-bytes",
+        "98304",
+        "--load",
+        "echo",
+        "--load",
+        "bls-echo:target=echo",
+    ]);
+    let client = &kiln.client;
+    let values: Vec<i32> = (0..16384).collect();
+    let refused = client
+        .infer_binary(&request("bls-echo", &values, Vec::new()))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.status(), Some(500), "{refused}");
+    for want in ["model `echo`", "model call", "--max-client-bytes 98304"] {
+        assert!(refused.to_string().contains(want), "{want}: {refused}");
+    }
+    let answer = client
+        .infer_binary(&request("bls-echo", &values[..1024], Vec::new()))
+        .await
+        .unwrap();
+    let want: Vec<i32> = values[..1024].iter().map(|v| v + 1).collect();
+    assert_eq!(answer.outputs[0].values::<i32>(), want);
+    let text = client.metrics().await.unwrap();
+    assert_eq!(metric(&text, "kiln_client_bytes", &[]), Some(0.0), "{text}");
+    let refusals = metric(
+        &text,
+        "kiln_client_bytes_refused_total",
+        &[("use", "model_call")],
+    );
+    assert_eq!(refusals, Some(1.0), "{text}");
 }

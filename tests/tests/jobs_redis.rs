@@ -10,14 +10,22 @@
 //!   the target lacks fails once with the target's error.
 //! - A dispatcher stopped gracefully (SIGTERM) leaves no job claimed: the jobs it
 //!   claimed ahead go back to the queue.
+//! - A large submission never holds Redis in one step (issue 27, finding 12):
+//!   `MONITOR` counts the commands of every `MULTI/EXEC` and script; a reader
+//!   polling during the POST sees none of it before its commit, all of it after.
+//! - A stored result larger than `--max-client-bytes` is refused (429) before it
+//!   is read: the server's peak RSS does not grow by it.
 
 // Test code: a failed setup step should fail the test loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kiln_tests::jobs::{list_all, submit_ok, wait_finished, ADMIN_ARG};
+use kiln_jobs::redis_streams::CHUNK_JOBS;
+use kiln_tests::jobs::{get, list_all, submit, submit_ok, wait_finished, ADMIN_ARG};
 use kiln_tests::redis::RedisServer;
 use kiln_tests::wait::wait_sample;
 use kiln_tests::{metric, Kiln};
@@ -265,4 +273,155 @@ async fn a_stopped_dispatcher_leaves_no_job_claimed() {
     let queued = listed.iter().filter(|j| j["state"] == "queued").count();
     assert_eq!(done + queued, ids.len(), "{listed:?}");
     assert!(done >= 5 && queued > 0, "done {done}, queued {queued}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_cut_at_the_exit_timeout_go_back_to_the_queue() {
+    let redis = RedisServer::start();
+    let jobs = format!("--jobs={}", redis.url());
+    // Jobs of several seconds each (50 times SLOW_COST's work), two in flight;
+    // the exit timeout (1 s) cuts them.
+    let model = "cost:dim=4,fixed_passes=20000,batch_size=1";
+    let mut first = Kiln::start(&[
+        "--load",
+        model,
+        &jobs,
+        "--jobs-max-sys",
+        "2",
+        "--exit-timeout-secs",
+        "1",
+    ]);
+    let ids = submit_ok(&first.url, "cost", lines((0..4).map(cost_job))).await;
+    wait_figure(&first, "kiln_jobs_dispatched_total", &[], |v| v >= 1.0).await;
+    assert_eq!(unsafe { libc::kill(first.pid() as i32, libc::SIGTERM) }, 0);
+    assert!(
+        first.exit_within(Duration::from_secs(30)).is_some(),
+        "kiln did not stop"
+    );
+    // Nothing left claimed: what was cut is queued again, its claim not counted.
+    let second = Kiln::start(&["--load", model, &jobs, "--jobs-max-sys", "0", ADMIN_ARG]);
+    let listed = list_all(&second.url, "", 500).await;
+    assert_eq!(listed.len(), ids.len());
+    let running: Vec<&Value> = listed.iter().filter(|j| j["state"] == "running").collect();
+    assert!(running.is_empty(), "left claimed: {running:?}");
+    assert_eq!(redis.pending("kiln:jobs:stream:5", "kiln"), 0);
+}
+
+/// What consumers can see of the store: jobs counted queued, listed, in the
+/// priority-5 stream.
+fn visible(redis: &RedisServer) -> (i64, i64, i64) {
+    let queued = "return tonumber(redis.call('HGET', KEYS[1], 'queued') or '0')";
+    (
+        redis.integer(&["EVAL", queued, "1", "kiln:jobs:counts"]),
+        redis.integer(&["ZCARD", "kiln:jobs:index"]),
+        redis.integer(&["XLEN", "kiln:jobs:stream:5"]),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_submission_never_holds_redis_and_shows_all_at_once() {
+    let redis = Arc::new(RedisServer::start());
+    let jobs = format!("--jobs={}", redis.url());
+    // Nothing runs (max_sys 0): what the store shows is what was submitted.
+    let kiln = Kiln::start(&[
+        "--load",
+        SLOW_COST,
+        &jobs,
+        "--jobs-max-sys",
+        "0",
+        "--jobs-max-per-submission",
+        "30000",
+    ]);
+    let n = 30_000;
+    let body = lines((0..n).map(cost_job));
+    let monitor = redis.monitor();
+    // A reader polling what consumers see, until one look after the 202.
+    let answered = Arc::new(AtomicBool::new(false));
+    let reader = std::thread::spawn({
+        let (redis, answered) = (redis.clone(), answered.clone());
+        move || {
+            let mut seen = Vec::new();
+            loop {
+                let after = answered.load(Ordering::SeqCst);
+                seen.push((after, visible(&redis)));
+                if after {
+                    return seen;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+    });
+    let (status, answer) = submit(&kiln.url, "cost", "", body).await;
+    answered.store(true, Ordering::SeqCst);
+    let seen = reader.join().unwrap();
+    let monitored = monitor.finish();
+    assert_eq!(status, 202, "{answer}");
+    let ids = answer["ids"].as_array().unwrap();
+    assert_eq!(ids.len(), n as usize);
+    // No step of Redis ran more than a chunk's commands (3 a job to publish).
+    let bound = 3 * CHUNK_JOBS + 10;
+    assert!(
+        monitored.largest_step <= bound,
+        "one atomic step ran {} commands (bound {bound}); commands: {:?}",
+        monitored.largest_step,
+        monitored.counts
+    );
+    // Before the 202: nothing, or the whole submission committed (counted
+    // queued at once; its entries may still be being added). After: all.
+    let n = i64::from(n);
+    let before: Vec<_> = seen.iter().filter(|(after, _)| !after).collect();
+    assert!(!before.is_empty(), "the reader looked during the POST");
+    for (_, (queued, listed, streamed)) in &before {
+        let nothing = (*queued, *listed, *streamed) == (0, 0, 0);
+        assert!(
+            nothing || (*queued == n && *listed <= n && *streamed <= n),
+            "seen before the 202: {queued} queued, {listed} listed, {streamed} in the stream"
+        );
+    }
+    assert_eq!(seen.last().unwrap().1, (n, n, n), "all of it after the 202");
+    for id in [&ids[0], &ids[ids.len() - 1]] {
+        let (status, job) = get(&kiln.url, id.as_str().unwrap()).await;
+        assert_eq!((status, &job["state"]), (200, &json!("queued")), "{job}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_result_over_the_budget_is_refused_before_it_is_read() {
+    let redis = RedisServer::start();
+    let jobs = format!("--jobs={}", redis.url());
+    let budget = (16u64 << 20).to_string();
+    let kiln = Kiln::start(&[
+        "--load",
+        SLOW_COST,
+        &jobs,
+        "--jobs-max-sys",
+        "0",
+        "--max-client-bytes",
+        &budget,
+    ]);
+    let ids = submit_ok(&kiln.url, "cost", lines((0..1).map(cost_job))).await;
+    let seq = ids[0].split('-').next().unwrap();
+    // Its result as a run stores it: 24 MiB, over the 16 MiB budget.
+    let result = format!("{{\"outputs\":\"{}\"}}", "x".repeat(24 << 20));
+    let key = format!("kiln:jobs:job:{seq}");
+    let stored = redis.command(&["HSET", &key, "state", "done", "response", &result]);
+    assert_eq!(stored.as_deref(), Some(":1"));
+    let peak = kiln_tests::peak_rss_bytes(kiln.pid());
+    for _ in 0..3 {
+        let (status, answer) = get(&kiln.url, &ids[0]).await;
+        assert_eq!(status, 429, "{answer}");
+    }
+    let grown = kiln_tests::peak_rss_bytes(kiln.pid()).saturating_sub(peak);
+    assert!(
+        grown < 8 << 20,
+        "peak RSS grew by {grown} bytes reading a result it refused"
+    );
+    // Within a budget that holds it, the same result is served.
+    let larger = Kiln::start(&["--load", SLOW_COST, &jobs, "--jobs-max-sys", "0"]);
+    let (status, job) = get(&larger.url, &ids[0]).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        job["response"]["outputs"].as_str().map(str::len),
+        Some(24 << 20)
+    );
 }

@@ -3,14 +3,17 @@
 //! how Redis holds it (requests in the jobs' hashes, entries acknowledged with the
 //! result), plus what a shared queue adds: two stores (two replicas) never claim
 //! the same job, and a dead consumer's jobs are taken over with XAUTOCLAIM after
-//! the claim timeout.
+//! the claim timeout; a submission whose submitter died is never claimed while
+//! staged, and is deleted (staged) or published (committed) by a reclaim round
+//! once its lease lapsed.
 
 // Test code: a failed setup step should fail the test loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
-use kiln_jobs::redis_streams::RedisQueue;
+use kiln_jobs::redis_streams::{RedisQueue, CHUNK_JOBS};
 use kiln_jobs::{JobQueue, JobState, JobsError, ListFilter, Outcome};
 use kiln_tests::job_store::{self, ids_of, job};
 use kiln_tests::redis::RedisServer;
@@ -31,7 +34,7 @@ fn claims_by_priority_then_order_and_results_are_idempotent() {
 fn a_bad_job_stores_nothing() {
     let redis = RedisServer::start();
     let q = RedisQueue::open(&redis.url()).unwrap();
-    // More than one chunk (512) is written before the bad one: staged, then removed.
+    // More than one chunk is written before the bad one: staged, then removed.
     job_store::a_bad_job_stores_nothing(&q);
     assert!(redis.integer(&["DBSIZE"]) <= 12, "staged jobs removed");
 }
@@ -132,4 +135,79 @@ fn an_unreachable_redis_is_a_clear_error() {
         RedisQueue::open(&url),
         Err(JobsError::Config(msg)) if msg.contains("cannot connect")
     ));
+}
+
+/// Stages a submission of `n` jobs whose submitter dies (a panic stands for the
+/// process's end) before its commit.
+fn stage_and_die(q: &RedisQueue, n: usize) {
+    let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        let mut input = (0..).map(|i| match i < n {
+            true => job("m", 5, i as u32),
+            false => panic!("the submitter dies"),
+        });
+        q.enqueue(&mut input)
+    }));
+    assert!(died.is_err());
+}
+
+/// Lets the lease of every submission in `set` (`staging`, `publishing`) lapse.
+fn lapse(redis: &RedisServer, set: &str) -> i64 {
+    let lapse = "local ts = redis.call('ZRANGE', KEYS[1], 0, -1) \
+                 for _, t in ipairs(ts) do redis.call('ZADD', KEYS[1], 1, t) end return #ts";
+    redis.integer(&["EVAL", lapse, "1", &format!("kiln:jobs:{set}")])
+}
+
+fn job_hashes(redis: &RedisServer) -> i64 {
+    redis.integer(&["EVAL", "return #redis.call('KEYS', 'kiln:jobs:job:*')", "0"])
+}
+
+#[test]
+fn a_submission_its_submitter_left_is_never_claimed_and_is_tidied_up() {
+    let redis = RedisServer::start();
+    let q = RedisQueue::open(&redis.url()).unwrap();
+    let staged = 2 * CHUNK_JOBS + 10;
+    stage_and_die(&q, staged);
+    // Staged (two chunks), and invisible: nothing to claim, list or count.
+    assert_eq!(job_hashes(&redis), 2 * CHUNK_JOBS as i64);
+    assert!(q.claim("c", 100).unwrap().is_empty());
+    assert_eq!(q.counts().unwrap().queued, 0);
+    let page = q.list(&ListFilter::default(), None, 100).unwrap();
+    assert!(page.jobs.is_empty());
+    // Within its lease a reclaim round leaves it (its submitter may be alive).
+    q.reclaim("c", Duration::from_millis(1)).unwrap();
+    assert_eq!(job_hashes(&redis), 2 * CHUNK_JOBS as i64);
+    // Once it lapsed, a reclaim round deletes it.
+    assert_eq!(lapse(&redis, "staging"), 1);
+    q.reclaim("c", Duration::from_millis(1)).unwrap();
+    assert_eq!(job_hashes(&redis), 0);
+    for key in ["staging", "aborting", "publishing"] {
+        assert_eq!(redis.integer(&["EXISTS", &format!("kiln:jobs:{key}")]), 0);
+    }
+
+    // A submission committed (as `COMMIT` does) whose submitter died before it
+    // was published: accepted, so a reclaim round publishes it once it lapsed.
+    stage_and_die(&q, CHUNK_JOBS + 1);
+    let commit = "local t = redis.call('ZRANGE', KEYS[1], 0, 0)[1] \
+                  redis.call('ZREM', KEYS[1], t) \
+                  local n = redis.call('LLEN', 'kiln:jobs:sub:' .. t) \
+                  redis.call('HINCRBY', 'kiln:jobs:counts', 'queued', n) \
+                  redis.call('ZADD', KEYS[2], 1, t) return n";
+    let committed = redis.integer(&[
+        "EVAL",
+        commit,
+        "2",
+        "kiln:jobs:staging",
+        "kiln:jobs:publishing",
+    ]);
+    assert_eq!(committed, CHUNK_JOBS as i64);
+    assert_eq!(q.counts().unwrap().queued, CHUNK_JOBS as u64);
+    assert!(q.claim("c", 1).unwrap().is_empty(), "not published yet");
+    q.reclaim("c", Duration::from_millis(1)).unwrap();
+    let claimed = q.claim("c", 2 * CHUNK_JOBS).unwrap();
+    assert_eq!(claimed.len(), CHUNK_JOBS, "every committed job, once");
+    let requests: Vec<&[u8]> = claimed.iter().map(|j| j.request.as_slice()).collect();
+    assert_eq!(requests[0], b"{\"n\":0}", "in submission order");
+    assert_eq!(redis.integer(&["EXISTS", "kiln:jobs:publishing"]), 0);
+    let page = q.list(&ListFilter::default(), None, 1000).unwrap();
+    assert_eq!(page.jobs.len(), CHUNK_JOBS);
 }

@@ -75,9 +75,10 @@ async fn load_generator_closed_and_open_loop() {
         "warmup and measured requests"
     );
     let text = kiln.client.metrics().await.unwrap();
+    // Labelled as Triton's: model and version.
     assert!(
-        text.contains("kiln_requests_total{model=\"echo\",outcome=\"success\"}")
-            || text.contains("outcome=\"success\",model=\"echo\"")
+        text.contains("kiln_requests_total{model=\"echo\",version=\"1\",outcome=\"success\"}"),
+        "{text}"
     );
 }
 

@@ -6,6 +6,8 @@
 //! gives BYTES as numpy object arrays, `auto_python` declares itself in
 //! `auto_complete_config`; `faults_python` fails on
 //! purpose, and each failure costs only what it should while the server stays up.
+//! The python backend's own examples run unmodified: `add_sub`, and its BLS
+//! examples (`bls_sync`, `bls_async`) calling other models through the server.
 //! The interpreter's environment is `.cache/venv` (scripts/setup-python: numpy,
 //! onnxruntime).
 
@@ -324,4 +326,185 @@ async fn in_process_wrong_interpreters_and_clients_naming_one_are_refused() {
         assert_eq!(e.status(), Some(400), "{e}");
         assert!(e.to_string().contains(want), "{e}");
     }
+}
+
+fn fp32(name: &str, values: &[f32; 4]) -> InputTensor {
+    InputTensor::from_slice(name, DataType::Fp32, &[4], values)
+}
+
+fn add_sub_request(model: &str, callee: Option<&str>) -> InferRequest {
+    let mut inputs = vec![
+        fp32("INPUT0", &[1.5, 2., 3., -4.]),
+        fp32("INPUT1", &[0.5, 5., -1., 4.]),
+    ];
+    if let Some(callee) = callee {
+        inputs.insert(
+            0,
+            InputTensor {
+                name: "MODEL_NAME".into(),
+                dtype: DataType::Bytes,
+                shape: vec![1],
+                data: encode_bytes(&[callee]).into(),
+            },
+        );
+    }
+    InferRequest {
+        model: model.into(),
+        inputs,
+        ..Default::default()
+    }
+}
+
+/// What add_sub answers for [`add_sub_request`] (and what Triton answers for
+/// the BLS examples calling it): the sum and the difference.
+fn check_add_sub(answer: &InferResponse) {
+    let output = |name: &str| {
+        let o = answer.outputs.iter().find(|o| o.name == name).unwrap();
+        assert_eq!((o.dtype, &o.shape[..]), (DataType::Fp32, &[4][..]));
+        o.values::<f32>()
+    };
+    assert_eq!(output("OUTPUT0"), vec![2., 7., 2., 0.]);
+    assert_eq!(output("OUTPUT1"), vec![1., -3., 4., -8.]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tritons_bls_examples_call_models_unmodified() {
+    let repo = repository(&["add_sub", "bls_sync", "bls_async"], &[]);
+    // The examples' `pytorch` model computes what add_sub does (with torch,
+    // which the test environment has not): add_sub's files stand in for it.
+    let pytorch = repo.path().join("pytorch");
+    std::fs::create_dir_all(pytorch.join("1")).unwrap();
+    for file in ["config.toml", "1/model.py"] {
+        std::fs::copy(repo.path().join("add_sub").join(file), pytorch.join(file)).unwrap();
+    }
+    let kiln = Kiln::start(&["--model-repository", &repo.arg(), "--load-model", "*"]);
+    let client = &kiln.client;
+    check_add_sub(
+        &client
+            .infer(&add_sub_request("add_sub", None))
+            .await
+            .unwrap(),
+    );
+
+    // exec(): the callee named by MODEL_NAME answers through the server.
+    for callee in ["add_sub", "pytorch"] {
+        let answer = client
+            .infer(&add_sub_request("bls_sync", Some(callee)))
+            .await;
+        check_add_sub(&answer.unwrap());
+    }
+    // async def execute awaiting async_exec() of both.
+    check_add_sub(
+        &client
+            .infer(&add_sub_request("bls_async", None))
+            .await
+            .unwrap(),
+    );
+
+    // A missing model: exec() answers an error response (has_error()), which the
+    // example raises with error().message(); the batch fails, nothing crashes.
+    let missing = client
+        .infer(&add_sub_request("bls_sync", Some("no_such_model")))
+        .await
+        .unwrap_err();
+    assert_eq!(missing.status(), Some(500), "{missing}");
+    assert!(
+        missing.to_string().contains("no model `no_such_model`"),
+        "{missing}"
+    );
+    // A cycle: bls_sync calling itself, or bls_async (which calls models), is
+    // refused at once rather than waiting on itself.
+    for (callee, want) in [
+        ("bls_sync", "cannot call itself"),
+        ("bls_async", "which itself calls models"),
+    ] {
+        let refused = client
+            .infer(&add_sub_request("bls_sync", Some(callee)))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.status(), Some(500), "{refused}");
+        assert!(refused.to_string().contains(want), "{refused}");
+    }
+    // Every host is still up and serving.
+    check_add_sub(
+        &client
+            .infer(&add_sub_request("bls_sync", Some("add_sub")))
+            .await
+            .unwrap(),
+    );
+    let text = client.metrics().await.unwrap();
+    for model in ["add_sub", "bls_sync", "bls_async"] {
+        let restarts = metric(
+            &text,
+            "kiln_worker_host_restarts_total",
+            &[("model", model)],
+        );
+        assert!(restarts.unwrap_or(0.0) == 0.0, "{model}: {text}");
+    }
+}
+
+/// A model.py that leaks 64 MiB per request, in a host bounded by
+/// `max_host_memory`: its allocations fail there (MemoryError, one batch), the
+/// host is restarted, and the model serves again; another model answers all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaking_model_is_bounded_and_its_host_restarted() {
+    let repo = repository(&["leak_python", "add_sub"], &[]);
+    let config = repo.path().join("leak_python/config.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("{text}max_host_memory = {}\n", 1u64 << 30)).unwrap();
+    let kiln = Kiln::start(&["--model-repository", &repo.arg(), "--load-model", "*"]);
+    let client = &kiln.client;
+    let leak = |i: i32| async move { client.infer(&int32("leak_python", &[i])).await };
+    let output = |answer: &InferResponse, name: &str| {
+        answer
+            .outputs
+            .iter()
+            .find(|o| o.name == name)
+            .unwrap()
+            .clone()
+    };
+    let held = |answer: &InferResponse| output(answer, "HELD").values::<i64>()[0];
+    let mut kept = Vec::new();
+    let mut failure = None;
+    for i in 0..32 {
+        match leak(i).await {
+            Ok(answer) => {
+                assert_eq!(output(&answer, "OUTPUT0").values::<i32>(), vec![i]);
+                kept.push(held(&answer));
+            }
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        }
+        check_add_sub(
+            &client
+                .infer(&add_sub_request("add_sub", None))
+                .await
+                .unwrap(),
+        );
+    }
+    let failure = failure.expect("64 MiB a request reaches 1 GiB within 16 requests");
+    assert_eq!(failure.status(), Some(500), "{failure}");
+    assert!(failure.to_string().contains("MemoryError"), "{failure}");
+    let want: Vec<i64> = (1..=kept.len() as i64).map(|n| n * 64).collect();
+    assert_eq!(kept, want);
+    assert!(kept.len() >= 4, "the host started near its bound: {kept:?}");
+
+    // A new host (a new interpreter, nothing kept) serves the next request.
+    let answer = leak(100).await.unwrap();
+    assert_eq!(held(&answer), 64);
+    let text = client.metrics().await.unwrap();
+    let restarts = metric(
+        &text,
+        "kiln_worker_host_restarts_total",
+        &[("model", "leak_python")],
+    );
+    assert_eq!(restarts, Some(1.0), "{text}");
+    check_add_sub(
+        &client
+            .infer(&add_sub_request("add_sub", None))
+            .await
+            .unwrap(),
+    );
 }

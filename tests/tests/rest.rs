@@ -299,7 +299,7 @@ async fn bad_requests_get_the_right_status_and_the_server_stays_healthy() {
         ("POST", "/v2/models/echo/infer", r#"{"inputs":[{"name":"INPUT0","shape":[1,1],"datatype":"UINT32","data":[1]}],"outputs":[{"name":"NOPE"}]}"#.into(), 400, "unknown output `NOPE`"),
         ("POST", "/v2/models/echo-multi/infer", r#"{"inputs":[{"name":"INPUT0","shape":[1,1],"datatype":"UINT32","data":[1]}]}"#.into(), 400, "missing input"),
         ("POST", "/v2/models/nope/infer", infer("UINT32", "[1,1]", "[1]"), 404, "no model `nope`"),
-        ("POST", "/v2/models/echo/versions/2/infer", infer("UINT32", "[1,1]", "[1]"), 404, "no version `2`"),
+        ("POST", "/v2/models/echo/versions/2/infer", infer("UINT32", "[1,1]", "[1]"), 404, "'echo' version 2 is not found"),
         ("GET", "/v2/models/nope", String::new(), 404, "no model"),
         ("GET", "/v2/models/nope/ready", String::new(), 404, "no model"),
         ("GET", "/v2/nothing/here", String::new(), 404, "no route"),

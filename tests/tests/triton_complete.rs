@@ -101,6 +101,28 @@ async fn onnx_models_are_completed_from_the_model_as_triton_does() {
     let vad = triton_config(&kiln.url, "vad").await;
     assert_eq!(vad["max_batch_size"], json!(0), "{vad}");
     assert_eq!(vad["input"].as_array().unwrap().len(), 3, "{vad}");
+
+    // Triton's --disable-auto-complete-config: the file alone.
+    let strict = Kiln::start(&[
+        "--model-repository",
+        &repo.arg(),
+        "--disable-auto-complete-config",
+    ]);
+    let index = strict.client.repository_index().await.unwrap();
+    assert!(!index.iter().any(|m| m["name"] == "bare"), "{index:?}");
+    let err = strict
+        .client
+        .load_model("bare", &json!({}))
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), Some(404), "{err}");
+    let err = strict
+        .client
+        .load_model("partial", &json!({}))
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), Some(400), "{err}");
+    assert!(err.to_string().contains("declares no input `x`"), "{err}");
 }
 
 /// Silero VAD as a Triton user writes it: no batch dimension (the model's state

@@ -159,3 +159,60 @@ async fn what_kiln_does_not_honour_is_refused_by_name() {
         assert!(index.iter().any(|m| m["name"] == model), "{index:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_answers_what_triton_answers_for_the_same_file() {
+    // Triton 2.51's answer for this file, recorded (tests/fixtures/triton).
+    let fixtures = kiln_tests::repo_root().join("tests/fixtures/triton");
+    let pbtxt = std::fs::read_to_string(fixtures.join("pipe.config.pbtxt")).unwrap();
+    let triton: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures.join("pipe.config.json")).unwrap())
+            .unwrap();
+    let repo = TempRepository::new(&[("echo", "worker = \"echo\"\n", &[1])]);
+    std::fs::create_dir_all(repo.path().join("pipe/1")).unwrap();
+    std::fs::write(repo.path().join("pipe/config.pbtxt"), pbtxt).unwrap();
+    write(&repo, "ocr-cls", OCR_CLS, &[1]);
+    write(
+        &repo,
+        "auto",
+        "backend: \"onnxruntime\"\nmax_batch_size: 8\n",
+        &[1],
+    );
+    let kiln = Kiln::start(&["--model-repository", &repo.arg(), "--load-model", "*"]);
+    let mut pipe = triton_config(&kiln.url, "pipe").await;
+    // The one field of kiln's model_config.proto (Triton's newest) that 2.51's
+    // has not; Tritons that have it print it as kiln does.
+    let newer = pipe["ensemble_scheduling"]
+        .as_object_mut()
+        .unwrap()
+        .remove("max_inflight_requests");
+    assert_eq!(newer, Some(json!(0)));
+    assert_eq!(pipe, triton);
+
+    // A worker's model: the file's config, completed as Triton completes it.
+    let ocr = triton_config(&kiln.url, "ocr-cls").await;
+    assert_eq!(ocr["backend"], json!("onnxruntime"), "{ocr}");
+    assert_eq!(ocr["input"][0]["dims"], json!([3, -1, -1]), "{ocr}");
+    assert_eq!(ocr["input"][0]["data_type"], json!("TYPE_FP32"), "{ocr}");
+    assert_eq!(
+        ocr["instance_group"],
+        json!([{"name": "ocr-cls_0", "kind": "KIND_CPU", "count": 1, "gpus": [],
+                "secondary_devices": [], "profile": [], "passive": false, "host_policy": ""}]),
+        "{ocr}"
+    );
+    assert_eq!(
+        ocr["parameters"]["intra_op_thread_count"],
+        json!({"string_value": "1"}),
+        "{ocr}"
+    );
+    assert_eq!(
+        ocr["optimization"]["input_pinned_memory"],
+        json!({"enable": true}),
+        "{ocr}"
+    );
+    // Auto-completed: the tensors the model has.
+    let auto = triton_config(&kiln.url, "auto").await;
+    assert_eq!(auto["input"][0]["name"], json!("x"), "{auto}");
+    assert_eq!(auto["input"][0]["dims"], json!([3, -1, -1]), "{auto}");
+    assert_eq!(auto["output"][0]["data_type"], json!("TYPE_FP32"), "{auto}");
+}

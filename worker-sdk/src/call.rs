@@ -29,9 +29,10 @@
 //! blocks while it waits, so the called model must be served by other threads.
 //! The host refuses a call into the caller's own model, and a call into a model
 //! that itself calls models (so no chain of callers can wait on itself): calls
-//! go one level deep. Calls are made from `run` on the instance's own thread only;
-//! elsewhere (`init`, a thread of the worker's, a worker host process with
-//! `isolation = "process"`) they fail with a clear error.
+//! go one level deep. Calls are made from `run` on the instance's own thread only
+//! (in a worker host, `isolation = "process"`, on the thread that runs the batch:
+//! the host relays them to the server); elsewhere (`init`, a thread of the
+//! worker's) they fail with a clear error.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -216,7 +217,7 @@ pub fn infer_all(calls: &[ModelCall<'_>]) -> Vec<Result<Vec<CallOutput>, CallErr
         return fail(
             CallErrorKind::Refused,
             "model calls are not available here: the host gave this plugin no call \
-             callback (a worker host with isolation = \"process\" cannot call models)",
+             callback",
         );
     };
     if calls.len() > MAX_CALLS {

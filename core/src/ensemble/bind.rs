@@ -14,28 +14,32 @@
 //! unloaded, or replaced by one that no longer fits, leaves the ensemble loaded but
 //! unavailable, with the reason, until a fitting model is loaded under that name.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use kiln_worker_sdk::{DataType, TensorSpec};
 
 use super::plan::{Plan, Producer};
 use crate::group::WorkerGroup;
+use crate::models::Models;
 
 /// A tensor's datatype and full shape (batch dimension included).
 type Signature = (DataType, Vec<i64>);
 
 /// The groups `plan`'s steps run on, in step order, or why they cannot be bound.
-pub fn bind(
-    plan: &Plan,
-    groups: &HashMap<String, Arc<WorkerGroup>>,
-) -> Result<Vec<Arc<WorkerGroup>>, String> {
+pub fn bind(plan: &Plan, groups: &Models) -> Result<Vec<Arc<WorkerGroup>>, String> {
     let mut bound = Vec::with_capacity(plan.steps.len());
     for (s, step) in plan.steps.iter().enumerate() {
         let label = plan.step_label(s);
-        let group = groups
-            .get(&step.model)
-            .ok_or_else(|| format!("{label}: model `{}` is not loaded", step.model))?;
+        let group = match &step.version {
+            // A step naming a version runs that version, loaded beside others.
+            Some(v) => v
+                .parse()
+                .ok()
+                .and_then(|v| groups.version(&step.model, v))
+                .or_else(|| groups.get(&step.model)),
+            None => groups.get(&step.model),
+        }
+        .ok_or_else(|| format!("{label}: model `{}` is not loaded", step.model))?;
         if group.ensemble.is_some() {
             return Err(format!(
                 "{label}: model `{}` is an ensemble; an ensemble's steps run models served \

@@ -3,7 +3,8 @@
 //! in the operator's plugin directories), then answers the server's calls one at
 //! a time: each lifecycle step of its one worker instance, and each batch, whose
 //! inputs it reads from the shared arena and whose outputs the worker writes
-//! straight into it. It exits when the server closes the socket or dies.
+//! straight into it; a batch's model calls go to the server ([`super::relay`]).
+//! It exits when the server closes the socket or dies.
 
 use std::io::Write;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
@@ -46,7 +47,7 @@ pub fn run(control_fd: RawFd, arena_fd: RawFd) -> Result<(), String> {
         }
         let mut r = Reader::new(&body);
         let call = r.call().map_err(|e| format!("worker host: {e}"))?;
-        match host.serve(call, &mut r, &mut reply) {
+        match host.serve(call, &mut r, &socket, &mut reply) {
             Ok(()) => {}
             Err(message) => {
                 Writer::start(&mut reply, REPLY_ERR).str(&message);
@@ -78,7 +79,13 @@ struct Host {
 
 impl Host {
     /// Serves one call, writing its successful reply into `reply`.
-    fn serve(&mut self, call: Call, r: &mut Reader<'_>, reply: &mut Vec<u8>) -> Result<(), String> {
+    fn serve(
+        &mut self,
+        call: Call,
+        r: &mut Reader<'_>,
+        socket: &UnixStream,
+        reply: &mut Vec<u8>,
+    ) -> Result<(), String> {
         if call == Call::Init {
             let plugin = r.str().map_err(|e| e.to_string())?;
             let mut params = Vec::new();
@@ -119,7 +126,8 @@ impl Host {
             }
             Call::Run => {
                 let info = self.info.as_ref().ok_or("run before init")?;
-                return run_batch(worker, info, &self.arena, &mut self.scratch, r, reply);
+                let arena = &self.arena;
+                return run_batch(worker, info, arena, socket, &mut self.scratch, r, reply);
             }
         };
         done.into_result()?;
@@ -133,6 +141,8 @@ impl Host {
 fn load(path: &Path) -> Result<WorkerBox, String> {
     let module = crate::plugin::open_plugin(path).map_err(|e| e.to_string())?;
     (module.set_logger())(LogSink { log: log_line });
+    // Its model calls go to the server over the control socket.
+    (module.set_caller())(super::relay::host_call_sink());
     Ok((module.new_worker())())
 }
 
@@ -183,6 +193,7 @@ fn run_batch(
     worker: &mut WorkerBox,
     info: &WorkerInfo,
     arena: &Arena,
+    socket: &UnixStream,
     s: &mut Scratch,
     r: &mut Reader<'_>,
     reply: &mut Vec<u8>,
@@ -255,7 +266,11 @@ fn run_batch(
         outputs: outputs.as_mut_slice().into(),
         requests: ffi_requests.as_mut_slice().into(),
     };
-    worker.run(&mut batch).into_result()?;
+    // The worker's model calls place their inputs after what it placed so far.
+    let calls = super::relay::open(socket, arena, &next);
+    let ran = worker.run(&mut batch).into_result();
+    drop(calls);
+    ran?;
     let written: Vec<(bool, usize)> = outputs.iter().map(|o| (o.written, o.len)).collect();
     let failures: Vec<(usize, RequestError)> = ffi_requests
         .into_iter()

@@ -8,12 +8,14 @@
 //!   and describing how one ended.
 //! - [`host`]: the host's side, the `worker-host` subcommand's loop.
 //! - [`wire`]: the control messages; [`arena`]: the shared memory batches travel in.
+//! - [`relay`]: model calls from a worker in a host, relayed to the server.
 //!
 //! `docs/architecture.md` ("Worker isolation") has the whole picture.
 
 pub mod arena;
 pub mod host;
 pub mod process;
+pub mod relay;
 pub mod spawn;
 pub mod wire;
 

@@ -21,6 +21,7 @@ use kiln_worker_sdk::{BatchCompletionBox, BatchFfi, Param, WorkerFfi, WorkerInfo
 use prometheus_client::metrics::counter::Counter;
 
 use super::arena::{align, ARENA_KEEP};
+use super::relay::{self, HOST_CALLS};
 use super::spawn::{describe, reap, spawn, Host};
 use super::wire::{read_frame, write_frame, Call, Reader, WireError, Writer, REPLY_OK};
 
@@ -39,6 +40,9 @@ pub struct HostSpec {
     /// The most bytes one batch may take in the host's shared memory (the
     /// model's buffer limit, `--max-buffer-bytes-per-model`).
     pub max_batch_bytes: usize,
+    /// The most private memory the host may map (`max_host_memory`); a host
+    /// that fails a batch close to it is restarted (its memory is spent).
+    pub max_memory: Option<usize>,
 }
 
 /// A worker instance in its own process (see the module documentation).
@@ -56,6 +60,8 @@ pub struct ProcessWorker {
     crashes: u32,
     out: Vec<u8>,
     reply: Vec<u8>,
+    /// The answer to the running batch's model calls.
+    calls: Vec<u8>,
 }
 
 impl ProcessWorker {
@@ -71,12 +77,13 @@ impl ProcessWorker {
             crashes: 0,
             out: Vec::new(),
             reply: Vec::new(),
+            calls: Vec::new(),
         }
     }
 
     /// Starts a host and runs `init` in it.
     fn start(&mut self) -> Result<WorkerInfo, String> {
-        let host = spawn(&self.spec.model)?;
+        let host = spawn(&self.spec.model, self.spec.max_memory)?;
         host.arena.set_limit(self.spec.max_batch_bytes);
         self.host = Some(host);
         let mut w = Writer::start(&mut self.out, Call::Init as u8);
@@ -116,8 +123,15 @@ impl ProcessWorker {
         let Some(host) = self.host.as_mut() else {
             return Err("no worker host".to_owned());
         };
-        let sent = write_frame(&mut host.socket, &self.out)
+        let mut sent = write_frame(&mut host.socket, &self.out)
             .and_then(|()| read_frame(&mut host.socket, &mut self.reply));
+        // A batch's model calls come before its reply; each is answered here, on
+        // the instance thread, as an in-process worker's would be.
+        while sent.is_ok() && self.reply.first() == Some(&HOST_CALLS) {
+            relay::serve(&host.arena, &self.reply[1..], &mut self.calls);
+            sent = write_frame(&mut host.socket, &self.calls)
+                .and_then(|()| read_frame(&mut host.socket, &mut self.reply));
+        }
         if let Err(e) = sent {
             return Err(self.lost(during, None, Some(e)));
         }
@@ -285,6 +299,30 @@ impl ProcessWorker {
         Ok(())
     }
 
+    /// Takes down a host whose private memory is within [`SPENT`] of its
+    /// `max_host_memory` after a failed batch (a worker that leaks fails its
+    /// allocations there, and would fail every batch after): the next batch
+    /// starts a new one. Read only after a failure (one `/proc` read).
+    fn restart_if_spent(&mut self) {
+        let (Some(max), Some(host)) = (self.spec.max_memory, self.host.as_mut()) else {
+            return;
+        };
+        let pid = host.child.id();
+        let Some(used) = private_memory(pid) else {
+            return;
+        };
+        if used < max / 100 * SPENT {
+            return;
+        }
+        let _ = host.child.kill();
+        let during = format!(
+            "after a failed batch: it held {used} bytes of private memory, \
+             max_host_memory is {max}"
+        );
+        // Logged there.
+        let _ = self.lost(&during, None, None);
+    }
+
     /// Ends the host: `destroy` in it, then it exits (or is killed).
     fn stop(&mut self) {
         if let Some(host) = self.host.as_mut() {
@@ -300,6 +338,18 @@ impl ProcessWorker {
             }
         }
     }
+}
+
+/// The share of `max_host_memory` (percent) past which a host that failed a
+/// batch is restarted.
+const SPENT: usize = 90;
+
+/// What `RLIMIT_DATA` counts of process `pid` (`VmData`, bytes).
+fn private_memory(pid: u32) -> Option<usize> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmData:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 fn result<T>(r: Result<T, String>) -> RResult<T, RString> {
@@ -330,6 +380,9 @@ impl WorkerFfi for ProcessWorker {
 
     fn run(&mut self, batch: &mut BatchFfi<'_, '_>) -> RResult<(), RString> {
         let ran = self.run_batch(batch);
+        if ran.is_err() {
+            self.restart_if_spent();
+        }
         // A burst's large batches do not leave the host holding their memory.
         if let Some(host) = &self.host {
             if let Err(e) = host.arena.release_beyond(ARENA_KEEP) {

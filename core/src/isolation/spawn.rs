@@ -22,8 +22,10 @@ pub struct Host {
 /// Starts `kiln worker-host` for `model`: a clean environment (see
 /// [`passes_environment`]), the control socket and the arena as its only
 /// inherited descriptors, killed when the server dies (`PR_SET_PDEATHSIG`; it
-/// also exits when its socket closes), its stderr read into the server's log.
-pub fn spawn(model: &str) -> Result<Host, String> {
+/// also exits when its socket closes), its stderr read into the server's log;
+/// its private memory bounded to `max_memory` bytes (`RLIMIT_DATA`: an allocation
+/// past it fails in the host, whose worker then fails its batch or crashes).
+pub fn spawn(model: &str, max_memory: Option<usize>) -> Result<Host, String> {
     let failed = |what: &str, e: std::io::Error| {
         format!("cannot start a worker host for model `{model}`: {what}: {e}")
     };
@@ -49,6 +51,16 @@ pub fn spawn(model: &str) -> Result<Host, String> {
         command.pre_exec(move || {
             for fd in [control_fd, arena_fd] {
                 if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if let Some(max) = max_memory {
+                let max = max as libc::rlim_t;
+                let limit = libc::rlimit {
+                    rlim_cur: max,
+                    rlim_max: max,
+                };
+                if libc::setrlimit(libc::RLIMIT_DATA, &limit) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
             }

@@ -136,6 +136,12 @@ impl Writer<'_> {
         }
     }
 
+    /// Dimensions of any rank (a model call's shapes, which the server checks).
+    pub fn dims(&mut self, dims: &[i64]) {
+        self.count(dims.len());
+        dims.iter().for_each(|&d| self.u64(d as u64));
+    }
+
     pub fn shapes(&mut self, shapes: &[Shape]) {
         self.count(shapes.len());
         shapes.iter().for_each(|s| self.shape(s));
@@ -267,6 +273,11 @@ impl<'a> Reader<'a> {
             *d = self.u64()? as i64;
         }
         Shape::new(&dims[..rank]).ok_or(WireError::Malformed("shape"))
+    }
+
+    pub fn dims(&mut self) -> Read_<Vec<i64>> {
+        let n = self.count(8)?;
+        (0..n).map(|_| self.u64().map(|d| d as i64)).collect()
     }
 
     /// Shapes appended to `out` (reused).

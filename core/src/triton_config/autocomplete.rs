@@ -11,7 +11,7 @@
 //!   `dynamic_batching {}` when no scheduler is set (both in [`super::map`]);
 //! - declared tensors are checked against the model once it is loaded
 //!   ([`Declared::check`]); with auto-completion off, every tensor of the model
-//!   must be declared, as Triton requires then.
+//!   must be declared, as Triton requires then ([`Declared::check_complete`]).
 //!
 //! It is on unless the operator turns it off (`Repository::with_auto_complete`,
 //! Triton's `--disable-auto-complete-config`).
@@ -50,7 +50,7 @@ pub struct Declared {
     /// file gives them: the server fills them, so clients never see them.
     pub sequence_inputs: Vec<(String, DataType)>,
     /// Auto-completion on: the model's tensors the file leaves out are taken as
-    /// they are; off: each must be declared.
+    /// they are; off: each must be declared ([`Declared::check_complete`]).
     pub complete: bool,
 }
 
@@ -101,19 +101,28 @@ impl Declared {
                     ));
                 }
             }
-            if !self.complete {
-                if let Some(m) = model
-                    .iter()
-                    .find(|m| !declared.iter().any(|d| d.name == m.name.as_str()))
-                {
-                    return Err(format!(
-                        "{what} `{}` of the model is not declared in config.pbtxt \
-                         (auto-completion is off)",
-                        m.name.as_str()
-                    ));
-                }
-            }
             Ok(())
+        };
+        side("input", &self.inputs, inputs)?;
+        side("output", &self.outputs, outputs)
+    }
+
+    /// Checks that every tensor of the model is declared (what Triton requires
+    /// when it does not complete a config from the model).
+    pub fn check_complete(
+        &self,
+        inputs: &[TensorSpec],
+        outputs: &[TensorSpec],
+    ) -> Result<(), String> {
+        let side = |what: &str, declared: &[TensorConfig], model: &[TensorSpec]| match model
+            .iter()
+            .find(|m| !declared.iter().any(|d| m.name.as_str() == d.name))
+        {
+            Some(m) => Err(format!(
+                "the config declares no {what} `{}`, which the model has",
+                m.name.as_str()
+            )),
+            None => Ok(()),
         };
         side("input", &self.inputs, inputs)?;
         side("output", &self.outputs, outputs)
@@ -148,9 +157,9 @@ mod tests {
         ];
         assert_eq!(declared(true).check(&inputs, &outputs, &worker), Ok(()));
         let e = declared(false)
-            .check(&inputs, &outputs, &worker)
+            .check_complete(&inputs, &outputs)
             .unwrap_err();
-        assert!(e.contains("output `y` of the model is not declared"), "{e}");
+        assert!(e.contains("declares no output `y`"), "{e}");
         let wrong = [TensorSpec::new("x", DataType::Int32, &[3, -1])];
         let e = declared(true).check(&wrong, &outputs, &worker).unwrap_err();
         assert!(e.contains("input `x`: the config declares"), "{e}");

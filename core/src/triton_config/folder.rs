@@ -8,7 +8,7 @@ use kiln_worker_sdk::Param;
 use super::autocomplete::backend_of_files;
 use super::map::Mapped;
 use crate::error::{Result, ServerError};
-use crate::repository::{versions, with_overrides, Resolved, Serving};
+use crate::repository::{versions, worker_versions, Resolved, Serving};
 
 /// Triton's model configuration file.
 pub const PBTXT: &str = "config.pbtxt";
@@ -21,7 +21,8 @@ pub fn is_model(folder: &Path, complete: bool) -> bool {
 }
 
 /// Resolves model `name` in `folder` (see [`is_model`]): `version` under its
-/// version policy, `overrides` replacing its parameters.
+/// version policy (none: every version it allows), `overrides` replacing its
+/// parameters.
 pub fn resolve(
     name: &str,
     folder: &Path,
@@ -29,6 +30,8 @@ pub fn resolve(
     overrides: Vec<Param>,
     complete: bool,
 ) -> Result<Resolved> {
+    // A load naming a version serves it alone, if the policy allows it; else
+    // every version the policy allows.
     let file = folder.join(PBTXT);
     let invalid = |m: String| ServerError::invalid(format!("{}: {m}", file.display()));
     let available = versions(folder);
@@ -47,6 +50,7 @@ pub fn resolve(
         }
     }
     let mapped = super::map::map(name, &parsed, complete).map_err(invalid)?;
+    let triton = Some(std::sync::Arc::new(parsed.config));
     let policy = match &mapped {
         Mapped::Worker { policy, .. } | Mapped::Ensemble { policy, .. } => policy,
     };
@@ -55,13 +59,17 @@ pub fn resolve(
         (Mapped::Ensemble { .. }, true) => vec![1],
         _ => available,
     };
-    let version = policy.pick(&available, version).ok_or_else(|| {
-        ServerError::NotFound(format!(
+    let chosen = match version {
+        Some(_) => policy.pick(&available, version).into_iter().collect(),
+        None => policy.allowed(&available),
+    };
+    let Some(&version) = chosen.last() else {
+        return Err(ServerError::NotFound(format!(
             "model `{name}`: no version {} is available under its version_policy \
              (version folders: {available:?})",
             version.map_or("at all".to_owned(), |v| v.to_string())
-        ))
-    })?;
+        )));
+    };
     match mapped {
         Mapped::Ensemble { config, .. } => {
             if !overrides.is_empty() {
@@ -69,29 +77,31 @@ pub fn resolve(
                     "model `{name}` is an ensemble: it takes no parameters"
                 )));
             }
+            // An ensemble serves one version: the highest allowed.
             Ok(Resolved {
                 worker: "ensemble".into(),
                 version,
                 params: Vec::new(),
+                versions: vec![(version, Vec::new())],
                 serving: Serving::Ensemble(config),
                 declared: None,
+                triton,
             })
         }
         Mapped::Worker {
             worker,
-            mut params,
+            params,
             declared,
             ..
-        } => {
-            with_overrides(&mut params, overrides, folder, version);
-            Ok(Resolved {
-                worker: worker.into(),
-                version,
-                params,
-                serving: Serving::Worker,
-                declared: Some(declared),
-            })
-        }
+        } => worker_versions(
+            name,
+            worker.to_owned(),
+            &params,
+            overrides,
+            folder,
+            &chosen,
+            triton.map(|t| (declared, t)),
+        ),
     }
 }
 

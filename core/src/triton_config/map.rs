@@ -11,7 +11,7 @@
 //! | `dynamic_batching.*`                     | the dynamic batcher's parameters       |
 //! | `sequence_batching.*`                    | the sequence batcher's ([`super::sequence`]) |
 //! | `instance_group` count, kind, gpus       | `instances`, `execution_provider`, `cuda_device` |
-//! | `version_policy`                         | which version folder is served         |
+//! | `version_policy`                         | which version folders are served       |
 //! | `parameters` (ONNX Runtime's threads)    | `intra_op_threads`, `inter_op_threads` |
 //! | `parameters` (a python model's)          | `parameters.<key>`, for `initialize`   |
 //!
@@ -96,8 +96,8 @@ fn worker_of(platform: &str, backend: &str) -> Result<&'static str, String> {
     }
 }
 
-/// Which version folders a model's `version_policy` allows; kiln serves the
-/// newest of them (Triton's default policy: `latest { num_versions: 1 }`).
+/// Which version folders a model's `version_policy` allows; kiln serves each of
+/// them side by side (Triton's default policy: `latest { num_versions: 1 }`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum VersionPolicy {
     Latest(u32),
@@ -106,10 +106,10 @@ pub enum VersionPolicy {
 }
 
 impl VersionPolicy {
-    /// The version kiln serves among `available` (ascending), or `wanted` if the
-    /// policy allows it and it exists.
-    pub fn pick(&self, available: &[u64], wanted: Option<u64>) -> Option<u64> {
-        let allowed: Vec<u64> = match self {
+    /// The versions the policy serves among `available` (ascending), ascending;
+    /// a `specific` version without its folder is left out, as Triton does.
+    pub fn allowed(&self, available: &[u64]) -> Vec<u64> {
+        match self {
             VersionPolicy::All => available.to_vec(),
             VersionPolicy::Latest(n) => {
                 let n = (*n).max(1) as usize;
@@ -120,7 +120,13 @@ impl VersionPolicy {
                 .copied()
                 .filter(|v| list.iter().any(|s| u64::try_from(*s) == Ok(*v)))
                 .collect(),
-        };
+        }
+    }
+
+    /// The highest version the policy serves among `available` (ascending), or
+    /// `wanted` if the policy allows it and it exists.
+    pub fn pick(&self, available: &[u64], wanted: Option<u64>) -> Option<u64> {
+        let allowed = self.allowed(available);
         match wanted {
             Some(v) => allowed.contains(&v).then_some(v),
             None => allowed.last().copied(),

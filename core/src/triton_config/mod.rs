@@ -13,9 +13,11 @@
 //! - [`autocomplete`]: Triton's auto-completion (what the file leaves out comes from
 //!   the model) and the check of declared tensors against the model;
 //! - [`folder`]: a model folder (its `config.pbtxt`, or none) → what the
-//!   repository loads.
+//!   repository loads;
+//! - [`complete`]: a loaded model's config as Triton answers it (`/config`).
 
 pub mod autocomplete;
+pub mod complete;
 pub mod folder;
 pub mod map;
 pub mod sequence;
@@ -128,6 +130,14 @@ fn colon_before_lists(text: &str) -> std::borrow::Cow<'_, str> {
     }
     out.push_str(&text[from..]);
     std::borrow::Cow::Owned(out)
+}
+
+/// The config as a reflective message: what renders it in protobuf's JSON
+/// mapping (prost-reflect's serde), as Triton answers `/config`.
+pub fn to_message(config: &proto::ModelConfig) -> Result<DynamicMessage, String> {
+    let mut message = DynamicMessage::new(descriptor().clone());
+    message.transcode_from(config).map_err(|e| e.to_string())?;
+    Ok(message)
 }
 
 /// The config as protobuf text (what kiln read, for logs and tests).

@@ -50,6 +50,19 @@ impl Gate {
         }
     }
 
+    /// Waits until `n` batches have reached the gate, or `limit` has passed (a
+    /// guard against a test that would hang); whether they did.
+    pub fn wait_arrived_within(&self, n: usize, limit: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        let mut state = self.state.lock();
+        while state.1 < n {
+            if self.changed.wait_until(&mut state, deadline).timed_out() {
+                return state.1 >= n;
+            }
+        }
+        true
+    }
+
     fn pass(&self) {
         let mut state = self.state.lock();
         state.1 += 1;
@@ -207,5 +220,57 @@ impl Repository {
 impl Drop for Repository {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `n` clients calling `model` until stopped, client `c` with requests of one row
+/// holding `c + 100`, each counting its right answers and its failures.
+pub struct Clients {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<(u64, Vec<String>)>>,
+}
+
+impl Clients {
+    /// Starts them (on the current tokio runtime).
+    pub fn start(server: &Server, model: &str, n: u32) -> Clients {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let tasks = (0..n)
+            .map(|c| {
+                let (server, stop, model) = (server.clone(), stop.clone(), model.to_owned());
+                tokio::spawn(async move {
+                    let (mut answered, mut failed) = (0u64, Vec::new());
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        match server.infer(request(&model, &[c + 100])).await {
+                            Ok(r) if r.outputs[0].values::<u32>() == [c + 101] => answered += 1,
+                            Ok(r) => failed.push(format!("wrong answer {:?}", r.outputs)),
+                            Err(e) => failed.push(e.to_string()),
+                        }
+                    }
+                    (answered, failed)
+                })
+            })
+            .collect();
+        Clients { stop, tasks }
+    }
+
+    /// Stops them; asserts that every request was answered and some were.
+    /// Returns how many.
+    pub async fn none_failed(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (mut answered, mut failed) = (0, Vec::new());
+        for task in self.tasks {
+            let (a, f) = task.await.expect("a client task");
+            answered += a;
+            failed.extend(f);
+        }
+        assert!(
+            failed.is_empty(),
+            "{} of {} requests failed, e.g. {:?}",
+            failed.len(),
+            answered + failed.len() as u64,
+            &failed[..failed.len().min(5)]
+        );
+        assert!(answered > 0, "nothing was answered");
+        answered
     }
 }

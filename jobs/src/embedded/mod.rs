@@ -69,6 +69,11 @@ struct Record {
     /// before ids had secrets).
     #[serde(default)]
     secret: Option<String>,
+    /// Done: the length of its response in `results`, so that a read reserves
+    /// it before loading it (none: stored before it was kept; then the length
+    /// is known once loaded).
+    #[serde(default)]
+    response_len: Option<u64>,
 }
 
 impl Record {
@@ -308,6 +313,7 @@ impl JobQueue for EmbeddedQueue {
                     consumer: None,
                     claimed_ms: None,
                     secret: Some(new_secret()?),
+                    response_len: None,
                 };
                 jobs.insert(id, encode(&record)?.as_slice())
                     .map_err(store)?;
@@ -374,7 +380,11 @@ impl JobQueue for EmbeddedQueue {
         Ok(CancelResult::Cancelled)
     }
 
-    fn get(&self, public: &JobId) -> Result<Option<Job>> {
+    fn get_admitted(
+        &self,
+        public: &JobId,
+        admit: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<Option<Job>> {
         let Some(id) = parse_id(public) else {
             return Ok(None);
         };
@@ -384,12 +394,18 @@ impl JobQueue for EmbeddedQueue {
             return Ok(None);
         };
         let response = match record.state {
-            JobState::Done => txn
-                .open_table(RESULTS)
-                .map_err(store)?
-                .get(id)
-                .map_err(store)?
-                .map(|v| v.value().to_vec()),
+            JobState::Done => {
+                let known = record.response_len.map(|n| n as usize);
+                if let Some(len) = known {
+                    admit(len)?;
+                }
+                let results = txn.open_table(RESULTS).map_err(store)?;
+                let value = results.get(id).map_err(store)?;
+                if let (None, Some(value)) = (known, &value) {
+                    admit(value.value().len())?;
+                }
+                value.map(|v| v.value().to_vec())
+            }
             _ => None,
         };
         Ok(Some(record.job(id, response)))

@@ -178,7 +178,7 @@ pub(super) fn complete_in(txn: &WriteTransaction, results: &[(JobId, Outcome)]) 
     }
     for (id, outcome) in results {
         let Some(id) = parse_id(id) else { continue };
-        let Some(record) = record(txn, id)? else {
+        let Some(mut record) = record(txn, id)? else {
             continue;
         };
         // The first result stored wins: a second run's is dropped.
@@ -191,6 +191,7 @@ pub(super) fn complete_in(txn: &WriteTransaction, results: &[(JobId, Outcome)]) 
                     .map_err(store)?
                     .insert(id, response.as_slice())
                     .map_err(store)?;
+                record.response_len = Some(response.len() as u64);
                 finish(txn, id, record, JobState::Done, None)?;
             }
             Outcome::Failed(error) => {

@@ -17,14 +17,19 @@
 //!   `XAUTOCLAIM` ([`JobQueue::reclaim`]) and their jobs queued again. A live
 //!   replica keeps its own entries fresh (`XCLAIM … JUSTID` on the jobs it is
 //!   running, at each reclaim round), so only a dead or stalled one loses them.
+//! - **Submission** in bounded steps ([`submit`]): staged in chunks where no
+//!   reader looks, committed by one O(1) script call, then published in chunks.
 //! - **Durability.** [`JobQueue::enqueue`] returns once Redis has answered the
-//!   `EXEC` that makes the jobs visible; what that answer means on disk is
+//!   commit that accepts the jobs; what that answer means on disk is
 //!   Redis's own setting: `appendonly yes` with `appendfsync always` (fsync'd
 //!   before the answer), `everysec` (up to a second lost if Redis's host
 //!   crashes), RDB snapshots only (minutes). See `docs/jobs.md`.
 
 mod conn;
 mod scripts;
+mod submit;
+
+pub use submit::CHUNK_JOBS;
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
@@ -35,20 +40,28 @@ use redis::Value;
 use conn::{store, Pool, Script};
 
 use crate::queue::{
-    epoch_ms, new_secret, public_id, secret_matches, split_id, CancelResult, ClaimedJob, Job,
-    JobId, JobQueue, JobState, JobsError, ListFilter, NewJob, Outcome, Page, Result, StateCounts,
-    PRIORITY_HIGHEST, PRIORITY_LOWEST,
+    epoch_ms, public_id, secret_matches, split_id, CancelResult, ClaimedJob, Job, JobId, JobQueue,
+    JobState, JobsError, ListFilter, NewJob, Outcome, Page, Result, StateCounts, PRIORITY_HIGHEST,
+    PRIORITY_LOWEST,
 };
 
 /// Every key's prefix.
 const PREFIX: &str = "kiln:jobs:";
 /// The consumer group every replica reads through.
 const GROUP: &str = "kiln";
-/// Jobs written per round trip while a submission is read.
+/// Jobs released, completed or kept fresh per round trip.
 const CHUNK: usize = 512;
-/// A job written but not yet made visible expires after this, should its
-/// submitter die before the `EXEC` that makes the batch visible.
-const STAGED_TTL_S: u64 = 3600;
+/// A job hash's fields but its request and response (what [`job_of`] reads).
+const JOB_FIELDS: [&str; 8] = [
+    "model",
+    "state",
+    "priority",
+    "submitted_ms",
+    "finished_ms",
+    "attempts",
+    "error",
+    "secret",
+];
 /// A listing reads at most this many jobs per page (as the embedded store).
 const MAX_SCAN: usize = crate::embedded::MAX_SCAN;
 /// The Redis job store: a small pool of connections and the loaded scripts.
@@ -60,6 +73,11 @@ pub struct RedisQueue {
     finish: Script,
     cancel: Script,
     expire: Script,
+    stage: Script,
+    commit: Script,
+    publish: Script,
+    abort: Script,
+    drop_staged: Script,
     /// The stream entries this process runs (job → (priority, entry)), kept fresh
     /// at each reclaim round so that no other replica takes them.
     running: Mutex<HashMap<JobId, (u8, String)>>,
@@ -96,101 +114,17 @@ impl RedisQueue {
             finish: load(scripts::FINISH.to_owned())?,
             cancel: load(scripts::CANCEL.to_owned())?,
             expire: load(scripts::EXPIRE.to_owned())?,
+            stage: load(scripts::STAGE.to_owned())?,
+            commit: load(scripts::COMMIT.to_owned())?,
+            publish: load(scripts::PUBLISH.to_owned())?,
+            abort: load(scripts::ABORT.to_owned())?,
+            drop_staged: load(scripts::DROP.to_owned())?,
             pool,
             running: Mutex::new(HashMap::new()),
             since: epoch_ms(SystemTime::now()),
         };
         queue.pool.put(con);
         Ok(queue)
-    }
-
-    /// Writes one chunk of a submission: the job hashes, each with an expiry that
-    /// the final `EXEC` removes. Returns the ids.
-    fn stage(&self, chunk: &[NewJob], now: u64) -> Result<Vec<(u64, u8, String)>> {
-        let n = chunk.len() as u64;
-        let secrets = chunk
-            .iter()
-            .map(|_| new_secret())
-            .collect::<Result<Vec<_>>>()?;
-        self.pool.with(|con| {
-            let last: u64 = redis::cmd("INCRBY")
-                .arg(format!("{PREFIX}next_id"))
-                .arg(n)
-                .query(con)?;
-            let first = last + 1 - n;
-            let mut pipe = redis::pipe();
-            for (i, job) in chunk.iter().enumerate() {
-                let key = job_key(&(first + i as u64).to_string());
-                pipe.cmd("HSET")
-                    .arg(&key)
-                    .arg("model")
-                    .arg(&job.model)
-                    .arg("state")
-                    .arg("queued")
-                    .arg("priority")
-                    .arg(job.priority)
-                    .arg("submitted_ms")
-                    .arg(now)
-                    .arg("attempts")
-                    .arg(0)
-                    .arg("request")
-                    .arg(&job.request)
-                    .arg("secret")
-                    .arg(&secrets[i])
-                    .ignore();
-                pipe.cmd("EXPIRE").arg(&key).arg(STAGED_TTL_S).ignore();
-            }
-            pipe.query::<()>(con)?;
-            Ok(chunk
-                .iter()
-                .zip(&secrets)
-                .enumerate()
-                .map(|(i, (job, secret))| (first + i as u64, job.priority, secret.clone()))
-                .collect())
-        })
-    }
-
-    /// Makes staged jobs visible, in one transaction: no expiry, a place in the
-    /// listing and an entry in their priority's stream, counted as queued.
-    fn publish(&self, staged: &[(u64, u8, String)]) -> Result<()> {
-        self.pool.with(|con| {
-            let mut pipe = redis::pipe();
-            pipe.atomic();
-            for (id, prio, _) in staged {
-                pipe.cmd("PERSIST").arg(job_key(&id.to_string())).ignore();
-                pipe.cmd("ZADD")
-                    .arg(format!("{PREFIX}index"))
-                    .arg(*id)
-                    .arg(*id)
-                    .ignore();
-                pipe.cmd("XADD")
-                    .arg(stream_key(*prio))
-                    .arg("*")
-                    .arg("id")
-                    .arg(*id)
-                    .ignore();
-            }
-            pipe.cmd("HINCRBY")
-                .arg(format!("{PREFIX}counts"))
-                .arg("queued")
-                .arg(staged.len())
-                .ignore();
-            pipe.query::<()>(con)
-        })
-    }
-
-    /// Drops staged jobs of a submission that failed (best effort: they expire
-    /// anyway).
-    fn unstage(&self, staged: &[(u64, u8, String)]) {
-        for ids in staged.chunks(CHUNK) {
-            let _ = self.pool.with(|con| {
-                let mut cmd = redis::cmd("DEL");
-                for (id, _, _) in ids {
-                    cmd.arg(job_key(&id.to_string()));
-                }
-                cmd.query::<()>(con)
-            });
-        }
     }
 
     /// Resets the idle time of the entries this process runs (`XCLAIM … JUSTID`).
@@ -233,39 +167,7 @@ fn valid_id(id: &JobId) -> Option<(String, &str)> {
 
 impl JobQueue for RedisQueue {
     fn enqueue(&self, input: &mut dyn Iterator<Item = Result<NewJob>>) -> Result<Vec<JobId>> {
-        let now = epoch_ms(SystemTime::now());
-        let mut staged: Vec<(u64, u8, String)> = Vec::new();
-        let mut chunk = Vec::with_capacity(CHUNK);
-        let mut input = input.peekable();
-        while input.peek().is_some() {
-            chunk.clear();
-            for job in input.by_ref().take(CHUNK) {
-                match job {
-                    Ok(job) => chunk.push(job),
-                    Err(e) => {
-                        self.unstage(&staged);
-                        return Err(e);
-                    }
-                }
-            }
-            match self.stage(&chunk, now) {
-                Ok(ids) => staged.extend(ids),
-                Err(e) => {
-                    self.unstage(&staged);
-                    return Err(e);
-                }
-            }
-        }
-        if staged.is_empty() {
-            return Ok(Vec::new());
-        }
-        // MULTI/EXEC: none of it applied (the staged hashes expire), or all of it
-        // (and only the answer was lost).
-        self.publish(&staged)?;
-        Ok(staged
-            .into_iter()
-            .map(|(id, _, secret)| public_id(&id.to_string(), Some(&secret)))
-            .collect())
+        self.submit(input)
     }
 
     fn claim(&self, consumer: &str, max: usize) -> Result<Vec<ClaimedJob>> {
@@ -367,13 +269,32 @@ impl JobQueue for RedisQueue {
         })
     }
 
-    fn get(&self, id: &JobId) -> Result<Option<Job>> {
+    fn get_admitted(
+        &self,
+        id: &JobId,
+        admit: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<Option<Job>> {
         let Some((seq, given)) = valid_id(id) else {
             return Ok(None);
         };
-        let mut fields: HashMap<String, Vec<u8>> = self
-            .pool
-            .with(|con| redis::cmd("HGETALL").arg(job_key(&seq)).query(con))?;
+        let key = job_key(&seq);
+        // The small fields and the response's length first (not `HGETALL`: a
+        // queued job's request, a done one's response, are read only if asked).
+        let (values, len): (Vec<Option<Vec<u8>>>, usize) = self.pool.with(|con| {
+            redis::pipe()
+                .cmd("HMGET")
+                .arg(&key)
+                .arg(&JOB_FIELDS[..])
+                .cmd("HSTRLEN")
+                .arg(&key)
+                .arg("response")
+                .query(con)
+        })?;
+        let fields: HashMap<String, Vec<u8>> = JOB_FIELDS
+            .iter()
+            .zip(values)
+            .filter_map(|(k, v)| Some(((*k).to_owned(), v?)))
+            .collect();
         let stored = fields.get("secret").map(|s| String::from_utf8_lossy(s));
         let given = Some(given).filter(|g| !g.is_empty());
         if !secret_matches(given, stored.as_deref()) {
@@ -382,7 +303,17 @@ impl JobQueue for RedisQueue {
         let Some(mut job) = job_of(&seq, &fields)? else {
             return Ok(None);
         };
-        job.response = fields.remove("response");
+        if job.state == JobState::Done {
+            admit(len)?;
+            // A done job's response does not change; gone: expired meanwhile.
+            let response: Option<Vec<u8>> = self
+                .pool
+                .with(|con| redis::cmd("HGET").arg(&key).arg("response").query(con))?;
+            let Some(response) = response else {
+                return Ok(None);
+            };
+            job.response = Some(response);
+        }
         Ok(Some(job))
     }
 
@@ -460,6 +391,7 @@ impl JobQueue for RedisQueue {
 
     fn reclaim(&self, consumer: &str, idle: Duration) -> Result<u64> {
         self.keep_fresh(consumer)?;
+        self.tidy(idle)?;
         let idle_ms = idle.as_millis().to_string();
         let since = self.since.to_string();
         let mut moved = 0;

@@ -192,3 +192,105 @@ for _, id in ipairs(ids) do
 end
 return #ids
 "#;
+
+// A submission's life (`submit.rs`): staged in chunks under a token, invisible to
+// every reader (its hashes are in no stream, listing or count), then committed by
+// one O(1) step, then published in chunks (stream entries and listing places).
+// Keys: `p..sub:TOKEN` (list: the staged ids, in order, popped as they are
+// published or dropped), and three sorted sets of tokens scored by a lease (ms,
+// renewed at each chunk): `p..staging`, `p..publishing` (committed, being made
+// claimable), `p..aborting` (failed or abandoned, being deleted). A token moves
+// staging → publishing (COMMIT) or staging → aborting (ABORT), each an atomic
+// `ZREM` that only one of the two wins.
+
+/// Stages one chunk of submission ARGV[3] at ARGV[4] (ms): ARGV[5] is `new` (the
+/// first chunk: the token is created) or `more` (the token must still be staging:
+/// else it was abandoned, answer -1); then quadruples (model, priority, request,
+/// secret) from ARGV[6]. Takes the ids (`INCRBY next_id`), lists them under the
+/// token and writes each job's hash, `queued`, in no stream: nobody reads it.
+/// Answers the first id.
+pub const STAGE: &str = r#"
+local p, t, now, how = ARGV[1], ARGV[3], ARGV[4], ARGV[5]
+if how ~= 'new' and not redis.call('ZSCORE', p .. 'staging', t) then return -1 end
+redis.call('ZADD', p .. 'staging', now, t)
+local n = (#ARGV - 5) / 4
+local first = redis.call('INCRBY', p .. 'next_id', n) - n + 1
+local list = p .. 'sub:' .. t
+for i = 0, n - 1 do
+  local a = 6 + 4 * i
+  local id = first + i
+  redis.call('RPUSH', list, id)
+  redis.call('HSET', p .. 'job:' .. id, 'model', ARGV[a], 'state', 'queued',
+    'priority', ARGV[a + 1], 'submitted_ms', now, 'attempts', 0,
+    'request', ARGV[a + 2], 'secret', ARGV[a + 3])
+end
+return first
+"#;
+
+/// Commits submission ARGV[3] at ARGV[4] (ms), in O(1): when still staging, its
+/// jobs are counted as queued and it is to be published. Answers how many jobs it
+/// holds, or -1 when it was abandoned (ABORT won).
+pub const COMMIT: &str = r#"
+local p, t, now = ARGV[1], ARGV[3], ARGV[4]
+if redis.call('ZREM', p .. 'staging', t) == 0 then return -1 end
+local n = redis.call('LLEN', p .. 'sub:' .. t)
+redis.call('HINCRBY', p .. 'counts', 'queued', n)
+redis.call('ZADD', p .. 'publishing', now, t)
+return n
+"#;
+
+/// Publishes up to ARGV[5] more jobs of committed submission ARGV[3] at ARGV[4]
+/// (ms): each takes its place in the listing and, still queued (not cancelled
+/// meanwhile), an entry in its priority's stream. Popped from the list in the
+/// same step, so two publishers (the submitter, a janitor) never add one twice.
+/// Answers how many are left.
+pub const PUBLISH: &str = r#"
+local p, t, now, max = ARGV[1], ARGV[3], ARGV[4], tonumber(ARGV[5])
+local list = p .. 'sub:' .. t
+local ids = redis.call('LPOP', list, max)
+if ids then
+  for _, id in ipairs(ids) do
+    local f = redis.call('HMGET', p .. 'job:' .. id, 'state', 'priority')
+    if f[1] then
+      redis.call('ZADD', p .. 'index', id, id)
+      if f[1] == 'queued' then
+        redis.call('XADD', p .. 'stream:' .. f[2], '*', 'id', id)
+      end
+    end
+  end
+end
+local left = redis.call('LLEN', list)
+if left == 0 then
+  redis.call('ZREM', p .. 'publishing', t)
+else
+  redis.call('ZADD', p .. 'publishing', 'XX', now, t)
+end
+return left
+"#;
+
+/// Abandons submission ARGV[3] at ARGV[4] (ms) when it is still staging (never
+/// committed): it is to be deleted. Answers 1, or 0 when it was not staging.
+pub const ABORT: &str = r#"
+local p, t, now = ARGV[1], ARGV[3], ARGV[4]
+if redis.call('ZREM', p .. 'staging', t) == 0 then return 0 end
+redis.call('ZADD', p .. 'aborting', now, t)
+return 1
+"#;
+
+/// Deletes up to ARGV[5] more staged jobs of abandoned submission ARGV[3] at
+/// ARGV[4] (ms). Answers how many are left.
+pub const DROP: &str = r#"
+local p, t, now, max = ARGV[1], ARGV[3], ARGV[4], tonumber(ARGV[5])
+local list = p .. 'sub:' .. t
+local ids = redis.call('LPOP', list, max)
+if ids then
+  for _, id in ipairs(ids) do redis.call('DEL', p .. 'job:' .. id) end
+end
+local left = redis.call('LLEN', list)
+if left == 0 then
+  redis.call('ZREM', p .. 'aborting', t)
+else
+  redis.call('ZADD', p .. 'aborting', 'XX', now, t)
+end
+return left
+"#;

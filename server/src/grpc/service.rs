@@ -206,7 +206,11 @@ impl GrpcInferenceService for KilnGrpc {
     ) -> Result<Response<ModelMetadataResponse>, Status> {
         let r = request.into_inner();
         let group = lookup(&self.server, &r.name, &r.version)?;
-        let m = ModelMetadata::of(&group);
+        let mut m = ModelMetadata::of(&group);
+        let versions = self.server.versions(&group.endpoint);
+        if !versions.is_empty() {
+            m.versions = versions;
+        }
         let tensors = |tensors: Vec<MetadataTensor>| -> Vec<TensorMetadata> {
             tensors
                 .into_iter()
@@ -341,29 +345,47 @@ impl GrpcInferenceService for KilnGrpc {
         &self,
         request: Request<RepositoryModelLoadRequest>,
     ) -> Result<Response<RepositoryModelLoadResponse>, Status> {
+        self.server.model_control().check_api().map_err(status)?;
         let r = request.into_inner();
+        let model = triton::repository_model_name(&r.repository_name, &r.model_name)
+            .map_err(status)?
+            .to_owned();
         let mut params = repository_params(r.parameters).map_err(status)?;
         let version = triton::take_version(&mut params).map_err(status)?;
         let keys = crate::worker_params::client_keys(crate::worker_params::Origin::Client, &params);
         // Reads the model's files: not on the connection's thread.
-        let (server, name) = (self.server.clone(), r.model_name.clone());
+        let (server, name) = (self.server.clone(), model.clone());
         let resolved = off_thread(move || server.resolve_model(&name, version, params)).await?;
         self.server
-            .load_resolved(&r.model_name, resolved, keys)
+            .load_resolved(&model, resolved, keys)
             .await
             .map_err(status)?;
-        Ok(Response::new(RepositoryModelLoadResponse {}))
+        Ok(Response::new(RepositoryModelLoadResponse {
+            model_name: model,
+            is_loaded: true,
+        }))
     }
 
     async fn repository_model_unload(
         &self,
         request: Request<RepositoryModelUnloadRequest>,
     ) -> Result<Response<RepositoryModelUnloadResponse>, Status> {
-        self.server
-            .unload(&request.into_inner().model_name)
-            .await
-            .map_err(status)?;
-        Ok(Response::new(RepositoryModelUnloadResponse {}))
+        self.server.model_control().check_api().map_err(status)?;
+        // Every version; kiln's `version` parameter names one to unload alone.
+        let r = request.into_inner();
+        let model = triton::repository_model_name(&r.repository_name, &r.model_name)
+            .map_err(status)?
+            .to_owned();
+        let mut params = repository_params(r.parameters).map_err(status)?;
+        let unloaded = match triton::take_version(&mut params).map_err(status)? {
+            None => self.server.unload(&model).await,
+            Some(version) => self.server.unload_version(&model, version).await,
+        };
+        unloaded.map_err(status)?;
+        Ok(Response::new(RepositoryModelUnloadResponse {
+            model_name: model,
+            is_unloaded: true,
+        }))
     }
 
     /// Every region, or the one named (NOT_FOUND when it is not registered).

@@ -21,7 +21,8 @@
 //! client-bytes budget as they arrive (`job_submission`, 429); the store holds at
 //! most `--jobs-max-stored` jobs (429 at once). A job's record is sent as
 //! stored: its response bytes are spliced into the JSON, not parsed into values,
-//! built on the blocking pool and reserved (`job_result`) until sent.
+//! built on the blocking pool and reserved (`job_result`) before the store reads
+//! them (it learns their length first) until sent.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -282,14 +283,16 @@ async fn get(state: web::Data<State>, id: web::Path<String>) -> Reply {
     let lookup = id.clone();
     let budget = state.server.client_bytes().clone();
     let found = blocking(move || {
-        let Some(job) = queue.get(&lookup)? else {
+        // The stored copy and the body built from it, reserved before the
+        // store reads it (the store learns its length first), until sent.
+        let mut held = budget.empty(Use::JobResult);
+        let mut admit = |len: usize| {
+            held.grow_to(len.saturating_mul(2))
+                .map_err(|e| JobsError::Full(ServerError::from(e).to_string()))
+        };
+        let Some(job) = queue.get_admitted(&lookup, &mut admit)? else {
             return Ok(None);
         };
-        // The stored copy and the body built from it, until the body is sent.
-        let size = job.response.as_ref().map_or(0, Vec::len);
-        let held = budget
-            .reserve(Use::JobResult, size.saturating_mul(2))
-            .map_err(|e| JobsError::Full(ServerError::from(e).to_string()))?;
         Ok(Some((job_body(job), held)))
     })
     .await?;

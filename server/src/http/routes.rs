@@ -73,6 +73,10 @@ pub fn configure(cfg: &mut web::ServiceConfig, restrictions: &Restrictions) {
         post("/v2/repository/models/{model}/unload", repository_unload),
     );
     add(
+        ModelRepository,
+        post("/v2/repository/models/{model}/scale", repository_scale),
+    );
+    add(
         SharedMemory,
         get("/v2/systemsharedmemory/status", shm::status_all),
     );
@@ -167,9 +171,12 @@ async fn model_route(state: web::Data<State>, req: HttpRequest, payload: web::Pa
     }
     let group = state.server.lookup(path.model, path.version)?;
     match path.action {
-        Action::Metadata => Ok(model_metadata(&group)),
+        Action::Metadata => Ok(model_metadata(
+            &group,
+            state.server.versions(&group.endpoint),
+        )),
         Action::Ready => Ok(model_ready(&group)),
-        Action::Config => Ok(triton::config(&group)),
+        Action::Config => triton::config(&state.server, &group),
         Action::Stats => Ok(triton::model_stats(&group)),
         Action::Infer => infer(&state, &req, payload, &group).await,
         Action::Stream => {
@@ -226,8 +233,12 @@ async fn list_models(state: web::Data<State>) -> HttpResponse {
     HttpResponse::Ok().json(json!({ "models": models }))
 }
 
-fn model_metadata(group: &WorkerGroup) -> HttpResponse {
-    let m = crate::triton::ModelMetadata::of(group);
+/// A model's metadata; `versions` are its loaded versions (Triton lists them all).
+fn model_metadata(group: &WorkerGroup, versions: Vec<String>) -> HttpResponse {
+    let mut m = crate::triton::ModelMetadata::of(group);
+    if !versions.is_empty() {
+        m.versions = versions;
+    }
     let tensors = |tensors: &[crate::triton::MetadataTensor]| -> Vec<Value> {
         tensors
             .iter()
@@ -405,6 +416,7 @@ async fn repository_load(
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Reply {
+    state.server.model_control().check_api()?;
     let mut body = json_object(payload, &state).await?;
     let overrides = match body.remove("parameters") {
         None => Map::new(),
@@ -434,9 +446,65 @@ fn blocking_failed(e: actix_web::error::BlockingError) -> HttpError {
     )))
 }
 
-async fn repository_unload(state: web::Data<State>, path: web::Path<String>) -> Reply {
-    state.server.unload(&path.into_inner()).await?;
+/// Triton's repository unload: every version of the model; `parameters.version`
+/// (kiln's) unloads that version alone, the others serving on. Other parameters
+/// (Triton's `unload_dependents`) change nothing.
+async fn repository_unload(
+    state: web::Data<State>,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Reply {
+    state.server.model_control().check_api()?;
+    let mut body = json_object(payload, &state).await?;
+    let parameters = match body.remove("parameters") {
+        None => Map::new(),
+        Some(Value::Object(map)) => map,
+        Some(other) => {
+            return Err(HttpError(ServerError::invalid(format!(
+                "`parameters` must be an object, got {other}"
+            ))))
+        }
+    };
+    let mut params = load_params_from_json(parameters)?;
+    let name = path.into_inner();
+    match crate::triton::take_version(&mut params)? {
+        None => state.server.unload(&name).await?,
+        Some(version) => state.server.unload_version(&name, version).await?,
+    }
     Ok(HttpResponse::Ok().json(json!({})))
+}
+
+/// Scales a loaded model: `{"instances": N}` raises or lowers its worker instances
+/// while it serves (docs/operations.md, "Scaling"); answers the count and the
+/// buffer sets its pool now holds.
+async fn repository_scale(
+    state: web::Data<State>,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Reply {
+    let body = json_object(payload, &state).await?;
+    if let Some(field) = body.keys().find(|k| k.as_str() != "instances") {
+        return Err(HttpError(ServerError::invalid(format!(
+            "unexpected field `{field}` in the scale request (only `instances` is known)"
+        ))));
+    }
+    let instances = body
+        .get("instances")
+        .and_then(Value::as_u64)
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|&n| n > 0)
+        .ok_or_else(|| {
+            HttpError(ServerError::invalid(
+                "the scale request needs `instances`, a whole number of at least 1",
+            ))
+        })?;
+    let name = path.into_inner();
+    state.server.scale(&name, instances).await?;
+    let group = state.server.model(&name)?;
+    Ok(HttpResponse::Ok().json(json!({
+        "instances": group.instance_count(),
+        "buffer_sets": group.buffer_sets(),
+    })))
 }
 
 async fn metrics(state: web::Data<State>) -> HttpResponse {

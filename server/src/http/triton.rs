@@ -190,9 +190,37 @@ fn group_config(group: &WorkerGroup) -> Value {
     config_json(&ModelConfig::of(group))
 }
 
-/// `GET /v2/models/{m}[/versions/{v}]/config`.
-pub fn config(group: &WorkerGroup) -> HttpResponse {
-    HttpResponse::Ok().json(group_config(group))
+/// `GET /v2/models/{m}[/versions/{v}]/config`: a model loaded from a
+/// `config.pbtxt` answers that config as Triton does (completed, in protobuf's
+/// JSON mapping with every field and proto field names, 64-bit integers as
+/// numbers); any other answers what its group runs, in the same schema.
+pub fn config(
+    server: &crate::Server,
+    group: &std::sync::Arc<WorkerGroup>,
+) -> Result<HttpResponse, super::error::HttpError> {
+    let Some(pbtxt) = server.triton_config(group) else {
+        return Ok(HttpResponse::Ok().json(group_config(group)));
+    };
+    let json = crate::triton_config::to_message(&pbtxt)
+        .and_then(|m| pbtxt_json(&m))
+        .map_err(|e| {
+            crate::error::ServerError::Internal(format!(
+                "model `{}`: its config cannot be rendered: {e}",
+                group.endpoint
+            ))
+        })?;
+    Ok(HttpResponse::Ok().json(json))
+}
+
+/// Protobuf's JSON mapping as Triton prints it (`ModelConfigToJson`).
+fn pbtxt_json(message: &prost_reflect::DynamicMessage) -> Result<Value, String> {
+    let options = prost_reflect::SerializeOptions::new()
+        .use_proto_field_name(true)
+        .skip_default_fields(false)
+        .stringify_64_bit_integers(false);
+    message
+        .serialize_with_options(serde_json::value::Serializer, &options)
+        .map_err(|e| e.to_string())
 }
 
 fn stats_of(group: &WorkerGroup) -> Value {
@@ -271,6 +299,7 @@ mod tests {
             gather: true,
             batchers: 1,
             max_buffers: 5,
+            buffer_capacity: 5,
             max_outstanding: None,
             queue_size: 4096,
             dynamic: kiln_batchers::dynamic::DynamicConfig::new(batch_size, Duration::ZERO),

@@ -13,8 +13,10 @@
 //!   responses, fails the batch.
 //! - [`signature`]: the tensors and Triton's model config from `config.toml`;
 //!   [`interpreter`]: starting the interpreter with the operator's environment;
+//!   [`bls`]: `InferenceRequest.exec()`, calls of other models;
 //!   `triton_python_backend_utils.py`: the module `model.py` imports.
 
+mod bls;
 mod interpreter;
 mod signature;
 
@@ -136,6 +138,7 @@ fn load(
     .map_err(|e| failed("triton_python_backend_utils (is numpy installed?)", e))?;
     let set_up = || -> PyResult<Bound<'_, PyAny>> {
         utils.setattr("_kiln_log", wrap_pyfunction!(kiln_log, &utils)?)?;
+        utils.setattr("_kiln_call", wrap_pyfunction!(bls::kiln_call, &utils)?)?;
         let sys = py.import("sys")?;
         sys.getattr("modules")?
             .set_item("triton_python_backend_utils", &utils)?;

@@ -5,9 +5,12 @@ Embedded in the python worker plugin and registered in `sys.modules` before the
 model is imported. The `_kiln_*` functions at the end are the worker's side: the
 Rust plugin builds the requests and reads the responses through them.
 Not supported (see docs/writing-a-worker.md, "Workers in Python"): DLPack and GPU
-tensors, decoupled mode (response senders), BLS (`InferenceRequest.exec`), model
-warmup, request cancellation checks (always False)."""
+tensors, decoupled mode (response senders, `exec(decoupled=True)`), model
+warmup, request cancellation checks (always False). `async_exec` runs its call
+when awaited, one at a time."""
 
+import asyncio
+import inspect
 import json
 import struct
 
@@ -151,8 +154,9 @@ class Tensor:
 
 
 class InferenceRequest:
-    """One client request of the batch handed to `execute`. Building one to call
-    another model (BLS) is not supported yet: `exec` raises."""
+    """One client request of the batch handed to `execute`, or one built to call
+    another model (BLS): `exec()` runs it through the server and answers an
+    `InferenceResponse` (an error response when the call fails)."""
 
     def __init__(self, model_name="", inputs=None, requested_output_names=None, **kwargs):
         self._model_name = model_name
@@ -160,6 +164,7 @@ class InferenceRequest:
         self._requested = list(requested_output_names or [])
         self._id = kwargs.get("request_id", "")
         self._correlation_id = kwargs.get("correlation_id", 0)
+        self._timeout = int(kwargs.get("timeout", 0) or 0)
         self._parameters = kwargs.get("parameters", {})
         if not isinstance(self._parameters, str):
             self._parameters = json.dumps(self._parameters)
@@ -189,10 +194,13 @@ class InferenceRequest:
         raise TritonModelException("kiln's python worker does not support decoupled models")
 
     def exec(self, decoupled=False):
-        raise TritonModelException("kiln's python worker does not support BLS calls yet")
+        if decoupled:
+            raise TritonModelException("kiln's python worker does not support decoupled model calls")
+        return _kiln_exec(self)
 
-    def async_exec(self, decoupled=False):
-        raise TritonModelException("kiln's python worker does not support BLS calls yet")
+    async def async_exec(self, decoupled=False):
+        """Runs the call when awaited (calls of one `execute` run one at a time)."""
+        return self.exec(decoupled)
 
 
 class InferenceResponse:
@@ -323,6 +331,11 @@ def _kiln_log(level, message):
     """Replaced by the worker with its logger (the server's log)."""
 
 
+def _kiln_call(model, inputs, outputs, timeout_us):
+    """Replaced by the worker with its model call (see `_kiln_exec`)."""
+    raise TritonModelException("model calls are not available here")
+
+
 # ---- the worker's side --------------------------------------------------------
 
 
@@ -345,6 +358,51 @@ def _kiln_auto_complete(model_class, model_config):
             f"auto_complete_config returned {type(config).__name__}, not the ModelConfig it was given"
         )
     return json.dumps(config.as_dict())
+
+
+def _kiln_exec(request):
+    """`request.exec()`: its inputs as (name, datatype, shape, bytes), the call,
+    and its answer as an InferenceResponse (an error one when it failed)."""
+    model = request.model_name()
+    if isinstance(model, (bytes, bytearray, np.bytes_)):
+        model = bytes(model).decode("utf-8", "replace")
+    inputs = []
+    for tensor in request.inputs():
+        array = tensor.as_numpy()
+        datatype = numpy_to_triton_type(array.dtype)
+        if datatype is None:
+            raise TritonModelException(f"input `{tensor.name()}`: numpy type {array.dtype} has no Triton datatype")
+        if datatype == "BYTES":
+            data = serialize_byte_tensor(array)
+        else:
+            data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        inputs.append((tensor.name(), datatype, list(array.shape), memoryview(data)))
+    answer = _kiln_call(str(model), inputs, [str(n) for n in request.requested_output_names()], request._timeout)
+    if isinstance(answer, tuple):
+        code, message = answer
+        return InferenceResponse(error=TritonError(message, code))
+    tensors = []
+    for name, datatype, shape, data in answer:
+        if datatype == "BYTES":
+            array = deserialize_bytes_tensor(data).reshape(shape)
+        elif datatype in _NUMPY:
+            array = np.frombuffer(data, dtype=_NUMPY[datatype]).reshape(shape)
+        else:
+            error = TritonError(f"output `{name}` of `{model}` is {datatype}, which numpy has no type for")
+            return InferenceResponse(error=error)
+        tensors.append(Tensor(name, array))
+    return InferenceResponse(output_tensors=tensors)
+
+
+_loop = None
+
+
+def _kiln_run(coroutine):
+    """Runs an `async def execute` to its end on this interpreter's event loop."""
+    global _loop
+    if _loop is None:
+        _loop = asyncio.new_event_loop()
+    return _loop.run_until_complete(coroutine)
 
 
 def _kiln_request(inputs, requested, parameters):
@@ -376,6 +434,8 @@ def _kiln_execute(model, requests, outputs):
     (error code, message) when that request alone failed. Raises for a failure of
     the whole batch (an exception of the model's, a wrong answer's shape)."""
     responses = model.execute(requests)
+    if inspect.iscoroutine(responses):
+        responses = _kiln_run(responses)
     if responses is None or not hasattr(responses, "__len__"):
         raise TritonModelException(
             f"execute() returned {type(responses).__name__}, not a list of {len(requests)} InferenceResponse"
