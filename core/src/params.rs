@@ -92,6 +92,9 @@ pub struct LoadParams {
     state: Names<Spelled<StateOutput>>,
     /// `state_initial.<input> = value`.
     state_initial: Names<Spelled<f64>>,
+    /// `state_dims.<input> = [2, 1, 128]`: the state's shape where the model's
+    /// has dynamic dims (Triton's `state.dims`).
+    state_dims: Names<Spelled<Vec<i64>>>,
 }
 
 /// A queue policy's parameters (`default_queue_policy.…`, `priority_queue_policy.<level>.…`).
@@ -487,6 +490,7 @@ impl LoadParams {
                     input: input.clone(),
                     output: name.clone(),
                     initial: self.state_initial.0.get(input).map(|v| v.value),
+                    dims: self.state_dims.0.get(input).map(|v| v.value.clone()),
                 }),
                 StateOutput::NotAName(got) => Err(SettingError::StateOutput {
                     key: output.key.clone(),
@@ -498,11 +502,18 @@ impl LoadParams {
             .state_initial
             .0
             .iter()
-            .filter(|(input, _)| !self.state.0.contains_key(*input))
-            .min_by_key(|(_, v)| v.index);
-        if let Some((input, value)) = stray {
+            .map(|(input, v)| (input, &v.key, v.index))
+            .chain(
+                self.state_dims
+                    .0
+                    .iter()
+                    .map(|(input, v)| (input, &v.key, v.index)),
+            )
+            .filter(|(input, _, _)| !self.state.0.contains_key(*input))
+            .min_by_key(|(_, _, index)| *index);
+        if let Some((input, key, _)) = stray {
             return Err(SettingError::NotAState {
-                key: value.key.clone(),
+                key: key.clone(),
                 input: input.clone(),
             });
         }
@@ -562,11 +573,15 @@ const SERVER_PARAMETERS: &[&str] = &[
     "control.corrid",
     "state.<input>",
     "state_initial.<input>",
+    "state_dims.<input>",
 ];
 
 /// Whether `key` takes a list: JSON's and TOML's `[4, 8]` arrive as the text `"4,8"`.
 pub fn takes_list(key: &str) -> bool {
     key.eq_ignore_ascii_case("preferred_batch_size")
+        || key
+            .get(..11)
+            .is_some_and(|head| head.eq_ignore_ascii_case("state_dims."))
 }
 
 /// A `--load` spec that does not parse (see [`parse_load_spec`]).

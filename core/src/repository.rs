@@ -29,7 +29,8 @@ use serde::Deserialize;
 use crate::ensemble::config::{EnsembleConfig, EnsembleScheduling, TensorConfig};
 use crate::error::{Result, ServerError};
 use crate::plugin::check_name;
-use crate::triton_config::map::{Declared, Mapped, VersionPolicy};
+use crate::triton_config::folder;
+use crate::triton_config::map::{Declared, VersionPolicy};
 
 /// A model's `config.toml`: a worker and its parameters, or an ensemble.
 #[derive(Debug, Deserialize)]
@@ -120,12 +121,25 @@ pub struct Resolved {
 #[derive(Debug, Clone)]
 pub struct Repository {
     root: PathBuf,
+    /// Triton's auto-completion of `config.pbtxt` models (on by default).
+    auto_complete: bool,
 }
 
 impl Repository {
     /// The repository at `root`.
     pub fn new(root: PathBuf) -> Repository {
-        Repository { root }
+        Repository {
+            root,
+            auto_complete: true,
+        }
+    }
+
+    /// `false`: Triton's `--disable-auto-complete-config`: a Triton model is
+    /// its `config.pbtxt` alone, which then declares every tensor and the batch
+    /// size ([`crate::triton_config::autocomplete`]).
+    pub fn with_auto_complete(mut self, on: bool) -> Repository {
+        self.auto_complete = on;
+        self
     }
 
     /// The repository's directory.
@@ -140,7 +154,10 @@ impl Repository {
         })?;
         let mut entries: Vec<Entry> = dir
             .filter_map(|e| e.ok())
-            .filter(|e| e.path().join("config.toml").is_file() || e.path().join(PBTXT).is_file())
+            .filter(|e| {
+                e.path().join("config.toml").is_file()
+                    || folder::is_model(&e.path(), self.auto_complete)
+            })
             .filter_map(|e| e.file_name().to_str().map(str::to_owned))
             .filter(|name| check_name(name).is_ok())
             .map(|name| {
@@ -163,8 +180,8 @@ impl Repository {
         check_model_name(name)?;
         let folder = self.root.join(name);
         let file = folder.join("config.toml");
-        if !file.is_file() && folder.join(PBTXT).is_file() {
-            return resolve_pbtxt(name, &folder, version, overrides);
+        if !file.is_file() && folder::is_model(&folder, self.auto_complete) {
+            return folder::resolve(name, &folder, version, overrides, self.auto_complete);
         }
         let text = std::fs::read_to_string(&file).map_err(|_| {
             ServerError::NotFound(format!(
@@ -277,7 +294,7 @@ impl Repository {
 /// A worker's model served in `chosen` versions (ascending): each gets `params`
 /// with `overrides` and its own `model_dir`; `pbtxt`: the tensors a config.pbtxt
 /// declares and the file's parsed config.
-fn worker_versions(
+pub(crate) fn worker_versions(
     name: &str,
     worker: String,
     params: &[Param],
@@ -329,7 +346,12 @@ pub fn check_model_name(name: &str) -> Result<()> {
 
 /// `overrides` replace the parameters of the same name; `model_dir` is the
 /// version's folder, whatever a file or client said.
-fn with_overrides(params: &mut Vec<Param>, overrides: Vec<Param>, folder: &Path, version: u64) {
+pub(crate) fn with_overrides(
+    params: &mut Vec<Param>,
+    overrides: Vec<Param>,
+    folder: &Path,
+    version: u64,
+) {
     for o in overrides {
         params.retain(|p| !p.key.as_str().eq_ignore_ascii_case(o.key.as_str()));
         params.push(o);
@@ -345,79 +367,6 @@ fn with_overrides(params: &mut Vec<Param>, overrides: Vec<Param>, folder: &Path,
                 .into(),
         ),
     });
-}
-
-/// Triton's model configuration file ([`crate::triton_config`]).
-const PBTXT: &str = "config.pbtxt";
-
-/// Resolves a model folder holding Triton's `config.pbtxt` (and no `config.toml`).
-fn resolve_pbtxt(
-    name: &str,
-    folder: &Path,
-    version: Option<u64>,
-    overrides: Vec<Param>,
-) -> Result<Resolved> {
-    // A load naming a version serves it alone, if the policy allows it; else
-    // every version the policy allows.
-    let file = folder.join(PBTXT);
-    let invalid = |m: String| ServerError::invalid(format!("{}: {m}", file.display()));
-    let text = std::fs::read_to_string(&file).map_err(|e| invalid(e.to_string()))?;
-    let parsed = crate::triton_config::parse(&text).map_err(invalid)?;
-    let mapped = crate::triton_config::map::map(name, &parsed).map_err(invalid)?;
-    let triton = Some(std::sync::Arc::new(parsed.config));
-    let available = versions(folder);
-    let policy = match &mapped {
-        Mapped::Worker { policy, .. } | Mapped::Ensemble { policy, .. } => policy,
-    };
-    // An ensemble has no files: version 1 when it has no version folder.
-    let available = match (&mapped, available.is_empty()) {
-        (Mapped::Ensemble { .. }, true) => vec![1],
-        _ => available,
-    };
-    let chosen = match version {
-        Some(_) => policy.pick(&available, version).into_iter().collect(),
-        None => policy.allowed(&available),
-    };
-    let Some(&version) = chosen.last() else {
-        return Err(ServerError::NotFound(format!(
-            "model `{name}`: no version {} is available under its version_policy \
-             (version folders: {available:?})",
-            version.map_or("at all".to_owned(), |v| v.to_string())
-        )));
-    };
-    match mapped {
-        Mapped::Ensemble { config, .. } => {
-            if !overrides.is_empty() {
-                return Err(ServerError::invalid(format!(
-                    "model `{name}` is an ensemble: it takes no parameters"
-                )));
-            }
-            // An ensemble serves one version: the highest allowed.
-            Ok(Resolved {
-                worker: "ensemble".into(),
-                version,
-                params: Vec::new(),
-                versions: vec![(version, Vec::new())],
-                serving: Serving::Ensemble(config),
-                declared: None,
-                triton,
-            })
-        }
-        Mapped::Worker {
-            worker,
-            params,
-            declared,
-            ..
-        } => worker_versions(
-            name,
-            worker.to_owned(),
-            &params,
-            overrides,
-            folder,
-            &chosen,
-            triton.map(|t| (declared, t)),
-        ),
-    }
 }
 
 /// An ensemble's declarations; it has no worker and no parameters.
@@ -480,7 +429,7 @@ fn param_value(key: &str, value: &toml::Value) -> Option<ParamValue> {
 }
 
 /// Numbered subfolders, ascending.
-fn versions(folder: &Path) -> Vec<u64> {
+pub(crate) fn versions(folder: &Path) -> Vec<u64> {
     let mut versions: Vec<u64> = std::fs::read_dir(folder)
         .map(|dir| {
             dir.filter_map(|e| e.ok())

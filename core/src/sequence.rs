@@ -26,6 +26,9 @@ pub struct StateParam {
     pub output: String,
     /// Every element's value at a sequence's start (zeros when absent).
     pub initial: Option<f64>,
+    /// `state_dims.<input>`: the state's shape where the input's dims are dynamic
+    /// (Triton's `state.dims`); the input's own dims when absent.
+    pub dims: Option<Vec<i64>>,
 }
 
 /// `sequence_batching` settings as load-time parameters.
@@ -147,16 +150,27 @@ impl SequenceModel {
             let size = spec.dtype.size().ok_or_else(|| {
                 ServerError::invalid(format!("state `{}` cannot be BYTES", state.input))
             })?;
-            let dims = Shape::new(&spec.dims)
-                .filter(|_| spec.dims.iter().all(|&d| d >= 0))
-                .ok_or_else(|| {
-                    ServerError::invalid(format!(
-                        "state input `{}` needs fixed dims, not {:?}",
+            let wanted = match &state.dims {
+                Some(dims) if !spec.accepts(dims) => {
+                    return Err(ServerError::invalid(format!(
+                        "state_dims.{}: {dims:?} does not fit the input's dims {:?}",
                         state.input,
                         spec.dims.as_slice()
+                    )))
+                }
+                Some(dims) => &dims[..],
+                None => spec.dims.as_slice(),
+            };
+            let dims = Shape::new(wanted)
+                .filter(|_| wanted.iter().all(|&d| d >= 0))
+                .ok_or_else(|| {
+                    ServerError::invalid(format!(
+                        "state input `{}` needs fixed dims, not {wanted:?} (set them with \
+                         `state_dims.{}`)",
+                        state.input, state.input
                     ))
                 })?;
-            if out.dtype != spec.dtype || !out.accepts(&spec.dims) {
+            if out.dtype != spec.dtype || !out.accepts(wanted) {
                 return Err(ServerError::invalid(format!(
                     "state output `{}` ({} {:?}) does not fit state input `{}` ({} {:?})",
                     state.output,
@@ -433,7 +447,40 @@ mod tests {
         check(&[("control.end", "missing")], "`missing` is not an input");
         check(&[("control.start", "state")], "must have dims [1]");
         check(&[("state_initial.state", "1")], "is not a state");
+        check(&[("state_dims.state", "2,4")], "is not a state");
+        check(
+            &[("state.state", "stateN"), ("state_dims.state", "2,5")],
+            "state_dims.state: [2, 5] does not fit",
+        );
         check(&[("sequence_strategy", "newest")], "`direct` or `oldest`");
+    }
+
+    #[test]
+    fn state_dims_fix_a_dynamic_state() {
+        let mut info = info();
+        info.inputs = vec![
+            TensorSpec::new("input", DataType::Fp32, &[-1]),
+            TensorSpec::new("state", DataType::Fp32, &[2, -1, 4]),
+        ]
+        .into();
+        info.outputs = vec![TensorSpec::new("stateN", DataType::Fp32, &[2, -1, 4])].into();
+        let state = [("state.state", "stateN")];
+        let e = sequence_params(&params_from_pairs(&state))
+            .and_then(|p| SequenceModel::new(&info, &p))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("needs fixed dims") && e.contains("state_dims.state"),
+            "{e}"
+        );
+        let params = sequence_params(&params_from_pairs(&[
+            state[0],
+            ("state_dims.state", "2,1,4"),
+        ]))
+        .unwrap();
+        let model = SequenceModel::new(&info, &params).unwrap();
+        assert_eq!(model.state_bytes, vec![2 * 4 * 4]);
+        assert_eq!(model.layout.states[0].dims.dims(), &[2, 1, 4]);
     }
 
     #[test]

@@ -146,10 +146,17 @@ impl Server {
         self.inner.manager.load(worker, params, keys).await
     }
 
-    fn repository(&self) -> Result<&Repository> {
+    /// The model repository, auto-completing Triton models unless the model
+    /// control says `--disable-auto-complete-config` (a path and a flag: the
+    /// copy is nothing beside reading the folder).
+    fn repository(&self) -> Result<Repository> {
         self.inner
             .repository
             .as_ref()
+            .map(|r| {
+                r.clone()
+                    .with_auto_complete(!self.model_control().strict_config)
+            })
             .ok_or_else(|| ServerError::Unavailable("no model repository is configured".into()))
     }
 
@@ -264,7 +271,7 @@ impl Server {
             let models = self.inner.models.load();
             let wrong = models.versions(&loaded).find_map(|(_, g)| {
                 let (inputs, outputs) = (&g.info.inputs, &g.info.outputs);
-                let mut checked = declared.check(inputs, outputs);
+                let mut checked = declared.check(inputs, outputs, &g.worker_info.inputs);
                 // Without auto-completion (Triton's strict model configuration) the
                 // file must declare every tensor of the model.
                 if checked.is_ok() && strict {

@@ -174,7 +174,7 @@ impl SequenceBatching {
                         input_name: state.input.clone(),
                         output_name: state.output.clone(),
                         dtype: spec.dtype,
-                        dims: spec.dims.to_vec(),
+                        dims: state.dims.clone().unwrap_or_else(|| spec.dims.to_vec()),
                     })
                 })
                 .collect(),

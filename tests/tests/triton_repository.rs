@@ -79,7 +79,6 @@ fn repository() -> TempRepository {
         &[1],
     );
     write(&repo, "trt", "platform: \"tensorrt_plan\"\n", &[1]);
-    write(&repo, "py", "backend: \"python\"\n", &[1]);
     let lying = OCR_CLS
         .replace("name: \"ocr-cls\"", "name: \"lying\"")
         .replace("TYPE_FP32\n    dims: [ 3", "TYPE_INT32\n    dims: [ 3");
@@ -142,7 +141,6 @@ async fn what_kiln_does_not_honour_is_refused_by_name() {
     let c = &kiln.client;
     for (model, says) in [
         ("trt", "platform `tensorrt_plan` is not available"),
-        ("py", "backend `python`: not available"),
         ("warm", "field `model_warmup"),
         ("lying", "input `x`: the config declares"),
     ] {

@@ -10,6 +10,8 @@
 //! | `version_policy`                    | `latest { num_versions: 1 }`               |
 //! | `backend` of `onnxruntime_onnx`     | `onnxruntime`                              |
 //! | `input`/`output` (auto-completed)   | the model's tensors, as the worker read them |
+//! | `max_batch_size` of a model that batches (auto-completed, [`super::autocomplete`]) | the group's batch size (4) |
+//! | a scheduler, when kiln's auto-completion chose the dynamic batcher | `dynamic_batching {}` |
 //! | `instance_group` (a worker's model) | one group `<model>_0`, count 1, `KIND_CPU` |
 //! | an instance group's name, count, kind | `<model>_<i>`, 1, `KIND_CPU`             |
 //! | `dynamic_batching.preferred_batch_size` | `[max_batch_size]`                     |
@@ -50,6 +52,18 @@ pub fn complete(config: &ModelConfig, name: &str, group: &WorkerGroup) -> ModelC
     }
     if c.output.is_empty() {
         c.output = group.info.outputs.iter().map(output).collect();
+    }
+    // Auto-completed: the file said no batch size, the model batches; and
+    // Triton's `dynamic_batching {}`, which kiln's mapping gives a model with no
+    // scheduler (map.rs), so only then the dynamic batcher runs without one.
+    if c.max_batch_size == 0 && group.info.max_batch_size > 0 {
+        c.max_batch_size = i32::try_from(group.settings.batch_size).unwrap_or(i32::MAX);
+    }
+    if c.scheduling_choice.is_none()
+        && c.max_batch_size > 1
+        && group.settings.batcher == kiln_worker_sdk::BatcherKind::Dynamic
+    {
+        c.scheduling_choice = Some(SchedulingChoice::DynamicBatching(Default::default()));
     }
     if c.instance_group.is_empty() {
         c.instance_group.push(ModelInstanceGroup::default());

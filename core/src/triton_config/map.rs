@@ -5,16 +5,23 @@
 //! |------------------------------------------|----------------------------------------|
 //! | `platform: "onnxruntime_onnx"`, `backend: "onnxruntime"` | the `onnx` worker          |
 //! | `platform: "ensemble"`                   | an ensemble ([`crate::ensemble`])      |
-//! | `backend: "python"`                      | refused until the Python worker lands  |
+//! | `backend: "python"`                      | the `python` worker, `isolation = "process"` |
 //! | `max_batch_size`                         | `max_batch_size` and `batch_size`      |
 //! | `input`/`output` name, data_type, dims   | checked against the model once loaded  |
 //! | `dynamic_batching.*`                     | the dynamic batcher's parameters       |
+//! | `sequence_batching.*`                    | the sequence batcher's ([`super::sequence`]) |
 //! | `instance_group` count, kind, gpus       | `instances`, `execution_provider`, `cuda_device` |
 //! | `version_policy`                         | which version folders are served       |
 //! | `parameters` (ONNX Runtime's threads)    | `intra_op_threads`, `inter_op_threads` |
+//! | `parameters` (a python model's)          | `parameters.<key>`, for `initialize`   |
+//!
+//! With auto-completion on (Triton's default, [`super::complete`]), what the file
+//! leaves out comes from the model: its tensors, and for ONNX a batch dimension of
+//! Triton's default size with `dynamic_batching {}` when the model can batch.
 
-use kiln_worker_sdk::{Param, ParamValue, TensorSpec};
+use kiln_worker_sdk::{Param, ParamValue};
 
+pub use super::autocomplete::Declared;
 use super::proto::{
     self, model_config::SchedulingChoice, model_instance_group::Kind,
     model_version_policy::PolicyChoice,
@@ -74,17 +81,14 @@ const ORT_PARAMETERS: &[(&str, &str)] = &[
     ("inter_op_thread_count", "inter_op_threads"),
 ];
 
-/// Which worker serves a Triton platform or backend: the one place that names
-/// them (the Python worker's `python` joins here when it exists).
+/// Which worker serves a Triton platform or backend: the one place that names them.
 fn worker_of(platform: &str, backend: &str) -> Result<&'static str, String> {
     match (platform, backend) {
         ("onnxruntime_onnx", "" | "onnxruntime") | ("", "onnxruntime") => Ok("onnx"),
-        ("", "python") => {
-            Err("backend `python`: not available (kiln has no Python worker yet)".into())
-        }
+        ("", "python") => Ok("python"),
         ("", "") => Err(
             "set `platform` or `backend` (kiln serves `onnxruntime_onnx` / \
-                         `onnxruntime` models and `ensemble`s)"
+                         `onnxruntime` models, `python` models and `ensemble`s)"
                 .into(),
         ),
         ("", other) => Err(format!("backend `{other}` is not available in kiln")),
@@ -130,14 +134,6 @@ impl VersionPolicy {
     }
 }
 
-/// Tensors a `config.pbtxt` declares for a worker's model: checked against what
-/// the worker reads from the model once it is loaded ([`Declared::check`]).
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Declared {
-    pub inputs: Vec<TensorConfig>,
-    pub outputs: Vec<TensorConfig>,
-}
-
 /// What kiln loads for a `config.pbtxt`.
 #[derive(Debug, Clone)]
 pub enum Mapped {
@@ -153,8 +149,10 @@ pub enum Mapped {
     },
 }
 
-/// Maps a parsed config of model `name` (its folder).
-pub fn map(name: &str, parsed: &Parsed) -> Result<Mapped, String> {
+/// Maps a parsed config of model `name` (its folder); `complete`: auto-complete
+/// what the file leaves out from the model, as Triton does unless
+/// `--disable-auto-complete-config` ([`super::complete`]).
+pub fn map(name: &str, parsed: &Parsed, complete: bool) -> Result<Mapped, String> {
     let c = &parsed.config;
     if !c.name.is_empty() && c.name != name {
         return Err(format!(
@@ -168,11 +166,12 @@ pub fn map(name: &str, parsed: &Parsed) -> Result<Mapped, String> {
     } else {
         HONOURED_WORKER
     };
-    if let Some(field) = parsed
-        .fields
-        .iter()
-        .find(|f| !HONOURED.contains(&f.as_str()) && !extra.contains(&f.as_str()))
-    {
+    if let Some(field) = parsed.fields.iter().find(|f| {
+        let f = f.as_str();
+        !HONOURED.contains(&f)
+            && !extra.contains(&f)
+            && (ensemble || !super::sequence::HONOURED.contains(&f))
+    }) {
         return Err(format!("field `{field}` is not supported by kiln"));
     }
     let policy = version_policy(c.version_policy.as_ref());
@@ -220,23 +219,66 @@ pub fn map(name: &str, parsed: &Parsed) -> Result<Mapped, String> {
     if c.max_batch_size < 0 {
         return Err("`max_batch_size` must not be negative".into());
     }
-    set("max_batch_size", ParamValue::Int(c.max_batch_size.into()));
+    // ONNX with no batch size, auto-completed: the model's batch dimension, if it
+    // has one, at Triton's default size (the worker knows whether it has).
+    let autofill = complete && worker == "onnx" && c.max_batch_size == 0;
+    if autofill {
+        set(
+            "default_max_batch_size",
+            ParamValue::Int(super::autocomplete::DEFAULT_MAX_BATCH_SIZE),
+        );
+    } else {
+        set("max_batch_size", ParamValue::Int(c.max_batch_size.into()));
+    }
     if c.max_batch_size > 0 {
         // Triton enforces max_batch_size per request; kiln's group batch size is
         // what infer enforces (docs/models.md).
         set("batch_size", ParamValue::Int(c.max_batch_size.into()));
     }
+    let mut sequence_inputs = Vec::new();
     match &c.scheduling_choice {
         Some(SchedulingChoice::DynamicBatching(d)) => {
-            if c.max_batch_size == 0 {
+            if c.max_batch_size == 0 && !autofill {
                 return Err("`dynamic_batching` needs `max_batch_size` > 0".into());
             }
             dynamic_batching(d, &mut set);
         }
+        Some(SchedulingChoice::SequenceBatching(s)) => {
+            sequence_inputs = super::sequence::map(s, &mut set)?;
+        }
+        // Triton's ONNX auto-completion adds `dynamic_batching {}` to a model that
+        // batches (more than 1); on a model that turns out not to, kiln's dynamic
+        // batcher runs each request alone, as the default scheduler would.
+        _ if complete && worker == "onnx" && c.max_batch_size != 1 => {
+            set("batcher", ParamValue::Str("dynamic".into()));
+        }
         // Triton's default scheduler runs what has arrived without waiting.
         _ => set("timeout", ParamValue::Int(0)),
     }
-    instance_group(&c.instance_group, &mut set)?;
+    instance_group(&c.instance_group, worker, &mut set)?;
+    if worker == "python" {
+        python(c, &inputs, &outputs, &mut set);
+    } else {
+        ort_parameters(c, &mut set)?;
+    }
+    Ok(Mapped::Worker {
+        worker,
+        params,
+        policy,
+        declared: Declared {
+            inputs,
+            outputs,
+            sequence_inputs,
+            complete,
+        },
+    })
+}
+
+/// Triton's ONNX Runtime backend parameters → the onnx worker's.
+fn ort_parameters(
+    c: &proto::ModelConfig,
+    set: &mut impl FnMut(&str, ParamValue),
+) -> Result<(), String> {
     for (key, value) in &c.parameters {
         let (_, ours) = ORT_PARAMETERS
             .iter()
@@ -250,12 +292,40 @@ pub fn map(name: &str, parsed: &Parsed) -> Result<Mapped, String> {
         })?;
         set(ours, ParamValue::Int(n));
     }
-    Ok(Mapped::Worker {
-        worker,
-        params,
-        policy,
-        declared: Declared { inputs, outputs },
-    })
+    Ok(())
+}
+
+/// A python model: each instance's interpreter in its own worker host (the python
+/// worker's requirement), its declared tensors and `parameters` as the worker
+/// takes them (`"input.INPUT0" = "TYPE_UINT32 [-1]"`, `parameters.<key>`). A model
+/// that declares none completes itself in `auto_complete_config`.
+fn python(
+    c: &proto::ModelConfig,
+    inputs: &[TensorConfig],
+    outputs: &[TensorConfig],
+    set: &mut impl FnMut(&str, ParamValue),
+) {
+    set("isolation", ParamValue::Str("process".into()));
+    for (prefix, list) in [("input", inputs), ("output", outputs)] {
+        for t in list {
+            let dims: Vec<String> = t.dims.iter().map(i64::to_string).collect();
+            let text = format!(
+                "{} [{}]",
+                crate::triton::triton_type(t.data_type),
+                dims.join(", ")
+            );
+            set(
+                &format!("{prefix}.{}", t.name),
+                ParamValue::Str(text.as_str().into()),
+            );
+        }
+    }
+    for (key, value) in &c.parameters {
+        set(
+            &format!("parameters.{key}"),
+            ParamValue::Str(value.string_value.as_str().into()),
+        );
+    }
 }
 
 fn version_policy(policy: Option<&proto::ModelVersionPolicy>) -> VersionPolicy {
@@ -340,6 +410,7 @@ fn dynamic_batching(d: &proto::ModelDynamicBatching, set: &mut impl FnMut(&str, 
 
 fn instance_group(
     groups: &[proto::ModelInstanceGroup],
+    worker: &str,
     set: &mut impl FnMut(&str, ParamValue),
 ) -> Result<(), String> {
     let group = match groups {
@@ -348,6 +419,13 @@ fn instance_group(
         _ => return Err("`instance_group`: kiln runs one instance group per model".into()),
     };
     set("instances", ParamValue::Int(group.count.max(1).into()));
+    if worker == "python" {
+        // The interpreter runs on the CPU; the model's own code picks its devices.
+        return match (group.kind(), &group.gpus[..]) {
+            (Kind::Cpu | Kind::Auto, []) => Ok(()),
+            _ => Err("`instance_group`: kiln runs python models as KIND_CPU".into()),
+        };
+    }
     match (group.kind(), &group.gpus[..]) {
         // KIND_AUTO without gpus: the onnx worker's default provider (CPU).
         (Kind::Cpu | Kind::Auto, []) => {}
@@ -371,64 +449,13 @@ fn instance_group(
     Ok(())
 }
 
-impl Declared {
-    /// Checks the declared tensors against the model's, as the worker read them
-    /// (`dims` without the batch dimension; the model's -1 accepts any size).
-    pub fn check(&self, inputs: &[TensorSpec], outputs: &[TensorSpec]) -> Result<(), String> {
-        let side = |what: &str, declared: &[TensorConfig], model: &[TensorSpec]| {
-            for d in declared {
-                let m = model
-                    .iter()
-                    .find(|m| m.name.as_str() == d.name)
-                    .ok_or_else(|| format!("{what} `{}` is not the model's", d.name))?;
-                let dims_match = m.dims.len() == d.dims.len()
-                    && m.dims.iter().zip(&d.dims).all(|(m, d)| *m == -1 || m == d);
-                if m.dtype != d.data_type || !dims_match {
-                    return Err(format!(
-                        "{what} `{}`: the config declares {:?} {:?}, the model has {:?} {:?}",
-                        d.name,
-                        d.data_type,
-                        d.dims,
-                        m.dtype,
-                        m.dims.to_vec()
-                    ));
-                }
-            }
-            Ok(())
-        };
-        side("input", &self.inputs, inputs)?;
-        side("output", &self.outputs, outputs)
-    }
-
-    /// Checks that every tensor of the model is declared (what Triton requires
-    /// when it does not complete a config from the model).
-    pub fn check_complete(
-        &self,
-        inputs: &[TensorSpec],
-        outputs: &[TensorSpec],
-    ) -> Result<(), String> {
-        let side = |what: &str, declared: &[TensorConfig], model: &[TensorSpec]| match model
-            .iter()
-            .find(|m| !declared.iter().any(|d| m.name.as_str() == d.name))
-        {
-            Some(m) => Err(format!(
-                "the config declares no {what} `{}`, which the model has",
-                m.name.as_str()
-            )),
-            None => Ok(()),
-        };
-        side("input", &self.inputs, inputs)?;
-        side("output", &self.outputs, outputs)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::parse;
     use super::*;
 
     fn mapped(text: &str) -> Result<Mapped, String> {
-        map("m", &parse(text).unwrap())
+        map("m", &parse(text).unwrap(), true)
     }
 
     fn params(text: &str) -> Vec<(String, String)> {
@@ -463,11 +490,13 @@ mod tests {
             mapped("backend: \"onnxruntime\""),
             Ok(Mapped::Worker { worker: "onnx", .. })
         ));
-        let e = mapped("backend: \"python\"").unwrap_err();
-        assert!(
-            e.contains("python backend") || e.contains("backend `python`: not available"),
-            "{e}"
-        );
+        assert!(matches!(
+            mapped("backend: \"python\""),
+            Ok(Mapped::Worker {
+                worker: "python",
+                ..
+            })
+        ));
         let e = mapped("backend: \"tensorrt\"").unwrap_err();
         assert!(e.contains("`tensorrt`"), "{e}");
         let e = mapped("platform: \"tensorflow_savedmodel\"").unwrap_err();
@@ -486,8 +515,13 @@ mod tests {
                 "input.is_shape_tensor",
             ),
             (
-                "backend: \"onnxruntime\" sequence_batching { direct {} }",
-                "sequence_batching.direct",
+                "backend: \"onnxruntime\" sequence_batching { direct { minimum_slot_utilization: 0.5 } }",
+                "sequence_batching.direct.minimum_slot_utilization",
+            ),
+            (
+                "backend: \"onnxruntime\" sequence_batching { state [{ input_name: \"s\" \
+                 output_name: \"t\" initial_state [{ data_file: \"f\" }] }] }",
+                "sequence_batching.state.initial_state.data_file",
             ),
             (
                 "backend: \"onnxruntime\" response_cache { enable: true }",

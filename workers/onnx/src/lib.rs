@@ -24,6 +24,8 @@
 //! the group's `instances`, inter-op 1, spinning on; see [`threads`]),
 //! `optimization_level`
 //! (`disable`, `basic`, `extended`, `all`; default `all`), `max_batch_size`,
+//! `default_max_batch_size` (the batch size of a model that can batch when
+//! `max_batch_size` is not set: 8; Triton's auto-completion uses 4),
 //! `batch_axis.<tensor>`, `input.<name>`, `execution_provider` (`cpu`, the default,
 //! or `cuda`: ONNX Runtime's CUDA provider, from the onnxruntime-gpu build named by
 //! `runtime`; see [`provider`]) and `cuda_device` (0).
@@ -364,6 +366,10 @@ impl Worker for Onnx {
         ParamSpec::load("allow_spinning", ParamKind::Bool),
         ParamSpec::load("optimization_level", ParamKind::Any),
         ParamSpec::load("max_batch_size", ParamKind::Int { min: 0, max: 4096 }),
+        ParamSpec::load(
+            "default_max_batch_size",
+            ParamKind::Int { min: 1, max: 4096 },
+        ),
         ParamSpec::load(
             "batch_axis.*",
             ParamKind::Int {

@@ -342,7 +342,9 @@ fn not_batchable(t: &Tensor) -> String {
     )
 }
 
-/// `max_batch_size`: the parameter, else 8 when the model can batch, else 0.
+/// `max_batch_size`: the parameter, else `default_max_batch_size` (8 unless set;
+/// a `config.pbtxt` auto-completed as Triton does sets Triton's 4) when the model
+/// can batch, else 0.
 fn max_batch_size(
     params: &Params<'_>,
     unbatchable: Option<&Tensor>,
@@ -355,7 +357,15 @@ fn max_batch_size(
             )))
         }
         Some(n) => n,
-        None if unbatchable.is_none() => DEFAULT_MAX_BATCH,
+        None if unbatchable.is_none() => match params.int("default_max_batch_size")? {
+            Some(n) if !(1..=4096).contains(&n) => {
+                return Err(WorkerError::new(format!(
+                    "`default_max_batch_size` must be in 1..=4096, got {n}"
+                )))
+            }
+            Some(n) => n,
+            None => DEFAULT_MAX_BATCH,
+        },
         None => 0,
     };
     match (max, unbatchable, axis_params.first()) {
@@ -464,6 +474,23 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.max_batch_size, 8);
+        // Triton's auto-completion default, and `max_batch_size` still wins over it.
+        let batchable = [
+            ("input.sr", "8000"),
+            ("batch_axis.state", "1"),
+            ("batch_axis.stateN", "1"),
+        ];
+        let with = |extra: &[(&str, &str)]| {
+            let pairs: Vec<(&str, &str)> = batchable.iter().chain(extra).copied().collect();
+            signature(&inputs, &outputs, &pairs).map(|s| s.max_batch_size)
+        };
+        assert_eq!(with(&[("default_max_batch_size", "4")]).unwrap(), 4);
+        let both = [("default_max_batch_size", "4"), ("max_batch_size", "16")];
+        assert_eq!(with(&both).unwrap(), 16);
+        assert!(with(&[("default_max_batch_size", "0")]).is_err());
+        // A model that cannot batch stays at 0 whatever the default.
+        let s = signature(&inputs, &outputs, &[("default_max_batch_size", "4")]).unwrap();
+        assert_eq!(s.max_batch_size, 0);
     }
 
     #[test]
