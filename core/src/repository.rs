@@ -30,7 +30,11 @@ use crate::ensemble::config::{EnsembleConfig, EnsembleScheduling, TensorConfig};
 use crate::error::{Result, ServerError};
 use crate::plugin::check_name;
 use crate::triton_config::folder;
-use crate::triton_config::map::{Declared, VersionPolicy};
+
+pub(crate) mod resolved;
+use crate::triton_config::map::VersionPolicy;
+pub(crate) use resolved::{versions, worker_versions};
+pub use resolved::{Resolved, Serving};
 
 /// A model's `config.toml`: a worker and its parameters, or an ensemble.
 #[derive(Debug, Deserialize)]
@@ -82,39 +86,11 @@ impl PolicyToml {
     }
 }
 
-/// What a repository model is served by.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Serving {
-    /// A worker (its name in [`Resolved::worker`], its parameters in
-    /// [`Resolved::params`]).
-    Worker,
-    /// An ensemble of loaded models.
-    Ensemble(EnsembleConfig),
-}
-
 /// A model as found in the repository.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
     pub name: String,
     pub versions: Vec<u64>,
-}
-
-/// What loading a model needs.
-#[derive(Debug, Clone)]
-pub struct Resolved {
-    /// The worker (`ensemble` for an ensemble).
-    pub worker: String,
-    /// The highest version served, and its parameters.
-    pub version: u64,
-    pub params: Vec<Param>,
-    /// Every version served, ascending, each with its parameters (its own
-    /// `model_dir`); an ensemble's is its one version.
-    pub versions: Vec<(u64, Vec<Param>)>,
-    pub serving: Serving,
-    /// The tensors a `config.pbtxt` declares, checked once the model is loaded.
-    pub declared: Option<Declared>,
-    /// The `config.pbtxt` read, for answering `/config` as Triton does.
-    pub triton: Option<std::sync::Arc<crate::triton_config::proto::ModelConfig>>,
 }
 
 /// A model repository on disk.
@@ -291,46 +267,6 @@ impl Repository {
     }
 }
 
-/// A worker's model served in `chosen` versions (ascending): each gets `params`
-/// with `overrides` and its own `model_dir`; `pbtxt`: the tensors a config.pbtxt
-/// declares and the file's parsed config.
-pub(crate) fn worker_versions(
-    name: &str,
-    worker: String,
-    params: &[Param],
-    overrides: Vec<Param>,
-    folder: &Path,
-    chosen: &[u64],
-    pbtxt: Option<(
-        Declared,
-        std::sync::Arc<crate::triton_config::proto::ModelConfig>,
-    )>,
-) -> Result<Resolved> {
-    let (declared, triton) = pbtxt.map_or((None, None), |(d, t)| (Some(d), Some(t)));
-    let versions: Vec<(u64, Vec<Param>)> = chosen
-        .iter()
-        .map(|&v| {
-            let mut params = params.to_vec();
-            with_overrides(&mut params, overrides.clone(), folder, v);
-            (v, params)
-        })
-        .collect();
-    let Some((version, params)) = versions.last().cloned() else {
-        return Err(ServerError::invalid(format!(
-            "at least one version must be available under the version policy of model '{name}'"
-        )));
-    };
-    Ok(Resolved {
-        worker,
-        version,
-        params,
-        versions,
-        serving: Serving::Worker,
-        declared,
-        triton,
-    })
-}
-
 /// A model's name is its folder's: lower-case letters, digits, `-` and `_`
 /// (nothing that can leave the repository).
 pub fn check_model_name(name: &str) -> Result<()> {
@@ -342,31 +278,6 @@ pub fn check_model_name(name: &str) -> Result<()> {
             "invalid model name `{name}`: use lower-case letters, digits, `-` and `_`"
         ))
     })
-}
-
-/// `overrides` replace the parameters of the same name; `model_dir` is the
-/// version's folder, whatever a file or client said.
-pub(crate) fn with_overrides(
-    params: &mut Vec<Param>,
-    overrides: Vec<Param>,
-    folder: &Path,
-    version: u64,
-) {
-    for o in overrides {
-        params.retain(|p| !p.key.as_str().eq_ignore_ascii_case(o.key.as_str()));
-        params.push(o);
-    }
-    params.retain(|p| !p.key.as_str().eq_ignore_ascii_case("model_dir"));
-    params.push(Param {
-        key: "model_dir".into(),
-        value: ParamValue::Str(
-            folder
-                .join(version.to_string())
-                .to_string_lossy()
-                .as_ref()
-                .into(),
-        ),
-    });
 }
 
 /// An ensemble's declarations; it has no worker and no parameters.
@@ -426,20 +337,6 @@ fn param_value(key: &str, value: &toml::Value) -> Option<ParamValue> {
         ),
         _ => return None,
     })
-}
-
-/// Numbered subfolders, ascending.
-pub(crate) fn versions(folder: &Path) -> Vec<u64> {
-    let mut versions: Vec<u64> = std::fs::read_dir(folder)
-        .map(|dir| {
-            dir.filter_map(|e| e.ok())
-                .filter(|e| e.path().is_dir())
-                .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
-                .collect()
-        })
-        .unwrap_or_default();
-    versions.sort_unstable();
-    versions
 }
 
 #[cfg(test)]

@@ -92,7 +92,7 @@ pub fn complete(config: &ModelConfig, name: &str, group: &WorkerGroup) -> ModelC
 }
 
 fn data_type(t: &TensorSpec) -> i32 {
-    proto::DataType::from_str_name(crate::triton::triton_type(t.dtype))
+    proto::DataType::from_str_name(super::data_type::triton_type(t.dtype))
         .unwrap_or(proto::DataType::TypeInvalid) as i32
 }
 

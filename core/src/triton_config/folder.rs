@@ -8,7 +8,7 @@ use kiln_worker_sdk::Param;
 use super::autocomplete::backend_of_files;
 use super::map::Mapped;
 use crate::error::{Result, ServerError};
-use crate::repository::{versions, worker_versions, Resolved, Serving};
+use crate::repository::resolved::{versions, worker_versions, Resolved, Serving};
 
 /// Triton's model configuration file.
 pub const PBTXT: &str = "config.pbtxt";

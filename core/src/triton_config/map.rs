@@ -311,7 +311,7 @@ fn python(
             let dims: Vec<String> = t.dims.iter().map(i64::to_string).collect();
             let text = format!(
                 "{} [{}]",
-                crate::triton::triton_type(t.data_type),
+                super::data_type::triton_type(t.data_type),
                 dims.join(", ")
             );
             set(

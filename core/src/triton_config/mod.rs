@@ -18,6 +18,7 @@
 
 pub mod autocomplete;
 pub mod complete;
+pub mod data_type;
 pub mod folder;
 pub mod map;
 pub mod sequence;
