@@ -93,11 +93,8 @@ pub fn serve(
         if sched_batch {
             crate::sched::serving_thread();
         }
-        let origins = std::sync::Arc::clone(&origins);
         App::new()
-            .wrap(actix_web::middleware::from_fn(move |req, next| {
-                origin::check(std::sync::Arc::clone(&origins), req, next)
-            }))
+            .wrap(origin::Origins(std::sync::Arc::clone(&origins)))
             .app_data(state.clone())
             .configure(|cfg| routes::configure(cfg, &restrictions))
             .default_service(web::to(routes::not_found))

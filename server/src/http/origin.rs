@@ -24,11 +24,15 @@
 //! Cost for a request without `Origin`: two header lookups.
 
 use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{Service, Transform};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{self, HeaderMap, HeaderValue};
 use actix_web::http::Method;
-use actix_web::middleware::Next;
 use actix_web::{HttpResponse, ResponseError};
+use std::future::{Future, Ready};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 
 use super::HttpError;
 use crate::error::ServerError;
@@ -120,7 +124,8 @@ impl OriginPolicy {
             Ok(())
         } else {
             Err(format!(
-                "a browser's request to host {:?} (a name this server was not given with                  --allowed-host)",
+                "a browser's request to host {:?} (a name this server was not given with \
+                 --allowed-host)",
                 cut(name)
             ))
         }
@@ -204,50 +209,127 @@ fn cut(text: &str) -> &str {
     &text[..end]
 }
 
-/// The middleware (`App::wrap(from_fn(...))`): refuses, answers a preflight, or
-/// passes the request on and adds CORS headers to its answer.
-pub async fn check(
-    policy: std::sync::Arc<OriginPolicy>,
-    req: ServiceRequest,
-    next: Next<impl MessageBody + 'static>,
-) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
-    let scheme = if req.app_config().secure() {
-        "https"
-    } else {
-        "http"
-    };
-    let allowed = match policy.decide(req.headers(), scheme) {
-        Decision::Pass => None,
-        Decision::Cors(origin) => Some(origin),
-        Decision::Refuse(what) => {
-            let refusal = ServerError::Restricted(format!(
-                "{what} is not allowed here: the server answers browsers at its own \
-                 origin and --cors-allow-origin only, by an address, localhost or \
-                 --allowed-host"
-            ));
-            let response = HttpError(refusal).error_response();
-            return Ok(req.into_response(response).map_into_right_body());
-        }
-    };
-    let preflight = req.method() == Method::OPTIONS
-        && req.headers().contains_key("access-control-request-method");
-    if let (Some(origin), true) = (&allowed, preflight) {
-        let mut response = HttpResponse::NoContent();
-        if let Some(asked) = req.headers().get("access-control-request-headers") {
-            response.insert_header(("access-control-allow-headers", asked.clone()));
-        }
-        let mut response = response
-            .insert_header(("access-control-allow-methods", METHODS))
-            .insert_header(("access-control-max-age", MAX_AGE))
-            .finish();
-        cors_headers(response.headers_mut(), origin);
-        return Ok(req.into_response(response).map_into_right_body());
+/// The middleware (`App::wrap(Origins(policy))`): refuses, answers a preflight,
+/// or passes the request on and adds CORS headers to its answer. Written as a
+/// `Transform` rather than `middleware::from_fn`, which boxes a future and clones
+/// the policy's `Arc` per request: here a passed request costs the two header
+/// lookups and nothing else.
+#[derive(Clone)]
+pub struct Origins(pub Arc<OriginPolicy>);
+
+impl<S, B> Transform<S, ServiceRequest> for Origins
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error>,
+    S::Future: Unpin,
+    B: MessageBody,
+{
+    type Response = ServiceResponse<EitherBody<B>>;
+    type Error = actix_web::Error;
+    type Transform = OriginService<S>;
+    type InitError = ();
+    type Future = Ready<Result<OriginService<S>, ()>>;
+
+    fn new_transform(&self, service: S) -> Self::Future {
+        std::future::ready(Ok(OriginService {
+            service,
+            policy: Arc::clone(&self.0),
+        }))
     }
-    let mut response = next.call(req).await?;
-    if let Some(origin) = allowed {
-        cors_headers(response.headers_mut(), &origin);
+}
+
+/// [`Origins`] in front of one actix worker's service.
+pub struct OriginService<S> {
+    service: S,
+    policy: Arc<OriginPolicy>,
+}
+
+impl<S, B> Service<ServiceRequest> for OriginService<S>
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error>,
+    S::Future: Unpin,
+    B: MessageBody,
+{
+    type Response = ServiceResponse<EitherBody<B>>;
+    type Error = actix_web::Error;
+    type Future = Checked<S::Future, B>;
+
+    actix_web::dev::forward_ready!(service);
+
+    fn call(&self, req: ServiceRequest) -> Self::Future {
+        let scheme = if req.app_config().secure() {
+            "https"
+        } else {
+            "http"
+        };
+        let origin = match self.policy.decide(req.headers(), scheme) {
+            Decision::Pass => None,
+            Decision::Cors(origin) => Some(origin),
+            Decision::Refuse(what) => {
+                let refusal = ServerError::Restricted(format!(
+                    "{what} is not allowed here: the server answers browsers at its own \
+                     origin and --cors-allow-origin only, by an address, localhost or \
+                     --allowed-host"
+                ));
+                let response = HttpError(refusal).error_response();
+                return Checked::Answered(Some(req.into_response(response).map_into_right_body()));
+            }
+        };
+        let preflight = req.method() == Method::OPTIONS
+            && req.headers().contains_key("access-control-request-method");
+        if let (Some(origin), true) = (&origin, preflight) {
+            let mut response = HttpResponse::NoContent();
+            if let Some(asked) = req.headers().get("access-control-request-headers") {
+                response.insert_header(("access-control-allow-headers", asked.clone()));
+            }
+            let mut response = response
+                .insert_header(("access-control-allow-methods", METHODS))
+                .insert_header(("access-control-max-age", MAX_AGE))
+                .finish();
+            cors_headers(response.headers_mut(), origin);
+            return Checked::Answered(Some(req.into_response(response).map_into_right_body()));
+        }
+        Checked::Passed {
+            route: self.service.call(req),
+            origin,
+        }
     }
-    Ok(response.map_into_left_body())
+}
+
+/// What [`OriginService`] answers: the route's answer (with CORS headers for an
+/// allowed cross origin), or its own (a refusal, a preflight's 204).
+pub enum Checked<F, B> {
+    Passed {
+        route: F,
+        origin: Option<HeaderValue>,
+    },
+    Answered(Option<ServiceResponse<EitherBody<B>>>),
+}
+
+// Nothing is pinned through `Checked` but the route's future, which is `Unpin`;
+// the answer is moved out whole.
+impl<F: Unpin, B> Unpin for Checked<F, B> {}
+
+impl<F, B> Future for Checked<F, B>
+where
+    F: Future<Output = Result<ServiceResponse<B>, actix_web::Error>> + Unpin,
+    B: MessageBody,
+{
+    type Output = Result<ServiceResponse<EitherBody<B>>, actix_web::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            Checked::Passed { route, origin } => {
+                let mut response = ready!(Pin::new(route).poll(cx))?;
+                if let Some(origin) = origin.take() {
+                    cors_headers(response.headers_mut(), &origin);
+                }
+                Poll::Ready(Ok(response.map_into_left_body()))
+            }
+            Checked::Answered(answer) => Poll::Ready(answer.take().ok_or_else(|| {
+                actix_web::error::ErrorInternalServerError("origin check polled after its answer")
+            })),
+        }
+    }
 }
 
 fn cors_headers(headers: &mut HeaderMap, origin: &HeaderValue) {
