@@ -508,3 +508,50 @@ async fn a_leaking_model_is_bounded_and_its_host_restarted() {
             .unwrap(),
     );
 }
+
+/// Triton's `ocr_cls_python` folder as Triton serves it — its config.pbtxt (which
+/// names no interpreter) and model.py, byte for byte — runs in the environment the
+/// operator gives the server (`KILN_PYTHON`, as Triton's stub takes the server's
+/// PATH): model.py imports onnxruntime, which Debian's default python3 lacks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_triton_folder_runs_in_the_operators_environment() {
+    let repo = TempRepository::new(&[]);
+    let shared = repo_root().join("../shared/tools/triton/models/ocr_cls_python");
+    for file in ["config.pbtxt", "1/model.py"] {
+        let text = std::fs::read(fixtures().join("ocr_cls_python").join(file)).unwrap();
+        if shared.is_dir() {
+            assert_eq!(text, std::fs::read(shared.join(file)).unwrap(), "{file}");
+        }
+        let to = repo.path().join("ocr_cls_python").join(file);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::write(to, text).unwrap();
+    }
+    link_cls_model(repo.path(), "ocr_cls_python");
+    let python = cache_dir().join("venv/bin/python");
+    let kiln = Kiln::start_with_env(
+        &["--model-repository", &repo.arg()],
+        &[("KILN_PYTHON", python.to_str().unwrap())],
+    );
+    let client = &kiln.client;
+    client
+        .load_model("ocr_cls_python", &serde_json::json!({}))
+        .await
+        .unwrap();
+    let data = vec![0.25f32; 2 * 3 * 48 * 192];
+    let request = InferRequest {
+        model: "ocr_cls_python".into(),
+        inputs: vec![InputTensor::from_slice(
+            "x",
+            DataType::Fp32,
+            &[2, 3, 48, 192],
+            &data,
+        )],
+        ..Default::default()
+    };
+    let answer = client.infer(&request).await.unwrap();
+    assert_eq!(answer.outputs[0].shape, vec![2, 2]);
+    // The classifier's softmax: each row's two probabilities sum to 1.
+    for row in answer.outputs[0].values::<f32>().chunks(2) {
+        assert!((row[0] + row[1] - 1.0).abs() < 1e-4, "{row:?}");
+    }
+}

@@ -39,6 +39,11 @@ const UTILS: &str = include_str!("triton_python_backend_utils.py");
 /// Debian's interpreter: its `dist-packages` (python3-numpy) serve by default.
 const DEFAULT_PYTHON: &str = "/usr/bin/python3";
 
+/// The operator's interpreter for models that name none (a `config.pbtxt` cannot):
+/// Triton's python backend takes its environment from the server's, so kiln's does
+/// too. Worker hosts get the server's `KILN_*` variables.
+const PYTHON_ENV: &str = "KILN_PYTHON";
+
 /// Triton's `TritonError.INVALID_ARG`: the one code answered 400.
 const INVALID_ARG: i64 = 3;
 
@@ -84,6 +89,7 @@ impl Worker for PythonWorker {
         );
         let python = params
             .string("python")
+            .or_else(|| std::env::var(PYTHON_ENV).ok().filter(|p| !p.is_empty()))
             .unwrap_or_else(|| DEFAULT_PYTHON.into());
         interpreter::start(Path::new(&python))?;
         let instances = params.int("instances")?.unwrap_or(1);
