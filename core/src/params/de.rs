@@ -1,165 +1,63 @@
 //! A serde [`Deserializer`](de::Deserializer) over a load-parameter list, so the
 //! settings the server reads are one `#[derive(Deserialize)]` type
-//! ([`crate::params::LoadParams`]) whatever way the parameters arrived (JSON,
-//! gRPC, `config.toml`, `--load`).
+//! ([`super::LoadParams`]) whatever way the parameters arrived (JSON, gRPC,
+//! `config.toml`, `--load`).
 //!
 //! - A key is a path of `.`-separated segments: `default_queue_policy.max_queue_size`
 //!   fills the field `max_queue_size` of the struct in the field
 //!   `default_queue_policy`. Field names match without regard to case.
-//! - A map takes the next segment as its key (`priority_queue_policy.2.…`: key `2`);
-//!   a [`Names`] map takes the whole rest (`state.in.put`: key `in.put`).
-//! - Values coerce as [`kiln_worker_sdk::Params`]' getters do, since a CLI and
-//!   gRPC's string parameters give text: `"8"` is an integer, `"TRUE"` a boolean.
-//!   A list is its comma-separated text (`"4,8"`, the form JSON's and TOML's
-//!   `[4, 8]` take on the way in); an enum matches its variants without regard to case.
+//! - A map takes the next segment as its key; a [`Levels`] map only a number
+//!   (`priority_queue_policy.2.…`: key `2`); a [`Names`] map the whole rest
+//!   (`state.in.put`: key `in.put`).
+//! - Values coerce as [`kiln_worker_sdk::Params`]' getters do, with the same
+//!   [`kiln_worker_sdk::coerce`]: a CLI and gRPC's string parameters give text, so
+//!   `"8"` is an integer and `"TRUE"` a boolean. A list is its comma-separated text
+//!   (`"4,8"`, the form JSON's and TOML's `[4, 8]` take on the way in); an enum
+//!   matches its variants without regard to case.
 //! - A key repeated takes its first value, as `Params::get` reads it.
-//! - Keys no field takes are left to the caller (they are the worker's own
-//!   parameters: [`crate::params::check_known`] refuses the ones nobody knows);
-//!   [`from_params`] returns them.
+//! - Keys no field takes go to the root type's [`Rest`] field (in `LoadParams`: the
+//!   worker's own parameters); a type without one refuses them.
+//!
+//! [`super::schema`] walks the same types without parameters, for the names they take.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
-use std::fmt;
 
+use kiln_worker_sdk::coerce;
 use kiln_worker_sdk::{Param, ParamValue};
 use serde::de::{self, DeserializeOwned, IntoDeserializer, Visitor};
-use serde::{forward_to_deserialize_any, Deserialize};
+use serde::forward_to_deserialize_any;
 
-/// A parameter whose value does not have the type its setting takes.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ValueError {
-    /// Not an integer, nor text that parses as one.
-    #[error("parameter `{key}` must be an integer, got `{got}`")]
-    NotInteger { key: String, got: String },
-    /// An unsigned integer beyond `i64::MAX`.
-    #[error("parameter `{key}`: {got} is too large (the most is {})", i64::MAX)]
-    TooLarge { key: String, got: u64 },
-    /// Not a boolean, 0/1, nor `true`/`false`/`yes`/`no`/`1`/`0` text.
-    #[error("parameter `{key}` must be a boolean, got `{got}`")]
-    NotBool { key: String, got: String },
-    /// Not a number, nor text that parses as one.
-    #[error("parameter `{key}` must be a number, got `{got}`")]
-    NotNumber { key: String, got: String },
-    /// Not one of an enum's variants.
-    #[error("parameter `{key}` must be {}, got `{got}`", one_of(allowed))]
-    NotOneOf {
-        key: String,
-        allowed: &'static [&'static str],
-        got: String,
-    },
-    /// An element of a list (`preferred_batch_size`) is not an integer.
-    #[error("parameter `{key}` must be positive sizes, got `{got}`")]
-    NotSizes { key: String, got: String },
-    /// A key that goes deeper than its setting (`batch_size.x`).
-    #[error("parameter `{key}` takes no `.` segments after `{path}`")]
-    TooDeep { key: String, path: String },
-    /// Anything else serde reports (a settings type that does not fit this format).
-    #[error("{0}")]
-    Other(String),
-}
+use super::access::{Children, ListItem, SpelledParts};
+use super::error::ValueError;
+use super::shapes::{LEVELS, NAMES, REST, REST_FIELD, SPELLED};
 
-impl de::Error for ValueError {
-    fn custom<T: fmt::Display>(msg: T) -> Self {
-        ValueError::Other(msg.to_string())
-    }
-}
-
-/// `` `a`, `b` or `c` ``.
-fn one_of(allowed: &[&str]) -> String {
-    let quoted: Vec<String> = allowed.iter().map(|a| format!("`{a}`")).collect();
-    match quoted.split_last() {
-        None => String::new(),
-        Some((last, [])) => last.clone(),
-        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
-    }
-}
-
-/// Deserializes `T` from `params`; also returns the keys no field of `T` took.
-pub fn from_params<T: DeserializeOwned>(params: &[Param]) -> Result<(T, Vec<String>), ValueError> {
+/// Deserializes `T` from `params`. Keys no field takes go to `T`'s [`Rest`]
+/// field; without one, the first is refused ([`ValueError::Unknown`]).
+pub fn from_params<T: DeserializeOwned>(params: &[Param]) -> Result<T, ValueError> {
     let seen = Seen::default();
     let value = T::deserialize(Node::root(params, &seen))?;
-    Ok((value, seen.leftovers.into_inner()))
-}
-
-/// The names of every field of every struct deserializing `T` from `params` visits
-/// (`default_queue_policy.max_queue_size`; a map's key as written), whether
-/// `params` sets it or not: what `T` takes, to compare with a list of names.
-pub fn declared_fields<T: DeserializeOwned>(params: &[Param]) -> Result<Vec<String>, ValueError> {
-    let seen = Seen::default();
-    T::deserialize(Node::root(params, &seen))?;
-    Ok(seen.declared.into_inner())
+    match seen.leftovers.into_inner().into_iter().next() {
+        Some(key) => Err(ValueError::Unknown { key }),
+        None => Ok(value),
+    }
 }
 
 /// What a deserialization saw besides the value.
 #[derive(Default)]
 struct Seen {
-    /// Keys no field took.
+    /// Keys no field took (yet: a [`Rest`] field takes them all).
     leftovers: RefCell<Vec<String>>,
-    /// Every field of every struct visited.
-    declared: RefCell<Vec<String>>,
 }
 
-/// A map whose keys are names that may hold dots (`state.<input>`): each key is
-/// the whole rest of the parameter's name after the map's own.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Names<T>(pub BTreeMap<String, T>);
-
-impl<T> Default for Names<T> {
-    fn default() -> Self {
-        Names(BTreeMap::new())
-    }
-}
-
-const NAMES: &str = "kiln::Names";
-const SPELLED: &str = "kiln::Spelled";
-
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for Names<T> {
-    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<T>(std::marker::PhantomData<T>);
-        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
-            type Value = Names<T>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("names")
-            }
-            fn visit_newtype_struct<D: de::Deserializer<'de>>(
-                self,
-                d: D,
-            ) -> Result<Self::Value, D::Error> {
-                BTreeMap::deserialize(d).map(Names)
-            }
-        }
-        d.deserialize_newtype_struct(NAMES, V(std::marker::PhantomData))
-    }
-}
-
-/// A setting with the name its first parameter was given as (for errors that
-/// name what the user wrote) and that parameter's place in the list.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Spelled<T> {
-    pub key: String,
-    pub index: usize,
-    pub value: T,
-}
-
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for Spelled<T> {
-    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<T>(std::marker::PhantomData<T>);
-        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
-            type Value = Spelled<T>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a parameter")
-            }
-            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let missing = || de::Error::custom("a spelled parameter has three parts");
-                Ok(Spelled {
-                    key: seq.next_element()?.ok_or_else(missing)?,
-                    index: seq.next_element()?.ok_or_else(missing)?,
-                    value: seq.next_element()?.ok_or_else(missing)?,
-                })
-            }
-        }
-        d.deserialize_newtype_struct(SPELLED, V(std::marker::PhantomData))
-    }
+/// How a map's keys split from the rest of a name.
+#[derive(Clone, Copy, PartialEq)]
+enum Keys {
+    /// The next segment.
+    Segment,
+    /// The next segment when it is a number ([`Levels`]); others are no key.
+    Level,
+    /// The whole rest, when not empty ([`Names`]).
+    Whole,
 }
 
 /// A parameter, with what is left of its name below the node that holds it.
@@ -176,8 +74,8 @@ struct Node<'a> {
     /// The canonical name of this node (`default_queue_policy.max_queue_size`).
     path: String,
     entries: Vec<Entry<'a>>,
-    /// A [`Names`] map: each key is the whole rest of a name.
-    whole_keys: bool,
+    /// How a map here splits its keys.
+    keys: Keys,
     seen: &'a Seen,
 }
 
@@ -194,7 +92,7 @@ impl<'a> Node<'a> {
                     index,
                 })
                 .collect(),
-            whole_keys: false,
+            keys: Keys::Segment,
             seen,
         }
     }
@@ -207,7 +105,7 @@ impl<'a> Node<'a> {
                 format!("{}.{name}", self.path)
             },
             entries,
-            whole_keys: false,
+            keys: Keys::Segment,
             seen: self.seen,
         }
     }
@@ -235,56 +133,15 @@ impl<'a> Node<'a> {
     }
 
     fn int(&self) -> Result<i64, ValueError> {
-        let key = || self.path.clone();
-        match self.value()? {
-            ParamValue::Int(v) => Ok(*v),
-            ParamValue::Str(s) => s.trim().parse().map_err(|_| ValueError::NotInteger {
-                key: key(),
-                got: s.to_string(),
-            }),
-            ParamValue::Uint(v) => Err(ValueError::TooLarge {
-                key: key(),
-                got: *v,
-            }),
-            other => Err(ValueError::NotInteger {
-                key: key(),
-                got: other.to_string(),
-            }),
-        }
+        Ok(coerce::int(&self.path, self.value()?)?)
     }
 
     fn bool(&self) -> Result<bool, ValueError> {
-        let not_bool = |got: String| ValueError::NotBool {
-            key: self.path.clone(),
-            got,
-        };
-        match self.value()? {
-            ParamValue::Bool(v) => Ok(*v),
-            ParamValue::Int(0) => Ok(false),
-            ParamValue::Int(1) => Ok(true),
-            ParamValue::Str(s) => match s.trim().to_ascii_lowercase().as_str() {
-                "true" | "1" | "yes" => Ok(true),
-                "false" | "0" | "no" => Ok(false),
-                _ => Err(not_bool(s.to_string())),
-            },
-            other => Err(not_bool(other.to_string())),
-        }
+        Ok(coerce::bool(&self.path, self.value()?)?)
     }
 
     fn float(&self) -> Result<f64, ValueError> {
-        match self.value()? {
-            ParamValue::Float(v) => Ok(*v),
-            ParamValue::Int(v) => Ok(*v as f64),
-            ParamValue::Uint(v) => Ok(*v as f64),
-            ParamValue::Str(s) => s.trim().parse().map_err(|_| ValueError::NotNumber {
-                key: self.path.clone(),
-                got: s.to_string(),
-            }),
-            other => Err(ValueError::NotNumber {
-                key: self.path.clone(),
-                got: other.to_string(),
-            }),
-        }
+        Ok(coerce::float(&self.path, self.value()?)?)
     }
 
     /// The entries grouped under each of `names` (matched without regard to case)
@@ -293,7 +150,10 @@ impl<'a> Node<'a> {
         let mut fields: Vec<(&'static str, Vec<Entry<'a>>)> = Vec::new();
         for entry in &self.entries {
             let (head, rest) = entry.rest.split_once('.').unwrap_or((entry.rest, ""));
-            let Some(name) = names.iter().find(|n| n.eq_ignore_ascii_case(head)) else {
+            let field = names
+                .iter()
+                .find(|n| **n != REST_FIELD && n.eq_ignore_ascii_case(head));
+            let Some(name) = field else {
                 self.seen
                     .leftovers
                     .borrow_mut()
@@ -309,15 +169,29 @@ impl<'a> Node<'a> {
         fields
     }
 
-    /// The entries grouped by the next segment of their names (`whole`: by the
-    /// whole rest), keys as written.
-    fn by_key(&self, whole: bool) -> Vec<(String, Vec<Entry<'a>>)> {
+    /// The entries grouped by their keys in this map (split as `self.keys`
+    /// says), keys as written; entries that have no key are left over.
+    fn by_key(&self) -> Vec<(String, Vec<Entry<'a>>)> {
         let mut keys: Vec<(String, Vec<Entry<'a>>)> = Vec::new();
         for entry in &self.entries {
-            let (head, rest) = match whole {
-                true => (entry.rest, ""),
-                false => entry.rest.split_once('.').unwrap_or((entry.rest, "")),
+            let (head, rest) = match self.keys {
+                Keys::Whole => (entry.rest, ""),
+                Keys::Segment | Keys::Level => {
+                    entry.rest.split_once('.').unwrap_or((entry.rest, ""))
+                }
             };
+            let is_key = match self.keys {
+                Keys::Segment => true,
+                Keys::Level => !head.is_empty() && head.bytes().all(|b| b.is_ascii_digit()),
+                Keys::Whole => !head.is_empty(),
+            };
+            if !is_key {
+                self.seen
+                    .leftovers
+                    .borrow_mut()
+                    .push(entry.param.key.to_string());
+                continue;
+            }
             let entry = Entry { rest, ..*entry };
             match keys.iter_mut().find(|(k, _)| k == head) {
                 Some((_, entries)) => entries.push(entry),
@@ -346,96 +220,6 @@ impl<'a> Node<'a> {
     }
 }
 
-/// The children of a node, as map entries.
-struct Children<'a> {
-    children: std::vec::IntoIter<(String, Node<'a>)>,
-    next: Option<Node<'a>>,
-}
-
-impl<'de, 'a> de::MapAccess<'de> for Children<'a> {
-    type Error = ValueError;
-
-    fn next_key_seed<K: de::DeserializeSeed<'de>>(
-        &mut self,
-        seed: K,
-    ) -> Result<Option<K::Value>, ValueError> {
-        let Some((key, node)) = self.children.next() else {
-            return Ok(None);
-        };
-        self.next = Some(node);
-        seed.deserialize(key.into_deserializer()).map(Some)
-    }
-
-    fn next_value_seed<V: de::DeserializeSeed<'de>>(
-        &mut self,
-        seed: V,
-    ) -> Result<V::Value, ValueError> {
-        let node = self
-            .next
-            .take()
-            .ok_or_else(|| ValueError::Other("a value without its key".into()))?;
-        seed.deserialize(node)
-    }
-}
-
-/// A [`Spelled`] node: its first parameter's name, that parameter's place, the node.
-struct SpelledParts<'a> {
-    key: Option<String>,
-    index: Option<usize>,
-    node: Option<Node<'a>>,
-}
-
-impl<'de, 'a> de::SeqAccess<'de> for SpelledParts<'a> {
-    type Error = ValueError;
-
-    fn next_element_seed<T: de::DeserializeSeed<'de>>(
-        &mut self,
-        seed: T,
-    ) -> Result<Option<T::Value>, ValueError> {
-        if let Some(key) = self.key.take() {
-            return seed.deserialize(key.into_deserializer()).map(Some);
-        }
-        if let Some(index) = self.index.take() {
-            return seed.deserialize(index.into_deserializer()).map(Some);
-        }
-        match self.node.take() {
-            Some(node) => seed.deserialize(node).map(Some),
-            None => Ok(None),
-        }
-    }
-}
-
-/// A list's elements: integers, each reported with the whole list when it is not.
-struct ListItem {
-    path: String,
-    item: String,
-    list: String,
-}
-
-impl<'de> de::Deserializer<'de> for ListItem {
-    type Error = ValueError;
-
-    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, ValueError> {
-        visitor.visit_string(self.item)
-    }
-
-    fn deserialize_i64<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, ValueError> {
-        match self.item.trim().parse() {
-            Ok(v) => visitor.visit_i64(v),
-            Err(_) => Err(ValueError::NotSizes {
-                key: self.path,
-                got: self.list,
-            }),
-        }
-    }
-
-    forward_to_deserialize_any! {
-        bool i8 i16 i32 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
-        option unit unit_struct newtype_struct seq tuple tuple_struct map struct enum
-        identifier ignored_any
-    }
-}
-
 /// Every integer type reads as an `i64` (settings range-check their own values).
 macro_rules! integers_as_i64 {
     ($($method:ident)*) => {
@@ -452,7 +236,7 @@ impl<'de, 'a> de::Deserializer<'de> for Node<'a> {
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, ValueError> {
         if !self.entries.iter().any(|e| e.rest.is_empty()) {
-            let groups = self.by_key(false);
+            let groups = self.by_key();
             return self.visit_map(groups, visitor);
         }
         match self.value()? {
@@ -504,9 +288,18 @@ impl<'de, 'a> de::Deserializer<'de> for Node<'a> {
     ) -> Result<V::Value, ValueError> {
         match name {
             NAMES => visitor.visit_newtype_struct(Node {
-                whole_keys: true,
+                keys: Keys::Whole,
                 ..self
             }),
+            LEVELS => visitor.visit_newtype_struct(Node {
+                keys: Keys::Level,
+                ..self
+            }),
+            // Visited last (see `deserialize_struct`): every leftover is known.
+            REST => {
+                let keys = self.seen.leftovers.take();
+                visitor.visit_newtype_struct(de::value::SeqDeserializer::new(keys.into_iter()))
+            }
             SPELLED => {
                 let first = self.entries.iter().min_by_key(|e| e.index);
                 let (key, index) = first
@@ -537,7 +330,7 @@ impl<'de, 'a> de::Deserializer<'de> for Node<'a> {
     }
 
     fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, ValueError> {
-        let groups = self.by_key(self.whole_keys);
+        let groups = self.by_key();
         self.visit_map(groups, visitor)
     }
 
@@ -547,15 +340,15 @@ impl<'de, 'a> de::Deserializer<'de> for Node<'a> {
         fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, ValueError> {
-        self.seen
-            .declared
-            .borrow_mut()
-            .extend(fields.iter().map(|f| self.child(f, Vec::new()).path));
-        let groups = self
+        let mut groups: Vec<(String, Vec<Entry<'a>>)> = self
             .by_field(fields)
             .into_iter()
             .map(|(name, entries)| (name.to_owned(), entries))
             .collect();
+        // The keys no field takes, once every other field has been visited.
+        if fields.contains(&REST_FIELD) {
+            groups.push((REST_FIELD.to_owned(), Vec::new()));
+        }
         self.visit_map(groups, visitor)
     }
 
@@ -594,18 +387,14 @@ impl<'de, 'a> de::Deserializer<'de> for Node<'a> {
     }
 }
 
-impl<'de> IntoDeserializer<'de, ValueError> for ListItem {
-    type Deserializer = ListItem;
-
-    fn into_deserializer(self) -> ListItem {
-        self
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
-    use kiln_worker_sdk::params_from_pairs;
+    use crate::params::shapes::{Levels, Names, Rest, Spelled};
+    use kiln_worker_sdk::{params_from_pairs, ParamValue};
+    use serde::Deserialize;
 
     #[derive(Debug, Default, Deserialize, PartialEq)]
     #[serde(default)]
@@ -630,12 +419,20 @@ mod tests {
         ratio: Option<f64>,
         inner: Inner,
         levels: BTreeMap<String, Inner>,
+        numbered: Levels<Inner>,
         names: Names<String>,
         spelled: Option<Spelled<i64>>,
+        #[serde(rename = "*")]
+        rest: Rest,
     }
 
     fn parse(pairs: &[(&str, &str)]) -> Result<(Settings, Vec<String>), String> {
-        from_params(&params_from_pairs(pairs)).map_err(|e| e.to_string())
+        from_params::<Settings>(&params_from_pairs(pairs))
+            .map(|s| {
+                let left = s.rest.0.clone();
+                (s, left)
+            })
+            .map_err(|e| e.to_string())
     }
 
     #[test]
@@ -716,5 +513,31 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("is too large"));
+    }
+
+    #[test]
+    fn keys_no_field_takes_go_to_the_rest_field_or_are_refused() {
+        let (s, left) = parse(&[
+            ("numbered.2.size", "1"),
+            ("numbered.x.size", "1"),
+            ("names.", "out"),
+            ("inner.depth", "1"),
+            ("count", "1"),
+            ("count.x", "1"),
+            ("*", "1"),
+        ])
+        .unwrap();
+        assert_eq!(s.numbered.0["2"].size, Some(1));
+        assert_eq!(s.numbered.0.len(), 1);
+        assert!(s.names.0.is_empty());
+        // Every level's leftovers: the root's first, then each field's as visited.
+        assert_eq!(
+            left,
+            ["*", "numbered.x.size", "names.", "inner.depth", "count.x"]
+        );
+        // `Inner` has no `Rest` field: what it does not take is refused.
+        let e =
+            from_params::<Inner>(&params_from_pairs(&[("size", "1"), ("depth", "2")])).unwrap_err();
+        assert_eq!(e.to_string(), "unknown parameter `depth`");
     }
 }
