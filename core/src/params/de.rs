@@ -144,16 +144,15 @@ impl<'a> Node<'a> {
         Ok(coerce::float(&self.path, self.value()?)?)
     }
 
-    /// The entries grouped under each of `names` (matched without regard to case)
-    /// by the next segment of their names; the others are left over.
-    fn by_field(&self, names: &'static [&'static str]) -> Vec<(&'static str, Vec<Entry<'a>>)> {
-        let mut fields: Vec<(&'static str, Vec<Entry<'a>>)> = Vec::new();
+    /// The entries grouped by what `place` makes of the rest of each name: its
+    /// group and what is left below it; an entry it places nowhere is left over.
+    fn group<K: PartialEq>(
+        &self,
+        place: impl Fn(&'a str) -> Option<(K, &'a str)>,
+    ) -> Vec<(K, Vec<Entry<'a>>)> {
+        let mut groups: Vec<(K, Vec<Entry<'a>>)> = Vec::new();
         for entry in &self.entries {
-            let (head, rest) = entry.rest.split_once('.').unwrap_or((entry.rest, ""));
-            let field = names
-                .iter()
-                .find(|n| **n != REST_FIELD && n.eq_ignore_ascii_case(head));
-            let Some(name) = field else {
+            let Some((key, rest)) = place(entry.rest) else {
                 self.seen
                     .leftovers
                     .borrow_mut()
@@ -161,44 +160,42 @@ impl<'a> Node<'a> {
                 continue;
             };
             let entry = Entry { rest, ..*entry };
-            match fields.iter_mut().find(|(n, _)| n == name) {
+            match groups.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, entries)) => entries.push(entry),
-                None => fields.push((name, vec![entry])),
+                None => groups.push((key, vec![entry])),
             }
         }
-        fields
+        groups
+    }
+
+    /// The entries grouped under each of `names` (matched without regard to case)
+    /// by the next segment of their names; the others are left over.
+    fn by_field(&self, names: &'static [&'static str]) -> Vec<(&'static str, Vec<Entry<'a>>)> {
+        self.group(|name| {
+            let (head, rest) = name.split_once('.').unwrap_or((name, ""));
+            let field = names
+                .iter()
+                .find(|n| **n != REST_FIELD && n.eq_ignore_ascii_case(head))?;
+            Some((*field, rest))
+        })
     }
 
     /// The entries grouped by their keys in this map (split as `self.keys`
     /// says), keys as written; entries that have no key are left over.
     fn by_key(&self) -> Vec<(String, Vec<Entry<'a>>)> {
-        let mut keys: Vec<(String, Vec<Entry<'a>>)> = Vec::new();
-        for entry in &self.entries {
-            let (head, rest) = match self.keys {
-                Keys::Whole => (entry.rest, ""),
-                Keys::Segment | Keys::Level => {
-                    entry.rest.split_once('.').unwrap_or((entry.rest, ""))
-                }
+        let keys = self.keys;
+        self.group(|name| {
+            let (head, rest) = match keys {
+                Keys::Whole => (name, ""),
+                Keys::Segment | Keys::Level => name.split_once('.').unwrap_or((name, "")),
             };
-            let is_key = match self.keys {
+            let is_key = match keys {
                 Keys::Segment => true,
                 Keys::Level => !head.is_empty() && head.bytes().all(|b| b.is_ascii_digit()),
                 Keys::Whole => !head.is_empty(),
             };
-            if !is_key {
-                self.seen
-                    .leftovers
-                    .borrow_mut()
-                    .push(entry.param.key.to_string());
-                continue;
-            }
-            let entry = Entry { rest, ..*entry };
-            match keys.iter_mut().find(|(k, _)| k == head) {
-                Some((_, entries)) => entries.push(entry),
-                None => keys.push((head.to_owned(), vec![entry])),
-            }
-        }
-        keys
+            is_key.then(|| (head.to_owned(), rest))
+        })
     }
 
     fn visit_map<'de, V: Visitor<'de>>(
