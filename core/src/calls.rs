@@ -31,11 +31,12 @@ use kiln_worker_sdk::call::{
     CallError, CallErrorKind, CallFfi, CallOutputFfi, CallResultFfi, CallSink,
 };
 use kiln_worker_sdk::reexports::{RResult, RSlice, RVec};
-use kiln_worker_sdk::{Param, ParamValue, Params};
+use kiln_worker_sdk::{Param, ParamValue};
 
 use crate::client_bytes::{ClientBytes, Reservation, Use};
 use crate::error::{Result, ServerError};
 use crate::infer::{InferRequest, InferResponse, InputTensor};
+use crate::params::RequestParams;
 use crate::reply::Reply;
 
 /// How often a waiting caller looks at its requests' clients and deadlines. A
@@ -228,9 +229,12 @@ fn run_calls(
 /// The deadline of request `j` of the batch: its `timeout` parameter (µs),
 /// counted from its arrival.
 fn request_deadline(member: &Member<Reply>) -> Option<Instant> {
-    let micros = Params(&member.params).int("timeout").ok().flatten()?;
-    let micros = u64::try_from(micros).ok().filter(|&m| m > 0)?;
-    member.arrived.checked_add(Duration::from_micros(micros))
+    // Admitted, so it parses: `RequestParams::parse` read it at admission.
+    let timeout = RequestParams::parse(&member.params).ok()?.timeout?;
+    member
+        .arrived
+        .checked_add(timeout)
+        .filter(|_| !timeout.is_zero())
 }
 
 fn submit(

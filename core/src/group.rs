@@ -112,7 +112,7 @@ pub struct WorkerGroup {
     scaling: scale::Scaling,
     sequence: Option<SequenceRuntime>,
     /// The worker's declared request parameters, checked at admission.
-    request_params: crate::worker_params::RequestParams,
+    request_params: crate::params::RequestRules,
     /// When the gauges were last refreshed and the instances' busy time then
     /// (`kiln_instance_busy_*`).
     last_scrape: Mutex<(Instant, u64)>,
@@ -141,7 +141,7 @@ impl WorkerGroup {
         settings: GroupSettings,
         instances: Vec<WorkerBox>,
         metrics: ModelMetrics,
-        request_params: crate::worker_params::RequestParams,
+        request_params: crate::params::RequestRules,
     ) -> Result<Arc<WorkerGroup>> {
         let GroupName {
             endpoint,
@@ -334,7 +334,7 @@ impl WorkerGroup {
             threads: Mutex::new(Vec::new()),
             scaling: scale::Scaling::new(0),
             sequence: None,
-            request_params: crate::worker_params::RequestParams::new(&[]),
+            request_params: crate::params::RequestRules::new(&[]),
             last_scrape: Mutex::new((Instant::now(), 0)),
             ensemble: Some(EnsembleSide {
                 plan: Arc::new(plan),

@@ -24,7 +24,6 @@ pub mod model_control;
 pub mod models;
 pub mod ordering;
 pub mod outstanding;
-pub mod param_de;
 pub mod params;
 pub mod plugin;
 pub mod process_metrics;
@@ -42,7 +41,6 @@ pub mod stream_metrics;
 pub mod trace;
 pub mod triton;
 pub mod triton_config;
-pub mod worker_params;
 
 pub use error::ServerError;
 pub use infer::{InferRequest, InferResponse, InputTensor, OutputTensor};

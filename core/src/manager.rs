@@ -27,9 +27,8 @@ use crate::isolation::process::{HostSpec, ProcessWorker};
 use crate::isolation::Isolation;
 use crate::limits::{Demand, Limits};
 use crate::metrics::Metrics;
-use crate::params::{check_known, identity, GroupParams};
+use crate::params::{check_client_keys, check_known, identity, GroupParams, RequestRules};
 use crate::plugin::{check_name, Plugins};
-use crate::worker_params::{check_client_keys, RequestParams};
 
 mod scale;
 
@@ -570,7 +569,7 @@ impl State {
             version: version.to_owned(),
             params: params_as_given,
         };
-        let request_params = RequestParams::new((module.parameters())().as_slice());
+        let request_params = RequestRules::new((module.parameters())().as_slice());
         let group = WorkerGroup::start(name, info, settings, instances, metrics, request_params)
             .inspect_err(|_| {
                 if fresh {

@@ -1,17 +1,16 @@
 //! The server's side of the sequence batcher: its load-time parameters, the worker
 //! inputs and outputs it fills and keeps (control inputs, implicit state), the view
-//! of the model clients see without them, each request's sequence parameters, and
-//! the answers to requests the batcher refuses.
+//! of the model clients see without them, and the answers to requests the batcher refuses.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use kiln_batchers::sequence::{
-    repeat, scalar_bytes, Control, InputLayout, InputSource, SequenceConfig, SequenceFlags,
-    SequenceHost, SequenceId, SequenceRejection, StateSpec, Strategy,
+    repeat, scalar_bytes, Control, InputLayout, InputSource, SequenceConfig, SequenceHost,
+    SequenceRejection, StateSpec, Strategy,
 };
 use kiln_batchers::Request;
-use kiln_worker_sdk::{DataType, Param, ParamValue, Params, Shape, TensorSpec, WorkerInfo};
+use kiln_worker_sdk::{DataType, Shape, TensorSpec, WorkerInfo};
 
 use crate::error::{Result, ServerError};
 use crate::infer::names;
@@ -275,37 +274,6 @@ impl SequenceModel {
     }
 }
 
-/// A request's `sequence_id` (uint64 or string), `sequence_start` and `sequence_end`.
-pub fn request_flags(model: &str, parameters: &[Param]) -> Result<SequenceFlags> {
-    let p = Params(parameters);
-    let id = match p.get("sequence_id") {
-        None => None,
-        Some(ParamValue::Int(v)) if *v > 0 => Some(SequenceId::Number(*v as u64)),
-        Some(ParamValue::Uint(v)) => Some(SequenceId::Number(*v)),
-        Some(ParamValue::Str(s)) if !s.is_empty() => Some(SequenceId::Text(s.to_string())),
-        Some(other) => {
-            return Err(ServerError::invalid(format!(
-            "parameter `sequence_id` must be a positive integer or a non-empty string, got {other}"
-        )))
-        }
-    };
-    let id = id.ok_or_else(|| {
-        ServerError::invalid(format!(
-            "model `{model}` is stateful: each request needs a `sequence_id` parameter"
-        ))
-    })?;
-    let flag = |key: &str| -> Result<bool> {
-        Ok(p.bool(key)
-            .map_err(ServerError::InvalidRequest)?
-            .unwrap_or(false))
-    };
-    Ok(SequenceFlags::new(
-        id,
-        flag("sequence_start")?,
-        flag("sequence_end")?,
-    ))
-}
-
 /// Answers the requests the sequence batcher refuses and keeps its gauges.
 pub struct SequenceGroupHost {
     pub ctx: Arc<InstanceContext>,
@@ -382,7 +350,7 @@ impl SequenceHost<Reply> for SequenceGroupHost {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kiln_worker_sdk::{params_from_pairs, BatcherKind};
+    use kiln_worker_sdk::{params_from_pairs, BatcherKind, Param};
 
     fn info() -> WorkerInfo {
         WorkerInfo {
@@ -481,29 +449,5 @@ mod tests {
         let model = SequenceModel::new(&info, &params).unwrap();
         assert_eq!(model.state_bytes, vec![2 * 4 * 4]);
         assert_eq!(model.layout.states[0].dims.dims(), &[2, 1, 4]);
-    }
-
-    #[test]
-    fn request_flags_read_ids_of_both_kinds() {
-        let f = request_flags("m", &params_from_pairs(&[("sequence_id", "abc")])).unwrap();
-        assert_eq!(f.id, SequenceId::Text("abc".into()));
-        let typed = vec![
-            Param {
-                key: "sequence_id".into(),
-                value: ParamValue::Int(9),
-            },
-            Param {
-                key: "sequence_start".into(),
-                value: ParamValue::Bool(true),
-            },
-        ];
-        let f = request_flags("m", &typed).unwrap();
-        assert_eq!((f.id, f.start, f.end), (SequenceId::Number(9), true, false));
-        assert!(request_flags("m", &[]).is_err());
-        let zero = vec![Param {
-            key: "sequence_id".into(),
-            value: ParamValue::Int(0),
-        }];
-        assert!(request_flags("m", &zero).is_err());
     }
 }

@@ -18,6 +18,7 @@ use crate::infer::{InferRequest, InferResponse};
 use crate::manager::{Manager, Models};
 use crate::metrics::Metrics;
 use crate::model_control::ModelControl;
+use crate::params::{client_keys, Origin};
 use crate::plugin::Plugins;
 use crate::repository::{Entry, Repository, Resolved, Serving};
 use crate::restricted::RestrictedApis;
@@ -25,7 +26,6 @@ use crate::serve::{self, Call, Pending};
 use crate::shm::SharedMemory;
 use crate::trace::Trace;
 use crate::triton_config::proto::ModelConfig as ModelConfigProto;
-use crate::worker_params::{client_keys, Origin};
 
 /// How to start a [`Server`].
 #[derive(Debug, Clone, Default)]
@@ -213,7 +213,7 @@ impl Server {
 
     /// The second half of [`Server::load_model_as`]: loads model `name` as
     /// `resolved`; `client_keys` are the parameters a client set
-    /// ([`crate::worker_params::client_keys`]).
+    /// ([`crate::params::client_keys`]).
     pub async fn load_resolved(
         &self,
         name: &str,
@@ -501,7 +501,8 @@ impl Server {
         }
         let continuation = group.settings.batcher == kiln_worker_sdk::BatcherKind::Sequence
             && request.is_some_and(|r| {
-                crate::sequence::request_flags(&group.endpoint, &r.parameters)
+                crate::params::SequenceRequest::read(&r.parameters)
+                    .flags(&group.endpoint)
                     .is_ok_and(|flags| !flags.start)
             });
         if continuation {

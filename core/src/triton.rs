@@ -2,7 +2,7 @@
 //! for every protocol: REST renders it as JSON (`http::routes`, `http::triton`),
 //! gRPC as protobuf messages (`grpc`).
 
-use kiln_worker_sdk::{BatcherKind, DataType, Param, Params, WorkerInfo};
+use kiln_worker_sdk::{BatcherKind, DataType, WorkerInfo};
 
 use crate::ensemble::config::{StepConfig, TensorConfig};
 use crate::ensemble::plan::Plan;
@@ -489,30 +489,9 @@ pub fn repository_model_name<'a>(field_1: &'a str, field_2: &'a str) -> Result<&
     }
 }
 
-/// Takes the `version` parameter of a repository load out of `params`: the version
-/// to load, if given.
-pub fn take_version(params: &mut Vec<Param>) -> Result<Option<u64>> {
-    let Some(i) = params
-        .iter()
-        .position(|p| p.key.as_str().eq_ignore_ascii_case("version"))
-    else {
-        return Ok(None);
-    };
-    let p = params.remove(i);
-    Params(std::slice::from_ref(&p))
-        .int("version")
-        .ok()
-        .flatten()
-        .and_then(|v| u64::try_from(v).ok())
-        .map(Some)
-        .ok_or_else(|| ServerError::invalid("`version` must be a non-negative integer"))
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
-
-    use kiln_worker_sdk::ParamValue;
 
     use super::*;
 
@@ -536,25 +515,6 @@ mod tests {
                 _ => format!("TYPE_{}", d.as_str()),
             };
             assert_eq!(name, expected);
-        }
-    }
-
-    #[test]
-    fn version_parameter_is_taken_out() {
-        let param = |key: &str, value: ParamValue| Param {
-            key: key.into(),
-            value,
-        };
-        let mut params = vec![
-            param("batch_size", ParamValue::Int(4)),
-            param("Version", ParamValue::Str("2".into())),
-        ];
-        assert_eq!(take_version(&mut params).unwrap(), Some(2));
-        assert_eq!(params.len(), 1);
-        assert_eq!(take_version(&mut params).unwrap(), None);
-        for bad in [ParamValue::Int(-1), ParamValue::Str("x".into())] {
-            let mut params = vec![param("version", bad)];
-            assert!(take_version(&mut params).is_err());
         }
     }
 }

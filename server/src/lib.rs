@@ -12,6 +12,7 @@ pub mod drain;
 pub mod grpc;
 pub mod http;
 pub mod jobs;
+pub mod load_spec;
 pub mod log_format;
 pub mod log_settings;
 pub mod media;

@@ -427,7 +427,7 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
     let loads = args
         .load
         .iter()
-        .map(|s| kiln_server::params::parse_load_spec(s).map_err(anyhow::Error::from))
+        .map(|s| kiln_server::load_spec::parse_load_spec(s).map_err(anyhow::Error::from))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let restricted =
         RestrictedApis::parse(&args.http_restricted_api, &args.grpc_restricted_protocol)?;

@@ -26,6 +26,7 @@
 pub mod async_batch;
 pub mod batch;
 pub mod call;
+pub mod coerce;
 pub mod error;
 pub mod ffi;
 pub mod logging;
@@ -41,6 +42,7 @@ pub use batch::{
     OutputFfi, RequestFfi,
 };
 pub use call::{CallError, CallErrorKind, CallInput, CallOutput, CallSink, ModelCall};
+pub use coerce::CoerceError;
 pub use error::{RequestError, RequestErrorKind, WorkerError};
 pub use ffi::{WorkerBox, WorkerFfi, WorkerFfi_TO, WorkerMod, WorkerModRef};
 pub use logging::LogSink;

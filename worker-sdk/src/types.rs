@@ -6,6 +6,8 @@ use std::fmt;
 use abi_stable::std_types::{RString, RVec};
 use abi_stable::StableAbi;
 
+use crate::coerce::{self, CoerceError};
+
 /// The most dimensions a tensor may have.
 pub const MAX_RANK: usize = 8;
 
@@ -299,58 +301,31 @@ impl<'a> Params<'a> {
             .map(|p| &p.value)
     }
 
-    /// `key` as an integer: an `Int`, or a `Str` that parses as one.
+    /// `key` as an integer: an `Int`, or a `Str` that parses as one
+    /// ([`coerce::int`]).
     pub fn int(&self, key: &str) -> Result<Option<i64>, String> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(ParamValue::Int(v)) => Ok(Some(*v)),
-            Some(ParamValue::Str(s)) => s
-                .trim()
-                .parse()
-                .map(Some)
-                .map_err(|_| format!("parameter `{key}` must be an integer, got `{s}`")),
-            Some(ParamValue::Uint(v)) => Err(format!(
-                "parameter `{key}`: {v} is too large (the most is {})",
-                i64::MAX
-            )),
-            Some(other) => Err(format!(
-                "parameter `{key}` must be an integer, got `{other}`"
-            )),
-        }
+        self.coerced(key, coerce::int)
     }
 
-    /// `key` as a boolean: a `Bool`, an `Int` 0/1, or `true`/`false`/`1`/`0` text.
+    /// `key` as a boolean: a `Bool`, an `Int` 0/1, or `true`/`false`/`1`/`0` text
+    /// ([`coerce::bool`]).
     pub fn bool(&self, key: &str) -> Result<Option<bool>, String> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(ParamValue::Bool(v)) => Ok(Some(*v)),
-            Some(ParamValue::Int(0)) => Ok(Some(false)),
-            Some(ParamValue::Int(1)) => Ok(Some(true)),
-            Some(ParamValue::Str(s)) => match s.trim().to_ascii_lowercase().as_str() {
-                "true" | "1" | "yes" => Ok(Some(true)),
-                "false" | "0" | "no" => Ok(Some(false)),
-                _ => Err(format!("parameter `{key}` must be a boolean, got `{s}`")),
-            },
-            Some(other) => Err(format!(
-                "parameter `{key}` must be a boolean, got `{other}`"
-            )),
-        }
+        self.coerced(key, coerce::bool)
     }
 
-    /// `key` as a float: any number, or text that parses as one.
+    /// `key` as a float: any number, or text that parses as one ([`coerce::float`]).
     pub fn float(&self, key: &str) -> Result<Option<f64>, String> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(ParamValue::Float(v)) => Ok(Some(*v)),
-            Some(ParamValue::Int(v)) => Ok(Some(*v as f64)),
-            Some(ParamValue::Uint(v)) => Ok(Some(*v as f64)),
-            Some(ParamValue::Str(s)) => s
-                .trim()
-                .parse()
-                .map(Some)
-                .map_err(|_| format!("parameter `{key}` must be a number, got `{s}`")),
-            Some(other) => Err(format!("parameter `{key}` must be a number, got `{other}`")),
-        }
+        self.coerced(key, coerce::float)
+    }
+
+    fn coerced<T>(
+        &self,
+        key: &str,
+        coerce: fn(&str, &ParamValue) -> Result<T, CoerceError>,
+    ) -> Result<Option<T>, String> {
+        self.get(key)
+            .map(|v| coerce(key, v).map_err(|e| e.to_string()))
+            .transpose()
     }
 
     /// `key` as text (any value is rendered).

@@ -631,7 +631,7 @@ fn mean_batch_sampler(
 /// model's folder keeps its case).
 #[cfg(feature = "embedded")]
 fn parse_load(spec: &str) -> anyhow::Result<(String, Vec<Param>)> {
-    let (_, params) = kiln_server::params::parse_load_spec(spec)?;
+    let (_, params) = kiln_server::load_spec::parse_load_spec(spec)?;
     let name = spec.split_once(':').map_or(spec, |(name, _)| name).trim();
     Ok((name.to_owned(), params))
 }

@@ -4,7 +4,7 @@
 //! successor.
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crossbeam_channel::{Sender, TrySendError};
 use kiln_batchers::Request;
@@ -13,6 +13,7 @@ use tokio::sync::oneshot;
 use super::{Reply, WorkerGroup};
 use crate::error::{Result, ServerError};
 use crate::infer::{validate, InferRequest};
+use crate::params::RequestParams;
 use crate::request_log::RequestLog;
 
 impl WorkerGroup {
@@ -65,12 +66,17 @@ impl WorkerGroup {
             parameters,
             ..
         } = request;
-        let (priority, timeout) = scheduling(&parameters)
-            .and_then(|scheduling| {
+        // Read once: the scheduling and sequence parameters.
+        let RequestParams {
+            priority,
+            timeout,
+            sequence: sequence_request,
+        } = RequestParams::parse(&parameters)
+            .and_then(|read| {
                 // The worker's declared request parameters: a bad value fails this
                 // request alone, before it can share a batch.
                 self.request_params.check(&parameters)?;
-                Ok(scheduling)
+                Ok(read)
             })
             .inspect_err(|_| {
                 metrics.invalid.inc();
@@ -87,7 +93,8 @@ impl WorkerGroup {
         let sequence = match &self.sequence {
             None => None,
             Some(seq) => {
-                let flags = crate::sequence::request_flags(&self.endpoint, &parameters)
+                let flags = sequence_request
+                    .flags(&self.endpoint)
                     .and_then(|flags| match (seq.batched, valid.rows) {
                         (true, rows) if rows != 1 => Err(ServerError::invalid(format!(
                             "model `{}` is stateful: each request of a sequence is one row, got {rows}",
@@ -157,7 +164,7 @@ impl WorkerGroup {
     /// request parameters, names, datatypes, shapes, sizes) without queuing it:
     /// the job API validates each job at submission. Counts nothing.
     pub fn check(&self, request: &InferRequest) -> Result<()> {
-        scheduling(&request.parameters)?;
+        RequestParams::parse(&request.parameters)?;
         self.request_params.check(&request.parameters)?;
         let tensors = InferRequest {
             inputs: request.inputs.clone(),
@@ -166,23 +173,4 @@ impl WorkerGroup {
         };
         validate(&self.info, self.settings.batch_size, tensors).map(|_| ())
     }
-}
-
-/// A request's `priority` (level, 1 highest) and `timeout` (microseconds, Triton's
-/// unit) parameters.
-fn scheduling(parameters: &[kiln_worker_sdk::Param]) -> Result<(Option<u32>, Option<Duration>)> {
-    let p = kiln_worker_sdk::Params(parameters);
-    let priority = match p.int("priority").map_err(ServerError::InvalidRequest)? {
-        None => None,
-        Some(v) => Some(u32::try_from(v).map_err(|_| {
-            ServerError::invalid(format!("parameter `priority` must be a level ≥ 0, got {v}"))
-        })?),
-    };
-    let timeout = match p.int("timeout").map_err(ServerError::InvalidRequest)? {
-        None => None,
-        Some(v) => Some(Duration::from_micros(u64::try_from(v).map_err(|_| {
-            ServerError::invalid(format!("parameter `timeout` (µs) must be ≥ 0, got {v}"))
-        })?)),
-    };
-    Ok((priority, timeout))
 }

@@ -332,8 +332,8 @@ impl GrpcInferenceService for KilnGrpc {
             .map_err(status)?
             .to_owned();
         let mut params = repository_params(r.parameters).map_err(status)?;
-        let version = triton::take_version(&mut params).map_err(status)?;
-        let keys = crate::worker_params::client_keys(crate::worker_params::Origin::Client, &params);
+        let version = crate::params::take_version(&mut params).map_err(status)?;
+        let keys = crate::params::client_keys(crate::params::Origin::Client, &params);
         // Reads the model's files: not on the connection's thread.
         let (server, name) = (self.server.clone(), model.clone());
         let resolved = off_thread(move || server.resolve_model(&name, version, params)).await?;
@@ -358,7 +358,7 @@ impl GrpcInferenceService for KilnGrpc {
             .map_err(status)?
             .to_owned();
         let mut params = repository_params(r.parameters).map_err(status)?;
-        let unloaded = match triton::take_version(&mut params).map_err(status)? {
+        let unloaded = match crate::params::take_version(&mut params).map_err(status)? {
             None => self.server.unload(&model).await,
             Some(version) => self.server.unload_version(&model, version).await,
         };

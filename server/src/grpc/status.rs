@@ -66,7 +66,7 @@ mod tests {
         assert_eq!(tonic_limit.code(), Code::ResourceExhausted);
     }
 
-    /// A request parameter the worker's rules refuse (`worker_params`) is
+    /// A request parameter the worker's rules refuse (`params::RequestRules`) is
     /// INVALID_ARGUMENT over gRPC.
     #[test]
     fn a_refused_request_parameter_is_invalid_argument() {
@@ -75,7 +75,7 @@ mod tests {
             "increment",
             ParamKind::Int { min: 0, max: 9 },
         )];
-        let rules = crate::worker_params::RequestParams::new(&specs);
+        let rules = crate::params::RequestRules::new(&specs);
         let err = rules
             .check(&params_from_pairs(&[("increment", "10")]))
             .unwrap_err();

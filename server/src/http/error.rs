@@ -88,10 +88,10 @@ mod tests {
         assert_eq!(response.headers().get("Retry-After").unwrap(), "1");
     }
 
-    /// A client load that sets an operator-only parameter (`worker_params`) is a 400.
+    /// A client load that sets an operator-only parameter (`params::check_client_keys`) is a 400.
     #[test]
     fn a_client_setting_an_operator_parameter_is_400() {
-        use crate::worker_params::{check_client_keys, client_keys, Origin};
+        use crate::params::{check_client_keys, client_keys, Origin};
         use kiln_worker_sdk::{params_from_pairs, ParamSpec};
         let specs = [ParamSpec::operator("runtime")];
         let params = params_from_pairs(&[("RUNTIME", "/tmp/x.so")]);

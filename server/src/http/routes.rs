@@ -344,7 +344,7 @@ async fn load(state: web::Data<State>, path: web::Path<String>, payload: web::Pa
     let worker = path.into_inner().to_ascii_lowercase();
     let endpoint = state
         .server
-        .load_as(crate::worker_params::Origin::Client, &worker, params)
+        .load_as(crate::params::Origin::Client, &worker, params)
         .await?;
     Ok(HttpResponse::Ok().json(json!({ "endpoint": endpoint })))
 }
@@ -408,9 +408,9 @@ async fn repository_load(
         }
     };
     let mut params = load_params_from_json(overrides)?;
-    let version = crate::triton::take_version(&mut params)?;
+    let version = crate::params::take_version(&mut params)?;
     let name = path.into_inner();
-    let keys = crate::worker_params::client_keys(crate::worker_params::Origin::Client, &params);
+    let keys = crate::params::client_keys(crate::params::Origin::Client, &params);
     // Reads the model's files: not on the connection's thread.
     let (server, model) = (state.server.clone(), name.clone());
     let resolved = web::block(move || server.resolve_model(&model, version, params))
@@ -447,7 +447,7 @@ async fn repository_unload(
     };
     let mut params = load_params_from_json(parameters)?;
     let name = path.into_inner();
-    match crate::triton::take_version(&mut params)? {
+    match crate::params::take_version(&mut params)? {
         None => state.server.unload(&name).await?,
         Some(version) => state.server.unload_version(&name, version).await?,
     }

@@ -1,5 +1,5 @@
-//! Who may set a worker's parameters, and the request parameters checked at
-//! admission. Both come from the worker's static declarations
+//! Who may set a worker's parameters, and the rules for the request parameters
+//! it declares, checked at admission. Both come from the worker's static declarations
 //! ([`kiln_worker_sdk::Worker::PARAMETERS`]), which the server reads from the
 //! plugin's root module before any instance is created: a parameter a client may
 //! not set never reaches the worker's `init`.
@@ -20,7 +20,7 @@ pub enum Origin {
 
 /// Parameters only the operator sets, whatever the worker: the model repository
 /// names the model's folder.
-const OPERATOR_ONLY: &[&str] = &["model_dir"];
+pub(super) const OPERATOR_ONLY: &[&str] = &["model_dir"];
 
 /// Refuses the first of `client_keys` (parameters a client set) that `worker`
 /// declares operator-only, naming it.
@@ -52,14 +52,14 @@ pub fn client_keys(origin: Origin, params: &[Param]) -> Vec<String> {
 /// The request parameters a group checks at admission (HTTP 400, gRPC
 /// INVALID_ARGUMENT for a bad value), before the request is queued with others.
 #[derive(Debug, Clone, Default)]
-pub struct RequestParams {
+pub struct RequestRules {
     specs: Vec<ParamSpec>,
 }
 
-impl RequestParams {
+impl RequestRules {
     /// The request-scoped declarations among `specs`.
-    pub fn new(specs: &[ParamSpec]) -> RequestParams {
-        RequestParams {
+    pub fn new(specs: &[ParamSpec]) -> RequestRules {
+        RequestRules {
             specs: specs
                 .iter()
                 .filter(|s| s.scope == ParamScope::Request)
@@ -109,7 +109,7 @@ mod tests {
 
     #[test]
     fn request_values_are_checked() {
-        let rules = RequestParams::new(SPECS);
+        let rules = RequestRules::new(SPECS);
         assert!(rules
             .check(&params_from_pairs(&[("increment", "3")]))
             .is_ok());
