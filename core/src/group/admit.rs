@@ -24,12 +24,6 @@ impl WorkerGroup {
         mut request: InferRequest,
         trace: Option<crate::trace::SpanIds>,
     ) -> Result<oneshot::Receiver<crate::reply::Answer>> {
-        if self.ensemble.is_some() {
-            return Err(ServerError::Internal(format!(
-                "`{}` is an ensemble: its requests go through serve::submit",
-                self.endpoint
-            )));
-        }
         // Held from here to the send: a group drained meanwhile still takes the
         // request into its queue (its batchers drain until the last sender goes).
         let queue = self.queue.load();
@@ -170,7 +164,9 @@ impl WorkerGroup {
 
 /// A request's `priority` (level, 1 highest) and `timeout` (microseconds, Triton's
 /// unit) parameters.
-fn scheduling(parameters: &[kiln_worker_sdk::Param]) -> Result<(Option<u32>, Option<Duration>)> {
+pub(crate) fn scheduling(
+    parameters: &[kiln_worker_sdk::Param],
+) -> Result<(Option<u32>, Option<Duration>)> {
     let p = kiln_worker_sdk::Params(parameters);
     let priority = match p.int("priority").map_err(ServerError::InvalidRequest)? {
         None => None,
