@@ -7,11 +7,11 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use arc_swap::{ArcSwap, ArcSwapOption};
+use arc_swap::ArcSwapOption;
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
-use kiln_batchers::dynamic::{run_dynamic_batcher, DynamicConfig};
+use kiln_batchers::dynamic::run_dynamic_batcher;
 use kiln_batchers::sequence::{run_sequence_batcher, SequenceEvent};
 use kiln_batchers::{Admission, Batch, BatchFormer, BatcherConfig, Request};
 use kiln_buffers::{BufferSet, Pool};
@@ -19,13 +19,12 @@ use kiln_worker_sdk::{BatcherKind, WorkerBox, WorkerInfo};
 use parking_lot::Mutex;
 
 use crate::async_instance::run_async_instance;
-use crate::ensemble::plan::Plan;
 use crate::error::{Result, ServerError};
 use crate::instance::{run_instance, BatchSource, From, InstanceContext};
 use crate::limits::Demand;
 use crate::metrics::ModelMetrics;
 pub use crate::reply::Reply;
-use crate::sequence::{SequenceGroupHost, SequenceLink, SequenceModel, SequenceParams};
+use crate::sequence::{SequenceGroupHost, SequenceLink, SequenceModel};
 use crate::stats::ModelStats;
 
 mod admit;
@@ -63,17 +62,6 @@ pub struct GroupLoad {
     /// jobs dispatcher's `max_sys`: one batch per instance, so jobs in flight
     /// never stand more than about one batch ahead of a realtime request.
     pub capacity: u64,
-}
-
-/// The groups an ensemble's steps run on, in step order, or why it cannot run.
-pub type StepGroups = std::result::Result<Vec<Arc<WorkerGroup>>, String>;
-
-/// An ensemble's side of its group ([`crate::ensemble`]): its checked graph, and the
-/// groups its steps run on, bound again by the Manager whenever the loaded models
-/// change.
-pub struct EnsembleSide {
-    pub plan: Arc<Plan>,
-    pub steps: ArcSwap<StepGroups>,
 }
 
 /// A loaded endpoint.
@@ -116,9 +104,6 @@ pub struct WorkerGroup {
     /// When the gauges were last refreshed and the instances' busy time then
     /// (`kiln_instance_busy_*`).
     last_scrape: Mutex<(Instant, u64)>,
-    /// An ensemble (served by its steps' groups, with no queue, pool or thread of
-    /// its own); `None` for a worker's group.
-    pub ensemble: Option<EnsembleSide>,
 }
 
 /// A stateful group's link to its sequence batcher.
@@ -273,7 +258,6 @@ impl WorkerGroup {
             }),
             request_params,
             last_scrape: Mutex::new((Instant::now(), 0)),
-            ensemble: None,
         });
         let mut pending = instances.into_iter();
         while let Some(instance) = pending.next() {
@@ -286,61 +270,6 @@ impl WorkerGroup {
             }
         }
         Ok(group)
-    }
-
-    /// The group of ensemble `plan` (version `version`), its steps run on `steps`:
-    /// no queue, pool or thread of its own ([`crate::ensemble`]); `submit` refuses,
-    /// its requests go through [`crate::serve::submit`].
-    pub fn ensemble(
-        version: &str,
-        plan: Plan,
-        steps: StepGroups,
-        metrics: ModelMetrics,
-    ) -> Arc<WorkerGroup> {
-        let info = Arc::new(plan.info.clone());
-        let endpoint = plan.name.clone();
-        let batch_size = (plan.info.max_batch_size as usize).max(1);
-        let settings = GroupSettings {
-            batch_size,
-            batcher: BatcherKind::Hard,
-            timeout: Duration::ZERO,
-            gather: false,
-            batchers: 0,
-            max_buffers: 0,
-            buffer_capacity: 0,
-            max_outstanding: None,
-            queue_size: 0,
-            dynamic: DynamicConfig::new(batch_size, Duration::ZERO),
-            sequence: SequenceParams::default(),
-        };
-        let context = Arc::new(context_of(&endpoint, version, &info, metrics));
-        Arc::new(WorkerGroup {
-            endpoint,
-            worker: "ensemble".to_owned(),
-            info: Arc::clone(&info),
-            worker_info: info,
-            settings,
-            identity: String::new(),
-            version: version.to_owned(),
-            params: Vec::new(),
-            queue: ArcSwapOption::empty(),
-            successor: ArcSwapOption::empty(),
-            admission: Admission::new(1),
-            batches: unbounded().1,
-            formers: Vec::new(),
-            // One empty set (a pool holds at least one): never taken.
-            pool: Pool::new(1, BufferSet::default),
-            context,
-            threads: Mutex::new(Vec::new()),
-            scaling: scale::Scaling::new(0),
-            sequence: None,
-            request_params: crate::params::RequestRules::new(&[]),
-            last_scrape: Mutex::new((Instant::now(), 0)),
-            ensemble: Some(EnsembleSide {
-                plan: Arc::new(plan),
-                steps: ArcSwap::from_pointee(steps),
-            }),
-        })
     }
 
     /// The statistics and metrics the group's requests are counted in.
@@ -461,56 +390,18 @@ impl WorkerGroup {
         self.context.caller.is_caller()
     }
 
-    /// The group's Triton-style statistics, measured by its instances.
-    pub fn stats(&self) -> &ModelStats {
-        &self.context.stats
-    }
-
-    /// Counts a request for this model refused before validation (undecodable).
-    pub fn record_invalid(&self) {
-        self.context.metrics.invalid.inc();
-    }
-
     fn gone(&self) -> ServerError {
         ServerError::NotFound(format!("model `{}` is unloading", self.endpoint))
     }
 
-    /// Whether some instance can run batches (an ensemble: whether every step's
-    /// model is bound and ready).
+    /// Whether some instance can run batches.
     pub fn is_ready(&self) -> bool {
-        if let Some(side) = &self.ensemble {
-            return side
-                .steps
-                .load()
-                .as_ref()
-                .as_ref()
-                .is_ok_and(|steps| steps.iter().all(|g| g.is_ready()));
-        }
         self.queue.load().is_some() && self.context.healthy.load(Ordering::SeqCst) > 0
     }
 
     /// Worker instances running (those told to leave by a scale down not counted).
     pub fn instance_count(&self) -> usize {
         self.scaling.instances.load(Ordering::SeqCst)
-    }
-
-    /// Requests pending (accepted, not answered) and answered or refused so far, for
-    /// housekeeping: a few atomic loads.
-    pub fn activity(&self) -> (i64, u64) {
-        let m = &self.context.metrics;
-        let ended = [
-            &m.success,
-            &m.failure,
-            &m.rejected,
-            &m.invalid,
-            &m.unavailable,
-            &m.timeout,
-            &m.cancelled,
-        ]
-        .iter()
-        .map(|c| c.get())
-        .sum();
-        (m.pending.get(), ended)
     }
 
     /// What this group takes of the machine (for the server-wide limits).
@@ -526,10 +417,6 @@ impl WorkerGroup {
     /// Refreshes gauges that are read rather than counted (at each scrape: the hot
     /// path keeps no counter of its own for them).
     pub fn refresh_gauges(&self) {
-        if self.ensemble.is_some() {
-            // No pool, queue or instance of its own: its steps' groups report theirs.
-            return;
-        }
         let m = &self.context.metrics;
         let in_use = self.pool.in_use();
         m.pool_in_use.set(in_use as i64);

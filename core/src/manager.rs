@@ -2,6 +2,9 @@
 //! Callers send a command and wait on a one-shot reply. After each change it
 //! publishes a new snapshot of the endpoint table, which readers take without locks.
 
+mod ensembles;
+mod instances;
+mod scale;
 mod versions;
 
 use std::collections::HashMap;
@@ -10,27 +13,18 @@ use std::thread::JoinHandle;
 
 use arc_swap::ArcSwap;
 use crossbeam_channel::{unbounded, Receiver, Sender};
-use kiln_worker_sdk::{
-    Param, ParamValue, TD_Opaque, WorkerBox, WorkerFfi_TO, WorkerInfo, WorkerModRef,
-    INSTANCES_PARAM,
-};
+use kiln_worker_sdk::{Param, WorkerModRef};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use crate::client_bytes::ClientBytes;
-use crate::ensemble::bind::bind;
 use crate::ensemble::config::EnsembleConfig;
-use crate::ensemble::plan::Plan;
 use crate::error::{Result, ServerError};
-use crate::group::{demand, resolve, GroupName, WorkerGroup};
-use crate::isolation::process::{HostSpec, ProcessWorker};
-use crate::isolation::Isolation;
+use crate::group::WorkerGroup;
 use crate::limits::{Demand, Limits};
 use crate::metrics::Metrics;
-use crate::params::{check_client_keys, check_known, identity, GroupParams, RequestRules};
-use crate::plugin::{check_name, Plugins};
-
-mod scale;
+use crate::models::{Model, Served};
+use crate::plugin::Plugins;
 
 pub use crate::models::Models;
 
@@ -218,8 +212,10 @@ impl crate::calls::Callees for ModelTable {
     fn find(&self, name: &str) -> Option<Arc<dyn crate::calls::Callee>> {
         let models = self.0.upgrade()?;
         let models = models.load();
-        let group = models.find(name, None).ok()?;
-        Some(Arc::clone(group) as Arc<dyn crate::calls::Callee>)
+        Some(match models.find(name, None).ok()? {
+            Served::Group(group) => Arc::clone(group) as Arc<dyn crate::calls::Callee>,
+            Served::Ensemble(ensemble) => Arc::clone(ensemble) as Arc<dyn crate::calls::Callee>,
+        })
     }
 }
 
@@ -322,7 +318,7 @@ impl State {
                     let mut names: Vec<(bool, String)> = self
                         .groups
                         .values()
-                        .map(|g| (g.ensemble.is_none(), g.endpoint.clone()))
+                        .map(|s| (s.group().is_some(), s.endpoint().to_owned()))
                         .collect();
                     names.sort();
                     names.dedup();
@@ -338,155 +334,11 @@ impl State {
         }
     }
 
-    /// Publishes the groups, after binding every ensemble's steps to them again
-    /// (a step's model unloaded or no longer fitting leaves its ensemble
-    /// unavailable, with the reason, until a fitting one is loaded).
+    /// Publishes the models, after binding every ensemble's steps to them again
+    /// ([`State::bind_ensembles`]).
     fn publish(&self) {
-        for group in self.groups.values() {
-            let Some(side) = &group.ensemble else {
-                continue;
-            };
-            let steps = bind(&side.plan, &self.groups);
-            match (&steps, side.steps.load().as_ref()) {
-                (Err(reason), Ok(_)) => {
-                    spdlog::warn!("ensemble `{}` is unavailable: {reason}", group.endpoint)
-                }
-                (Ok(_), Err(_)) => spdlog::info!("ensemble `{}` is available", group.endpoint),
-                _ => {}
-            }
-            side.steps.store(Arc::new(steps));
-        }
+        self.bind_ensembles();
         self.models.store(Arc::new(self.groups.clone()));
-    }
-
-    /// Loads ensemble `name`: its graph checked ([`Plan::new`]) and its steps bound
-    /// to the loaded models ([`bind`]), else refused (400) naming the step and
-    /// tensor. The same graph and version already loaded is kept.
-    fn load_ensemble(
-        &mut self,
-        name: String,
-        version: u64,
-        config: EnsembleConfig,
-    ) -> Result<String> {
-        check_name(&name)?;
-        let plan = Plan::new(&name, config)?;
-        if let Some(s) = plan.steps.iter().position(|s| s.model == name) {
-            return Err(ServerError::invalid(format!(
-                "ensemble `{name}`: {} runs the ensemble itself",
-                plan.step_label(s)
-            )));
-        }
-        let steps = bind(&plan, &self.groups)
-            .map_err(|e| ServerError::invalid(format!("ensemble `{name}`: {e}")))?;
-        let number = version;
-        let version = version.to_string();
-        if let Some(group) = self.groups.get(&name) {
-            let same = group
-                .ensemble
-                .as_ref()
-                .is_some_and(|side| *side.plan == plan && group.version == version);
-            if same {
-                return Ok(name);
-            }
-        }
-        let metrics = self.metrics.model(&name, &version);
-        let group = WorkerGroup::ensemble(&version, plan, Ok(steps), metrics);
-        // An ensemble serves one version: the one loaded last.
-        let replaced = self.groups.remove(&name);
-        self.groups.insert(&name, number, group);
-        self.publish();
-        for old in replaced {
-            old.drain();
-            if old.version != version {
-                self.metrics.remove(&name, &old.version);
-            }
-        }
-        spdlog::info!("loaded ensemble `{name}` (version {version})");
-        Ok(name)
-    }
-
-    /// Loads the plugin (the operator's library), then, before any `init`, refuses
-    /// any parameter in `client_keys` the worker reserves to the operator and any in
-    /// `params` neither the server nor the worker declares (`subject` names the
-    /// load in that error).
-    fn plugin(
-        &mut self,
-        worker: &str,
-        subject: &str,
-        params: &[Param],
-        client_keys: &[String],
-    ) -> Result<WorkerModRef> {
-        let module = self.plugins.load(worker)?;
-        let specs = (module.parameters())();
-        check_client_keys(worker, specs.as_slice(), client_keys)?;
-        check_known(subject, specs.as_slice(), params)?;
-        Ok(module)
-    }
-
-    fn load(&mut self, worker: &str, params: Vec<Param>, client_keys: &[String]) -> Result<String> {
-        check_name(worker)?;
-        let module = self.plugin(worker, &format!("worker `{worker}`"), &params, client_keys)?;
-        let group_params = GroupParams::parse(&params)?;
-        let id = identity(&params);
-        let existing = self
-            .groups
-            .values()
-            .find(|g| g.worker == worker && g.identity == id)
-            .cloned();
-        if let Some(group) = existing {
-            if !self.runs(&group, module) {
-                // A rebuilt library: the endpoint's new group runs it, the old one
-                // drains.
-                let endpoint = group.endpoint.clone();
-                let number = version_of(&group);
-                let new = self.build_group(
-                    module,
-                    endpoint.clone(),
-                    worker,
-                    id,
-                    &params,
-                    &group_params,
-                    &group.version,
-                )?;
-                self.replace(&endpoint, number, new, module);
-                spdlog::info!("replaced `{endpoint}`: its worker's library was rebuilt");
-                return Ok(endpoint);
-            }
-            if !group_params.share {
-                let grown = group.demand() + only_instances(1);
-                self.within_limits(&group.endpoint, grown, only_instances(1))?;
-                let told = with_instances(&params, group.instance_count() + 1);
-                let host = self.host_spec(worker, &group.endpoint, &group_params)?;
-                let (instances, info) = init_instances(module, worker, host, &told, 1)?;
-                if info != *group.worker_info {
-                    teardown(instances, Stage::Initialized);
-                    return Err(load_failed(
-                        worker,
-                        "the new instance describes itself differently",
-                    ));
-                }
-                for instance in start_instances(worker, instances, group.settings.batch_size)? {
-                    group.add_instance(instance)?;
-                }
-                spdlog::info!("added an instance to `{}`", group.endpoint);
-            }
-            return Ok(group.endpoint.clone());
-        }
-        let endpoint = self.free_name(worker);
-        let group = self.build_group(
-            module,
-            endpoint.clone(),
-            worker,
-            id,
-            &params,
-            &group_params,
-            "1",
-        )?;
-        self.groups.insert(&endpoint, 1, group);
-        self.built_from
-            .insert((endpoint.clone(), 1), PluginId::of(module));
-        self.publish();
-        Ok(endpoint)
     }
 
     /// Whether `group` runs the library `module` is the root module of.
@@ -498,7 +350,8 @@ impl State {
     /// Publishes `group` as version `version` of `name` in place of the group
     /// there (if any), which hands late requests to it and drains.
     fn replace(&mut self, name: &str, version: u64, group: Arc<WorkerGroup>, module: WorkerModRef) {
-        let replaced = self.groups.insert(name, version, Arc::clone(&group));
+        let group = Served::Group(group);
+        let replaced = self.groups.insert(name, version, group.clone());
         self.built_from
             .insert((name.to_owned(), version), PluginId::of(module));
         if let Some(old) = &replaced {
@@ -512,125 +365,11 @@ impl State {
         }
     }
 
-    /// Creates, starts and returns a group (not yet published). On failure every
-    /// instance is taken back down and nothing remains.
-    #[allow(clippy::too_many_arguments)]
-    fn build_group(
-        &mut self,
-        module: WorkerModRef,
-        endpoint: String,
-        worker: &str,
-        id: String,
-        params: &[Param],
-        group_params: &GroupParams,
-        version: &str,
-    ) -> Result<Arc<WorkerGroup>> {
-        // Instances are counted before any is made; threads and memory once the
-        // worker has described itself.
-        let count = only_instances(group_params.instances.get());
-        self.within_limits(&endpoint, count, count)?;
-        let params_as_given = params.to_vec();
-        let params = with_instances(params, group_params.instances.get());
-        let host = self.host_spec(worker, &endpoint, group_params)?;
-        let (instances, info) =
-            init_instances(module, worker, host, &params, group_params.instances.get())?;
-        let asynchronous = instances.iter().any(|i| i.is_async());
-        let settings =
-            resolve(&info, group_params, instances.len(), asynchronous).and_then(|settings| {
-                let wanted = demand(&info, &settings, instances.len());
-                self.within_limits(&endpoint, wanted, wanted)?;
-                Ok(settings)
-            });
-        let settings = match settings {
-            Ok(settings) => settings,
-            Err(e) => {
-                teardown(instances, Stage::Initialized);
-                return Err(e);
-            }
-        };
-        let mut settings = settings;
-        // What a scale up may grow the pool to: the sets of the most instances the
-        // limits let the model have.
-        let most = self.limits.instances_per_model.max(instances.len());
-        settings.buffer_capacity = resolve(&info, group_params, most, asynchronous)
-            .map_or(settings.max_buffers, |s| {
-                s.max_buffers.max(settings.max_buffers)
-            });
-        let instances = start_instances(worker, instances, settings.batch_size)?;
-        let metrics = self.metrics.model(&endpoint, version);
-        let fresh = self
-            .groups
-            .version(&endpoint, version_number(version))
-            .is_none();
-        let name = GroupName {
-            endpoint: endpoint.clone(),
-            worker: worker.to_owned(),
-            identity: id,
-            version: version.to_owned(),
-            params: params_as_given,
-        };
-        let request_params = RequestRules::new((module.parameters())().as_slice());
-        let group = WorkerGroup::start(name, info, settings, instances, metrics, request_params)
-            .inspect_err(|_| {
-                if fresh {
-                    self.metrics.remove(&endpoint, version);
-                }
-                if !self.groups.contains_key(&endpoint) {
-                    self.metrics.remove_model(&endpoint);
-                }
-            })?;
-        group.connect_calls(Arc::new(ModelTable(
-            Arc::downgrade(&self.models),
-            Arc::clone(&self.client_bytes),
-        )));
-        spdlog::info!(
-            "loaded `{endpoint}` (worker `{worker}`, version {version}, batch_size {}, {} batcher, {} instance(s), {} buffer sets)",
-            group.settings.batch_size,
-            group.settings.batcher.as_str(),
-            group.instance_count(),
-            group.settings.max_buffers
-        );
-        Ok(group)
-    }
-
-    /// What a group's instances need to run in worker hosts, when its
-    /// parameters ask for process isolation: the plugin's file (the one the
-    /// server found, never a request's) and the model's restart counter.
-    fn host_spec(
-        &self,
-        worker: &str,
-        endpoint: &str,
-        params: &GroupParams,
-    ) -> Result<Option<HostSpec>> {
-        if params.isolation != Isolation::Process {
-            return Ok(None);
-        }
-        if self.plugins.is_builtin(worker) {
-            return Err(load_failed(
-                worker,
-                "a worker compiled into the server runs in its process only: \
-                 isolation = \"process\" needs a plugin library",
-            ));
-        }
-        let plugin = self
-            .plugins
-            .path(worker)
-            .ok_or_else(|| load_failed(worker, "the plugin's file is not known"))?;
-        Ok(Some(HostSpec {
-            model: endpoint.to_owned(),
-            plugin: plugin.to_owned(),
-            restarts: self.metrics.host_restarts(endpoint),
-            max_batch_bytes: usize::try_from(self.limits.buffer_bytes_per_model)
-                .unwrap_or(usize::MAX),
-            max_memory: params.max_host_memory.map(|m| m.get()),
-        }))
-    }
-
     /// Checks the server-wide limits for a group that would take `group` in all,
     /// `added` of it beyond what is loaded now. A group being replaced still counts:
     /// both run until the new one is published.
     fn within_limits(&self, model: &str, group: Demand, added: Demand) -> Result<()> {
-        let loaded: Demand = self.groups.values().map(|g| g.demand()).sum();
+        let loaded: Demand = self.groups.groups().map(|g| g.demand()).sum();
         self.limits
             .check(model, group, loaded + self.building + added)
     }
@@ -657,9 +396,9 @@ impl State {
         self.built_from.retain(|(name, _), _| name != endpoint);
         // New requests stop finding it; then accepted ones are answered.
         self.publish();
-        for group in groups {
-            group.drain();
-            self.metrics.remove(endpoint, &group.version);
+        for served in groups {
+            served.drain();
+            self.metrics.remove(endpoint, served.version());
         }
         self.metrics.remove_model(endpoint);
         spdlog::info!("unloaded `{endpoint}`");
@@ -667,135 +406,11 @@ impl State {
     }
 }
 
-/// The version a group serves, as a number (the Manager only makes numbered ones).
-fn version_of(group: &WorkerGroup) -> u64 {
-    version_number(&group.version)
+/// The version a model serves, as a number (the Manager only makes numbered ones).
+fn version_of(model: &dyn Model) -> u64 {
+    version_number(model.version())
 }
 
 fn version_number(version: &str) -> u64 {
     version.parse().unwrap_or(1)
-}
-
-/// A demand of `n` instances only.
-fn only_instances(n: usize) -> Demand {
-    Demand {
-        instances: n,
-        ..Demand::default()
-    }
-}
-
-fn load_failed(worker: &str, reason: impl Into<String>) -> ServerError {
-    ServerError::LoadFailed {
-        worker: worker.to_owned(),
-        reason: reason.into(),
-    }
-}
-
-/// How far an instance's lifecycle got, to take it back down from there.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Stage {
-    Initialized,
-    Allocated,
-    Acquired,
-}
-
-/// Ends the lifecycle of instances that reached `stage`.
-fn teardown(instances: Vec<WorkerBox>, stage: Stage) {
-    for mut instance in instances {
-        if stage >= Stage::Acquired {
-            let _ = instance.release();
-        }
-        if stage >= Stage::Allocated {
-            let _ = instance.deallocate();
-        }
-        instance.destroy();
-    }
-}
-
-/// `params` with [`INSTANCES_PARAM`] set to the group's instance count (once the
-/// new instances are in) when the loader left it to its default: every worker's
-/// `init` is told how many instances share the machine.
-fn with_instances(params: &[Param], instances: usize) -> Vec<Param> {
-    let mut params = params.to_vec();
-    if !params
-        .iter()
-        .any(|p| p.key.as_str().eq_ignore_ascii_case(INSTANCES_PARAM))
-    {
-        params.push(Param {
-            key: INSTANCES_PARAM.into(),
-            value: ParamValue::Int(i64::try_from(instances).unwrap_or(i64::MAX)),
-        });
-    }
-    params
-}
-
-/// Creates `count` instances (in the server, or each in its own worker host when
-/// `host` is given) and runs `init` on each; all must describe themselves alike.
-/// On failure every instance made so far is destroyed.
-fn init_instances(
-    module: WorkerModRef,
-    worker: &str,
-    host: Option<HostSpec>,
-    params: &[Param],
-    count: usize,
-) -> Result<(Vec<WorkerBox>, WorkerInfo)> {
-    let mut made: Vec<WorkerBox> = Vec::with_capacity(count);
-    let mut info: Option<WorkerInfo> = None;
-    for _ in 0..count {
-        let mut instance = match &host {
-            None => (module.new_worker())(),
-            Some(spec) => WorkerFfi_TO::from_value(ProcessWorker::new(spec.clone()), TD_Opaque),
-        };
-        let described = match instance.init(params.into()).into_result() {
-            Ok(described) => described,
-            Err(e) => {
-                made.push(instance);
-                teardown(made, Stage::Initialized);
-                return Err(load_failed(worker, format!("init: {e}")));
-            }
-        };
-        made.push(instance);
-        if info.as_ref().is_some_and(|i| *i != described) {
-            teardown(made, Stage::Initialized);
-            return Err(load_failed(
-                worker,
-                "instances describe themselves differently",
-            ));
-        }
-        info = Some(described);
-    }
-    match info {
-        Some(info) => Ok((made, info)),
-        None => Err(load_failed(worker, "no instance requested")),
-    }
-}
-
-/// Runs `allocate(batch_size)` and `acquire` on each initialized instance. On failure
-/// every instance is taken back down from the stage it reached.
-fn start_instances(
-    worker: &str,
-    instances: Vec<WorkerBox>,
-    batch_size: usize,
-) -> Result<Vec<WorkerBox>> {
-    let mut started = Vec::with_capacity(instances.len());
-    let mut pending = instances.into_iter();
-    while let Some(mut instance) = pending.next() {
-        let failure = match instance.allocate(batch_size).into_result() {
-            Err(e) => Some((Stage::Initialized, format!("allocate: {e}"))),
-            Ok(()) => match instance.acquire().into_result() {
-                Err(e) => Some((Stage::Allocated, format!("acquire: {e}"))),
-                Ok(()) => None,
-            },
-        };
-        match failure {
-            None => started.push(instance),
-            Some((stage, reason)) => {
-                teardown(vec![instance], stage);
-                teardown(started, Stage::Acquired);
-                teardown(pending.collect(), Stage::Initialized);
-                return Err(load_failed(worker, reason));
-            }
-        }
-    }
-    Ok(started)
 }

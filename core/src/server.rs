@@ -12,12 +12,12 @@ use crate::client_bytes::ClientBytes;
 use crate::ensemble::config::EnsembleConfig;
 use crate::ensemble::plan::Plan;
 use crate::error::{Result, ServerError};
-use crate::group::WorkerGroup;
 use crate::housekeeping::Housekeeping;
 use crate::infer::{InferRequest, InferResponse};
 use crate::manager::{Manager, Models};
 use crate::metrics::Metrics;
 use crate::model_control::ModelControl;
+use crate::models::{Served, WeakServed};
 use crate::params::{client_keys, Origin};
 use crate::plugin::Plugins;
 use crate::repository::{Entry, Repository, Resolved, Serving};
@@ -47,11 +47,8 @@ pub struct ServerConfig {
     pub builtin_workers: Vec<crate::plugin::BuiltinWorker>,
 }
 
-/// A `config.pbtxt` as read, with the group it was loaded as.
-type TritonConfig = (
-    std::sync::Weak<WorkerGroup>,
-    Arc<crate::triton_config::proto::ModelConfig>,
-);
+/// A `config.pbtxt` as read, with what it was loaded as.
+type TritonConfig = (WeakServed, Arc<crate::triton_config::proto::ModelConfig>);
 
 /// A running kiln server; cheap to clone.
 #[derive(Clone)]
@@ -224,8 +221,8 @@ impl Server {
         let loaded = self.load_serving(name, resolved, client_keys).await?;
         let mut configs = self.inner.triton_configs.lock();
         match (triton, self.model(&loaded)) {
-            (Some(config), Ok(group)) => {
-                configs.insert(loaded.clone(), (Arc::downgrade(&group), config));
+            (Some(config), Ok(served)) => {
+                configs.insert(loaded.clone(), (served.downgrade(), config));
             }
             _ => {
                 configs.remove(&loaded);
@@ -234,14 +231,15 @@ impl Server {
         Ok(loaded)
     }
 
-    /// The `config.pbtxt` `group` was loaded from, completed as Triton answers
+    /// The `config.pbtxt` `served` was loaded from, completed as Triton answers
     /// `/config` ([`crate::triton_config::complete`]); `None` for a model of
     /// another origin (a `config.toml`, a worker loaded by name).
-    pub fn triton_config(&self, group: &Arc<WorkerGroup>) -> Option<ModelConfigProto> {
+    pub fn triton_config(&self, served: &Served) -> Option<ModelConfigProto> {
         let configs = self.inner.triton_configs.lock();
-        let (loaded, config) = configs.get(&group.endpoint)?;
-        let same = loaded.upgrade().is_some_and(|g| Arc::ptr_eq(&g, group));
-        same.then(|| crate::triton_config::complete::complete(config, &group.endpoint, group))
+        let (loaded, config) = configs.get(served.endpoint())?;
+        loaded
+            .is(served)
+            .then(|| crate::triton_config::complete::complete(config, served.endpoint(), served))
     }
 
     /// [`Server::load_resolved`] without the bookkeeping of Triton's configs.
@@ -269,7 +267,8 @@ impl Server {
         if let Some(declared) = &resolved.declared {
             let strict = self.model_control().strict_config;
             let models = self.inner.models.load();
-            let wrong = models.versions(&loaded).find_map(|(_, g)| {
+            let mut groups = models.versions(&loaded).filter_map(|(_, s)| s.group());
+            let wrong = groups.find_map(|g| {
                 let (inputs, outputs) = (&g.info.inputs, &g.info.outputs);
                 let mut checked = declared.check(inputs, outputs, &g.worker_info.inputs);
                 // Without auto-completion (Triton's strict model configuration) the
@@ -362,19 +361,17 @@ impl Server {
         self.inner.manager.unload(endpoint, Some(version)).await
     }
 
-    /// The group serving `name` (case-insensitive): its highest loaded version.
-    pub fn model(&self, name: &str) -> Result<Arc<WorkerGroup>> {
+    /// What serves `name` (case-insensitive): its highest loaded version.
+    pub fn model(&self, name: &str) -> Result<Served> {
         self.lookup(name, None)
     }
 
-    /// Every loaded group (each version of each model), sorted by name, then
-    /// version.
-    pub fn models(&self) -> Vec<Arc<WorkerGroup>> {
-        let mut groups: Vec<Arc<WorkerGroup>> =
-            self.inner.models.load().values().cloned().collect();
-        let number = |g: &WorkerGroup| g.version.parse::<u64>().unwrap_or(0);
-        groups.sort_by(|a, b| (&a.endpoint, number(a)).cmp(&(&b.endpoint, number(b))));
-        groups
+    /// Every loaded model (each version of each), sorted by name, then version.
+    pub fn models(&self) -> Vec<Served> {
+        let mut models: Vec<Served> = self.inner.models.load().values().cloned().collect();
+        let number = |s: &Served| s.version().parse::<u64>().unwrap_or(0);
+        models.sort_by(|a, b| (a.endpoint(), number(a)).cmp(&(b.endpoint(), number(b))));
+        models
     }
 
     /// The loaded versions of model `name`, ascending (empty when it is not
@@ -389,10 +386,11 @@ impl Server {
         models.versions(&name).map(|(v, _)| v.to_string()).collect()
     }
 
-    /// The group serving `model` (case-insensitive): with `version`, that version
-    /// (a 404 in Triton's words when it is not loaded); without, the highest loaded
-    /// one. The lookup step of every ingress ([`crate::serve`]).
-    pub fn lookup(&self, model: &str, version: Option<&str>) -> Result<Arc<WorkerGroup>> {
+    /// What serves `model` (case-insensitive), a worker group or an ensemble: with
+    /// `version`, that version (a 404 in Triton's words when it is not loaded);
+    /// without, the highest loaded one. The lookup step of every ingress
+    /// ([`crate::serve`]).
+    pub fn lookup(&self, model: &str, version: Option<&str>) -> Result<Served> {
         self.inner.models.load().find(model, version).cloned()
     }
 
@@ -493,16 +491,19 @@ impl Server {
     /// through so open sequences can end. One relaxed load while serving.
     pub fn refuse_if_stopping(
         &self,
-        group: &WorkerGroup,
+        served: &Served,
         request: Option<&InferRequest>,
     ) -> Result<()> {
         if !self.is_stopping() {
             return Ok(());
         }
-        let continuation = group.settings.batcher == kiln_worker_sdk::BatcherKind::Sequence
+        let stateful = served
+            .group()
+            .is_some_and(|g| g.settings.batcher == kiln_worker_sdk::BatcherKind::Sequence);
+        let continuation = stateful
             && request.is_some_and(|r| {
                 crate::params::SequenceRequest::read(&r.parameters)
-                    .flags(&group.endpoint)
+                    .flags(served.endpoint())
                     .is_ok_and(|flags| !flags.start)
             });
         if continuation {
@@ -510,7 +511,7 @@ impl Server {
         }
         Err(ServerError::Unavailable(format!(
             "server is stopping: model `{}` takes no new request",
-            group.endpoint
+            served.endpoint()
         )))
     }
 
@@ -518,7 +519,7 @@ impl Server {
     /// request queued or in a batch, nor an open sequence (whose continuations
     /// are still let in while stopping).
     pub fn is_idle(&self) -> bool {
-        self.inner.models.load().values().all(|group| {
+        self.inner.models.load().groups().all(|group| {
             let load = group.load();
             load.queued == 0 && load.in_batches == 0 && group.live_sequences() == 0
         })
@@ -530,10 +531,10 @@ impl Server {
         self.inner.metrics.stream(model)
     }
 
-    /// The summed load of every loaded group (see [`WorkerGroup::load`]).
+    /// The summed load of every loaded group (see [`crate::group::WorkerGroup::load`]).
     pub fn load_figures(&self) -> crate::group::GroupLoad {
         let mut total = crate::group::GroupLoad::default();
-        for group in self.inner.models.load().values() {
+        for group in self.inner.models.load().groups() {
             let l = group.load();
             total.in_batches += l.in_batches;
             total.queued += l.queued;
@@ -553,7 +554,7 @@ impl Server {
 
     /// Prometheus text for `/metrics`.
     pub fn metrics_text(&self) -> String {
-        for group in self.inner.models.load().values() {
+        for group in self.inner.models.load().groups() {
             group.refresh_gauges();
         }
         self.inner.metrics.encode()

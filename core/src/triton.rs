@@ -5,10 +5,11 @@
 use kiln_worker_sdk::{BatcherKind, DataType, WorkerInfo};
 
 use crate::ensemble::config::{StepConfig, TensorConfig};
-use crate::ensemble::plan::Plan;
+use crate::ensemble::Ensemble;
 use crate::error::{Result, ServerError};
 use crate::group::{GroupSettings, WorkerGroup};
 use crate::infer::expected_shape;
+use crate::models::Served;
 use crate::server::Server;
 
 /// The server's name in its metadata.
@@ -300,7 +301,8 @@ impl ModelConfig {
 
     /// An ensemble's configuration, as Triton gives it: `platform: "ensemble"`,
     /// its declared tensors and steps, no instance group and no batcher.
-    fn ensemble(group: &WorkerGroup, plan: &Plan) -> ModelConfig {
+    fn ensemble(ensemble: &Ensemble) -> ModelConfig {
+        let plan = &ensemble.plan;
         let tensors = |list: &[TensorConfig]| -> Vec<ConfigTensor> {
             list.iter()
                 .map(|t| ConfigTensor {
@@ -311,10 +313,10 @@ impl ModelConfig {
                 .collect()
         };
         ModelConfig {
-            name: group.endpoint.clone(),
+            name: ensemble.endpoint.clone(),
             platform: ENSEMBLE_PLATFORM.to_owned(),
             backend: String::new(),
-            version: group.version.parse().ok(),
+            version: ensemble.version.parse().ok(),
             max_batch_size: plan.config.max_batch_size,
             inputs: tensors(&plan.config.inputs),
             outputs: tensors(&plan.config.outputs),
@@ -327,11 +329,16 @@ impl ModelConfig {
         }
     }
 
-    /// The configuration of a loaded group.
-    pub fn of(group: &WorkerGroup) -> ModelConfig {
-        if let Some(side) = &group.ensemble {
-            return ModelConfig::ensemble(group, &side.plan);
+    /// The configuration of a loaded model.
+    pub fn of(served: &Served) -> ModelConfig {
+        match served {
+            Served::Group(group) => ModelConfig::group(group),
+            Served::Ensemble(ensemble) => ModelConfig::ensemble(ensemble),
         }
+    }
+
+    /// The configuration of a loaded worker group.
+    fn group(group: &WorkerGroup) -> ModelConfig {
         let instances = group.instance_count();
         let mut config = ModelConfig::new(
             &group.endpoint,
@@ -380,17 +387,25 @@ pub struct ModelMetadata {
     pub outputs: Vec<MetadataTensor>,
     /// The worker's `max_batch_size` (0: it does not batch).
     pub max_batch_size: u32,
-    /// The group's settings and instances (REST's `parameters`).
+    /// A worker group's batching and instances (REST's `parameters`); `None` for
+    /// an ensemble, which has no batcher or instances of its own.
+    pub group: Option<GroupMetadata>,
+}
+
+/// A worker group's part of its [`ModelMetadata`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GroupMetadata {
     pub batch_size: usize,
     pub batcher: BatcherKind,
     pub instances: usize,
 }
 
 impl ModelMetadata {
-    /// The metadata of a loaded group (its clients' tensors: a stateful model's
+    /// The metadata of a loaded model (its clients' tensors: a stateful model's
     /// control and state tensors are not among them).
-    pub fn of(group: &WorkerGroup) -> ModelMetadata {
-        let batching = group.info.max_batch_size > 0;
+    pub fn of(served: &Served) -> ModelMetadata {
+        let info = served.info();
+        let batching = info.max_batch_size > 0;
         let tensors = |specs: &[kiln_worker_sdk::TensorSpec]| -> Vec<MetadataTensor> {
             specs
                 .iter()
@@ -401,19 +416,25 @@ impl ModelMetadata {
                 })
                 .collect()
         };
+        let (platform, group) = match served {
+            Served::Group(g) => (
+                platform(&g.worker),
+                Some(GroupMetadata {
+                    batch_size: g.settings.batch_size,
+                    batcher: g.settings.batcher,
+                    instances: g.instance_count(),
+                }),
+            ),
+            Served::Ensemble(_) => (ENSEMBLE_PLATFORM.to_owned(), None),
+        };
         ModelMetadata {
-            name: group.endpoint.clone(),
-            versions: vec![group.version.clone()],
-            platform: match group.ensemble {
-                Some(_) => ENSEMBLE_PLATFORM.to_owned(),
-                None => platform(&group.worker),
-            },
-            inputs: tensors(&group.info.inputs),
-            outputs: tensors(&group.info.outputs),
-            max_batch_size: group.info.max_batch_size,
-            batch_size: group.settings.batch_size,
-            batcher: group.settings.batcher,
-            instances: group.instance_count(),
+            name: served.endpoint().to_owned(),
+            versions: vec![served.version().to_owned()],
+            platform,
+            inputs: tensors(&info.inputs),
+            outputs: tensors(&info.outputs),
+            max_batch_size: info.max_batch_size,
+            group,
         }
     }
 }
@@ -439,18 +460,18 @@ pub fn repository_index(server: &Server, only_ready: bool) -> Result<Vec<IndexEn
     for entry in server.repository_index()? {
         let mut rows: Vec<IndexEntry> = loaded
             .iter()
-            .filter(|g| g.endpoint == entry.name)
-            .map(|g| {
-                let (state, reason) = match g {
-                    g if g.is_ready() => ("READY", ""),
-                    g if g.ensemble.is_some() => {
+            .filter(|s| s.endpoint() == entry.name)
+            .map(|s| {
+                let (state, reason) = match s {
+                    s if s.is_ready() => ("READY", ""),
+                    Served::Ensemble(_) => {
                         ("UNAVAILABLE", "a step's model is not loaded or not ready")
                     }
-                    _ => ("UNAVAILABLE", "no worker instance can run"),
+                    Served::Group(_) => ("UNAVAILABLE", "no worker instance can run"),
                 };
                 IndexEntry {
                     name: entry.name.clone(),
-                    version: g.version.clone(),
+                    version: s.version().to_owned(),
                     state,
                     reason,
                 }

@@ -18,6 +18,7 @@ use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use parking_lot::Mutex;
 
+use kiln_core::models::Served;
 use kiln_core::serve::Call;
 use kiln_core::stats::StatsSnapshot;
 use kiln_core::trace::{self, Trace, TraceConfig};
@@ -91,7 +92,7 @@ fn observed() -> &'static (Spans, Lines) {
 }
 
 /// `fake` loaded into a new server, with its group.
-async fn fake(load: &[(&str, i64)]) -> (Server, Arc<kiln_core::group::WorkerGroup>) {
+async fn fake(load: &[(&str, i64)]) -> (Server, Served) {
     let server = server();
     let model = server.load("fake", params(load)).await.unwrap();
     let group = server.lookup(&model, None).unwrap();
@@ -108,10 +109,7 @@ fn with_id(model: &str, id: &str, values: &[u32]) -> kiln_core::InferRequest {
 
 /// The group's statistics once `done` holds of them (answers are counted when
 /// the batch's last answer is let go, maybe on the instance's thread).
-fn settled(
-    group: &kiln_core::group::WorkerGroup,
-    done: impl Fn(&StatsSnapshot) -> bool,
-) -> StatsSnapshot {
+fn settled(group: &Served, done: impl Fn(&StatsSnapshot) -> bool) -> StatsSnapshot {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let stats = group.stats().snapshot();
@@ -128,16 +126,16 @@ async fn a_call_dropped_before_its_answer_ends_its_trace_cancelled() {
     let gate_n = 201;
     let (_server, group) = fake(&[("gate", gate_n), ("batch_size", 1)]).await;
     // The first request holds the instance at the gate: the second stays queued.
-    let model = group.endpoint.clone();
+    let model = group.endpoint().to_owned();
     let (mut first, ()) = Call::start(
-        Arc::clone(&group),
+        group.clone(),
         Ok((request(&model, &[1]), ())),
         Trace::receive(Default::default),
     )
     .unwrap();
     gate(gate_n).wait_arrived(1);
     let (queued, ()) = Call::start(
-        Arc::clone(&group),
+        group.clone(),
         Ok((request(&model, &[2]), ())),
         Trace::receive(Default::default),
     )
@@ -179,9 +177,9 @@ async fn a_call_dropped_before_its_answer_ends_its_trace_cancelled() {
 async fn an_answer_that_cannot_be_encoded_is_logged_once_and_counted_a_failure_once() {
     let (_, lines) = observed();
     let (_server, group) = fake(&[]).await;
-    let model = group.endpoint.clone();
+    let model = group.endpoint().to_owned();
     let (mut call, ()) = Call::start(
-        Arc::clone(&group),
+        group.clone(),
         Ok((with_id(&model, "call-encode-fails", &[3]), ())),
         Trace::default(),
     )
@@ -205,9 +203,9 @@ async fn an_answer_that_cannot_be_encoded_is_logged_once_and_counted_a_failure_o
 async fn an_answer_delivered_is_counted_a_success_once_and_logs_nothing() {
     let (_, lines) = observed();
     let (_server, group) = fake(&[]).await;
-    let model = group.endpoint.clone();
+    let model = group.endpoint().to_owned();
     let (mut call, ()) = Call::start(
-        Arc::clone(&group),
+        group.clone(),
         Ok((with_id(&model, "call-delivered", &[5]), ())),
         Trace::default(),
     )
@@ -223,10 +221,10 @@ async fn an_answer_delivered_is_counted_a_success_once_and_logs_nothing() {
 async fn a_request_failed_by_its_worker_is_logged_once() {
     let (_, lines) = observed();
     let (_server, group) = fake(&[]).await;
-    let model = group.endpoint.clone();
+    let model = group.endpoint().to_owned();
     // The fake fails a request holding 7 (invalid), alone.
     let (mut call, ()) = Call::start(
-        Arc::clone(&group),
+        group.clone(),
         Ok((with_id(&model, "call-worker-fails", &[7]), ())),
         Trace::default(),
     )
@@ -247,7 +245,7 @@ async fn a_request_that_failed_to_decode_is_refused_and_logged_once() {
     let (_server, group) = fake(&[]).await;
     let decoded: kiln_core::error::Result<(kiln_core::InferRequest, ())> =
         Err(ServerError::invalid("call-undecodable: not a tensor"));
-    let refused = Call::start(Arc::clone(&group), decoded, Trace::default()).err();
+    let refused = Call::start(group.clone(), decoded, Trace::default()).err();
     assert!(
         matches!(refused, Some(ServerError::InvalidRequest(_))),
         "{:?}",

@@ -27,7 +27,11 @@ async fn the_same_parameters_share_an_endpoint_and_others_get_a_new_one() {
     assert_eq!(a, "fake");
     assert_eq!(again, "fake");
     assert_eq!(other, "fake-0");
-    let mut names: Vec<_> = server.models().iter().map(|g| g.endpoint.clone()).collect();
+    let mut names: Vec<_> = server
+        .models()
+        .iter()
+        .map(|g| g.endpoint().to_owned())
+        .collect();
     names.sort();
     assert_eq!(names, ["fake", "fake-0"]);
 }

@@ -11,7 +11,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::{gate, params, request, server, Clients, Repository};
+use support::{gate, group_of, params, request, server, Clients, Repository};
 
 /// Long enough for any machine; only a broken scale waits this long.
 const HANG: Duration = Duration::from_secs(60);
@@ -33,13 +33,13 @@ async fn scaled_up_the_group_runs_batches_at_once_and_scaled_down_lets_them_fini
         .load("fake", params(&[("gate", 31_001), ("batch_size", 1)]))
         .await
         .unwrap();
-    let group = server.model(&model).unwrap();
+    let group = group_of(&server, &model);
     assert_eq!((group.instance_count(), group.buffer_sets()), (1, 3));
 
     server.scale(&model, 4).await.unwrap();
     // The same group (not a reload), with 4 instances and a set per instance and
     // one forming, plus one.
-    assert!(Arc::ptr_eq(&group, &server.model(&model).unwrap()));
+    assert!(Arc::ptr_eq(&group, &group_of(&server, &model)));
     assert_eq!((group.instance_count(), group.buffer_sets()), (4, 9));
 
     // 4 batches of one request each reach the gate together: 4 instances run.
@@ -78,7 +78,8 @@ async fn scaled_up_the_group_runs_batches_at_once_and_scaled_down_lets_them_fini
     let answer = server.infer(request(&model, &[41])).await.unwrap();
     assert_eq!(answer.outputs[0].values::<u32>(), vec![42]);
     // And the model's configuration says so.
-    let config = kiln_core::triton::ModelConfig::of(&group);
+    let config =
+        kiln_core::triton::ModelConfig::of(&kiln_core::models::Served::Group(group.clone()));
     assert_eq!(config.instance_group.unwrap().1, 1);
     assert!(config.parameters.contains(&("max_buffers", "3".to_owned())));
 }
@@ -91,14 +92,14 @@ async fn a_reload_that_changes_only_instances_scales_the_running_group() {
         .load_model("fake", Some(1), Vec::new())
         .await
         .unwrap();
-    let group = server.model("fake").unwrap();
+    let group = group_of(&server, "fake");
     for n in [3, 1, 2] {
         server
             .load_model("fake", Some(1), params(&[("instances", n)]))
             .await
             .unwrap();
         // Still the group first loaded: scaled, not replaced.
-        assert!(Arc::ptr_eq(&group, &server.model("fake").unwrap()));
+        assert!(Arc::ptr_eq(&group, &group_of(&server, "fake")));
         assert_eq!(group.instance_count(), n as usize);
         assert_eq!(group.buffer_sets(), 2 * n as usize + 1);
     }
@@ -111,7 +112,7 @@ async fn a_reload_that_changes_only_instances_scales_the_running_group() {
         )
         .await
         .unwrap();
-    assert!(!Arc::ptr_eq(&group, &server.model("fake").unwrap()));
+    assert!(!Arc::ptr_eq(&group, &group_of(&server, "fake")));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -124,7 +125,7 @@ async fn scaling_under_load_fails_no_request() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     clients.none_failed().await;
-    let group = server.model(&model).unwrap();
+    let group = group_of(&server, &model);
     assert_eq!((group.instance_count(), group.buffer_sets()), (1, 3));
 }
 
@@ -132,7 +133,7 @@ async fn scaling_under_load_fails_no_request() {
 async fn a_scale_beyond_the_limits_or_to_zero_is_refused_and_changes_nothing() {
     let server = server();
     let model = server.load("fake", Vec::new()).await.unwrap();
-    let group = server.model(&model).unwrap();
+    let group = group_of(&server, &model);
     let zero = server.scale(&model, 0).await.unwrap_err();
     assert!(zero.to_string().contains("at least 1"), "{zero}");
     let too_many = server.scale(&model, 100_000).await.unwrap_err();

@@ -9,15 +9,13 @@
 
 mod support;
 
-use std::sync::Arc;
-
-use kiln_core::group::WorkerGroup;
+use kiln_core::models::Served;
 use kiln_core::trace::Trace;
 use kiln_core::ServerError;
 use support::{request, Repository};
 
 /// Submits to `group` (held since an earlier lookup) and awaits the answer.
-async fn submit(group: &Arc<WorkerGroup>, value: u32) -> Result<(String, Vec<u32>), ServerError> {
+async fn submit(group: &Served, value: u32) -> Result<(String, Vec<u32>), ServerError> {
     let (pending, ()) = kiln_core::serve::submit(
         group,
         Ok((request("fake", &[value]), ())),
@@ -43,7 +41,7 @@ async fn the_unversioned_names_late_request_goes_to_the_version_left() {
     // name's group (version 2), and version 1 asked for by number.
     let latest = server.lookup("fake", None).unwrap();
     let one = server.lookup("fake", Some("1")).unwrap();
-    assert_eq!((latest.version.as_str(), one.version.as_str()), ("2", "1"));
+    assert_eq!((latest.version(), one.version()), ("2", "1"));
 
     server.unload_version("fake", 2).await.unwrap();
     assert_eq!(server.versions("fake"), ["1"]);
@@ -97,10 +95,7 @@ async fn a_reload_that_moves_the_window_hands_late_requests_to_the_new_highest()
     policy(&repo, "{ latest = 2 }");
     server.load_model("fake", None, Vec::new()).await.unwrap();
     assert_eq!(server.versions("fake"), ["2", "3"]);
-    assert!(Arc::ptr_eq(
-        &three,
-        &server.lookup("fake", Some("3")).unwrap()
-    ));
+    assert!(three.is(&server.lookup("fake", Some("3")).unwrap()));
     // A version without a folder, or a policy that allows none, is refused and
     // leaves what is served as it was.
     policy(&repo, "{ specific = [7] }");

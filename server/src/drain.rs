@@ -75,7 +75,12 @@ pub async fn until_idle(server: &Server, deadline: Instant, signals: &mut StopSi
 /// What a stopping server still holds, for the log line of a cut drain.
 pub fn left(server: &Server) -> String {
     let load = server.load_figures();
-    let sequences: u64 = server.models().iter().map(|g| g.live_sequences()).sum();
+    let sequences: u64 = server
+        .models()
+        .iter()
+        .filter_map(|s| s.group())
+        .map(|g| g.live_sequences())
+        .sum();
     format!(
         "{} request(s) queued, {} in batches, {sequences} open sequence(s)",
         load.queued, load.in_batches

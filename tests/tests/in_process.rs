@@ -78,7 +78,7 @@ async fn one_path_looks_up_admits_and_answers() {
     };
     // Lookup: names case-insensitive, only the version loaded.
     let group = server.lookup(&endpoint, Some("1")).unwrap();
-    assert_eq!(group.endpoint, endpoint);
+    assert_eq!(group.endpoint(), endpoint);
     assert!(matches!(
         server.lookup(&endpoint, Some("2")),
         Err(ServerError::NotFound(_))

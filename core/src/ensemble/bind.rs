@@ -20,7 +20,7 @@ use kiln_worker_sdk::{DataType, TensorSpec};
 
 use super::plan::{Plan, Producer};
 use crate::group::WorkerGroup;
-use crate::models::Models;
+use crate::models::{Models, Served};
 
 /// A tensor's datatype and full shape (batch dimension included).
 type Signature = (DataType, Vec<i64>);
@@ -30,7 +30,7 @@ pub fn bind(plan: &Plan, groups: &Models) -> Result<Vec<Arc<WorkerGroup>>, Strin
     let mut bound = Vec::with_capacity(plan.steps.len());
     for (s, step) in plan.steps.iter().enumerate() {
         let label = plan.step_label(s);
-        let group = match &step.version {
+        let served = match &step.version {
             // A step naming a version runs that version, loaded beside others.
             Some(v) => v
                 .parse()
@@ -40,13 +40,16 @@ pub fn bind(plan: &Plan, groups: &Models) -> Result<Vec<Arc<WorkerGroup>>, Strin
             None => groups.get(&step.model),
         }
         .ok_or_else(|| format!("{label}: model `{}` is not loaded", step.model))?;
-        if group.ensemble.is_some() {
-            return Err(format!(
-                "{label}: model `{}` is an ensemble; an ensemble's steps run models served \
-                 by workers (nested ensembles are not supported)",
-                step.model
-            ));
-        }
+        let group = match served {
+            Served::Group(group) => group,
+            Served::Ensemble(_) => {
+                return Err(format!(
+                    "{label}: model `{}` is an ensemble; an ensemble's steps run models \
+                     served by workers (nested ensembles are not supported)",
+                    step.model
+                ))
+            }
+        };
         if let Some(version) = &step.version {
             if *version != group.version {
                 return Err(format!(

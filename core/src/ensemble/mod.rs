@@ -8,13 +8,19 @@
 //! - [`config`]: the `config.toml` form;
 //! - [`plan`]: the graph checked from the configuration alone;
 //! - [`bind`]: the steps bound to loaded models, datatypes and shapes checked;
+//! - [`loaded`]: a loaded ensemble ([`Ensemble`]): its plan, its bound steps, its
+//!   statistics, and nothing of a worker's (no queue, pool or thread);
 //! - [`run`]: one request in flight (the future behind its `serve::Pending`).
 //!
-//! An ensemble is a [`crate::group::WorkerGroup`] with an
-//! [`crate::group::EnsembleSide`] and nothing of a worker's (no queue, pool or
-//! thread), so lookup, metadata, readiness and statistics treat it as any model.
+//! A name serves a worker group or an ensemble ([`crate::models::Served`]); what
+//! they share (name, version, tensors, readiness, statistics) is
+//! [`crate::models::Model`], so lookup, metadata and statistics treat an ensemble
+//! as any model, and what only a group has cannot be asked of an ensemble.
 
 pub mod bind;
 pub mod config;
+pub mod loaded;
 pub mod plan;
 pub mod run;
+
+pub use loaded::{Ensemble, StepGroups};

@@ -1,7 +1,7 @@
 //! One ensemble request in flight: a future that submits each step as soon as
 //! every tensor it reads exists, and answers once every step has.
 //!
-//! Each step's request is admitted by its model's group ([`WorkerGroup::submit`],
+//! Each step's request is admitted by its model's group ([`crate::group::WorkerGroup::submit`],
 //! the admission of [`crate::serve::submit`]), so it is validated, queued and
 //! batched with every other request to that model. Nothing waits on a thread: the
 //! steps in flight are the future's, polled by whoever awaits the ensemble's
@@ -30,9 +30,9 @@ use bytes::Bytes;
 use kiln_worker_sdk::{DataType, Param, ParamValue, Params};
 use tokio::sync::oneshot;
 
+use super::loaded::{Ensemble, StepGroups};
 use super::plan::Plan;
 use crate::error::{Result, ServerError};
-use crate::group::{EnsembleSide, StepGroups, WorkerGroup};
 use crate::infer::{validate, InferRequest, InferResponse, InputTensor, OutputTensor};
 use crate::metrics::ModelMetrics;
 use crate::reply::{Answer, Delivery};
@@ -71,17 +71,17 @@ pub struct Run {
 }
 
 impl Run {
-    /// Admits `request` to ensemble `group` (whose side is `side`): validates it
-    /// against the ensemble's inputs and submits the steps that need only them.
-    /// A refusal is logged by the caller ([`crate::serve::submit`]).
-    pub fn start(group: &WorkerGroup, side: &EnsembleSide, request: InferRequest) -> Result<Run> {
-        let (stats, metrics) = group.counters();
-        let steps = side.steps.load_full();
+    /// Admits `request` to `ensemble`: validates it against the ensemble's inputs
+    /// and submits the steps that need only them. A refusal is logged by the
+    /// caller ([`crate::serve::submit`]).
+    pub fn start(ensemble: &Ensemble, request: InferRequest) -> Result<Run> {
+        let (stats, metrics) = ensemble.counters();
+        let steps = ensemble.steps();
         if let Err(reason) = steps.as_ref() {
             metrics.unavailable.inc();
             return Err(ServerError::Unavailable(format!(
                 "ensemble `{}` is unavailable: {reason}",
-                group.endpoint
+                ensemble.endpoint
             )));
         }
         let InferRequest {
@@ -102,17 +102,16 @@ impl Run {
             outputs,
             ..InferRequest::default()
         };
-        let valid =
-            validate(&group.info, group.settings.batch_size, tensors).inspect_err(|_| {
-                metrics.invalid.inc();
-            })?;
-        let plan = Arc::clone(&side.plan);
+        let valid = validate(&ensemble.info, ensemble.batch_size(), tensors).inspect_err(|_| {
+            metrics.invalid.inc();
+        })?;
+        let plan = Arc::clone(&ensemble.plan);
         let mut run = Run {
             tensors: (0..plan.tensors.len()).map(|_| None).collect(),
             needs: plan.steps.iter().map(|s| s.needs).collect(),
             in_flight: Vec::with_capacity(plan.steps.len()),
             left: plan.steps.len(),
-            version: group.version.clone(),
+            version: ensemble.version.clone(),
             steps,
             stats: Arc::clone(stats),
             metrics: Arc::clone(metrics),

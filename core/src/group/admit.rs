@@ -25,12 +25,6 @@ impl WorkerGroup {
         mut request: InferRequest,
         trace: Option<crate::trace::SpanIds>,
     ) -> Result<oneshot::Receiver<crate::reply::Answer>> {
-        if self.ensemble.is_some() {
-            return Err(ServerError::Internal(format!(
-                "`{}` is an ensemble: its requests go through serve::submit",
-                self.endpoint
-            )));
-        }
         // Held from here to the send: a group drained meanwhile still takes the
         // request into its queue (its batchers drain until the last sender goes).
         let queue = self.queue.load();

@@ -16,8 +16,9 @@
 //!   as no request comes): the count it reports is the one asked for, and
 //!   `kiln_model_instances` follows as they leave.
 //!
-//! A stateful (sequence) group pins sequences to instances and an ensemble has
-//! none: neither scales in place ([`WorkerGroup::scales_in_place`]).
+//! A stateful (sequence) group pins sequences to instances: it does not scale in
+//! place ([`WorkerGroup::scales_in_place`]). An ensemble has no instances of its
+//! own: the Manager refuses to scale it.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -58,12 +59,6 @@ impl WorkerGroup {
     /// Whether the group's instances can be raised or lowered in place; else why
     /// not (a stateful model is reloaded with the new count instead).
     pub fn scales_in_place(&self) -> std::result::Result<(), String> {
-        if self.ensemble.is_some() {
-            return Err(format!(
-                "`{}` is an ensemble: its steps' models have the instances",
-                self.endpoint
-            ));
-        }
         if self.settings.batcher == BatcherKind::Sequence {
             return Err(format!(
                 "`{}` is stateful: its sequences are pinned to instances",

@@ -11,7 +11,8 @@ use std::cmp::Ordering;
 
 use std::sync::Arc;
 
-use super::{init_instances, load_failed, start_instances, teardown, version_of, Stage, State};
+use super::instances::{init_instances, load_failed, start_instances, teardown, Stage};
+use super::{version_of, State};
 use crate::error::{Result, ServerError};
 use crate::group::{pool_bytes, resolve, WorkerGroup};
 use crate::limits::Demand;
@@ -26,21 +27,18 @@ impl State {
             ));
         }
         // A model served in several versions: its unversioned name's, the highest.
-        let group = self
+        let served = self
             .groups
             .get(endpoint)
             .cloned()
             .ok_or_else(|| ServerError::NotFound(format!("no model `{endpoint}` is loaded")))?;
-        self.scale_group(&group, instances)
+        self.scale_group(served.scalable()?, instances)
     }
 
     /// Makes `group` (one version of a model) run `instances` instances.
     pub(super) fn scale_group(&mut self, group: &Arc<WorkerGroup>, instances: usize) -> Result<()> {
         let endpoint = group.endpoint.as_str();
-        if let Err(why) = group.scales_in_place() {
-            if group.ensemble.is_some() {
-                return Err(ServerError::invalid(why));
-            }
+        if group.scales_in_place().is_err() {
             return self.reload_with(group, instances);
         }
         let current = group.instance_count();

@@ -21,7 +21,7 @@ use super::{version_of, State};
 use crate::error::{Result, ServerError};
 use crate::group::WorkerGroup;
 use crate::limits::Demand;
-use crate::models::version_not_found;
+use crate::models::{version_not_found, Served};
 use crate::params::{identity, GroupParams};
 use crate::plugin::check_name;
 
@@ -59,7 +59,7 @@ impl State {
             }
             return Err(e);
         }
-        let was_latest = self.groups.get(&name).map(|g| version_of(g));
+        let was_latest = self.groups.get(&name).map(|s| version_of(&**s));
         let dropped: Vec<u64> = self
             .groups
             .versions(&name)
@@ -71,8 +71,9 @@ impl State {
         }
         let mut replaced = Vec::new();
         for (version, group) in &built {
-            if let Some(old) = self.groups.insert(&name, *version, Arc::clone(group)) {
-                old.replaced_by(group);
+            let group = Served::Group(Arc::clone(group));
+            if let Some(old) = self.groups.insert(&name, *version, group.clone()) {
+                old.replaced_by(&group);
                 replaced.push(old);
             }
             self.built_from
@@ -89,7 +90,10 @@ impl State {
         // reaches it late goes to the new highest. A request for a dropped version
         // by number is refused, as the version is gone.
         if let Some(latest) = self.groups.get(&name) {
-            for old in gone.iter().filter(|g| Some(version_of(g)) == was_latest) {
+            for old in gone
+                .iter()
+                .filter(|s| Some(version_of(&***s)) == was_latest)
+            {
                 old.replaced_by(latest);
             }
         }
@@ -101,8 +105,8 @@ impl State {
         }
         for old in gone {
             old.drain();
-            self.metrics.remove(&name, &old.version);
-            spdlog::info!("unloaded `{name}` version {}", old.version);
+            self.metrics.remove(&name, old.version());
+            spdlog::info!("unloaded `{name}` version {}", old.version());
         }
         let serving: Vec<u64> = self.groups.versions(&name).map(|(v, _)| v).collect();
         spdlog::info!("model `{name}` serves version(s) {serving:?}");
@@ -122,7 +126,7 @@ impl State {
         for (version, params) in wanted {
             let group_params = GroupParams::parse(params)?;
             let id = identity(params);
-            if let Some(group) = self.groups.version(name, *version).cloned() {
+            if let Some(Served::Group(group)) = self.groups.version(name, *version).cloned() {
                 let same = group.worker == worker && group.identity == id;
                 if same && self.runs(&group, module) {
                     continue;
@@ -161,7 +165,7 @@ impl State {
                 "no model `{endpoint}` is loaded"
             )));
         }
-        let group = self
+        let served = self
             .groups
             .remove_version(endpoint, version)
             .ok_or_else(|| version_not_found(endpoint, &version.to_string()))?;
@@ -170,15 +174,15 @@ impl State {
         // highest version left; one that asked for it by number is refused.
         let was_latest = self.groups.versions(endpoint).all(|(v, _)| v < version);
         if let Some(latest) = self.groups.get(endpoint).filter(|_| was_latest) {
-            group.replaced_by(latest);
+            served.replaced_by(latest);
         }
         self.publish();
-        group.drain();
-        self.metrics.remove(endpoint, &group.version);
+        served.drain();
+        self.metrics.remove(endpoint, served.version());
         if !self.groups.contains_key(endpoint) {
             self.metrics.remove_model(endpoint);
         }
-        spdlog::info!("unloaded `{endpoint}` version {}", version_of(&group));
+        spdlog::info!("unloaded `{endpoint}` version {}", version_of(&*served));
         Ok(())
     }
 }

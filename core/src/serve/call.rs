@@ -34,11 +34,9 @@
 //! call.end(encode(response, placement))
 //! ```
 
-use std::sync::Arc;
-
 use crate::error::{Result, ServerError};
-use crate::group::WorkerGroup;
 use crate::infer::{InferRequest, InferResponse};
+use crate::models::Served;
 use crate::reply::Delivery;
 use crate::request_log::{self, RequestLog};
 use crate::trace::Trace;
@@ -49,7 +47,7 @@ use super::Pending;
 /// documentation). Dropping it cancels the request.
 #[must_use = "dropping a Call cancels its request"]
 pub struct Call {
-    group: Arc<WorkerGroup>,
+    served: Served,
     trace: Trace,
     stage: Stage,
 }
@@ -66,18 +64,18 @@ enum Stage {
 
 impl Call {
     /// Admits a request an ingress decoded (`decoded`, with what it keeps beside
-    /// it to encode the answer: `T`) into `group` (found with
+    /// it to encode the answer: `T`) into `served` (found with
     /// [`crate::Server::lookup`]); `trace` began when the request arrived
     /// ([`Trace::receive`]) and is sampled here. A refusal ends the trace with it.
     pub fn start<T>(
-        group: Arc<WorkerGroup>,
+        served: Served,
         decoded: Result<(InferRequest, T)>,
         mut trace: Trace,
     ) -> Result<(Call, T)> {
-        match super::submit(&group, decoded, &mut trace) {
+        match super::submit(&served, decoded, &mut trace) {
             Ok((pending, keep)) => Ok((
                 Call {
-                    group,
+                    served,
                     trace,
                     stage: Stage::Waiting(pending),
                 },
@@ -126,7 +124,7 @@ impl Call {
             Ok(_) => trace.finish(None),
             Err(e) => {
                 if let Stage::Answered(delivery, log) = stage {
-                    request_log::failed(&log, &self.group.endpoint, e);
+                    request_log::failed(&log, self.served.endpoint(), e);
                     delivery.failed(e);
                 }
                 trace.finish(Some(e));

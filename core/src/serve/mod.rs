@@ -3,8 +3,9 @@
 //! decodes its protocol into an [`InferRequest`], then takes the same steps,
 //! through a [`Call`] ([`call`]), which does everything but decoding and encoding:
 //!
-//! 1. **lookup**: [`crate::Server::lookup`], the group serving the model (and the
-//!    version) the call names;
+//! 1. **lookup**: [`crate::Server::lookup`], what serves the model (and the
+//!    version) the call names: a worker group or an ensemble
+//!    ([`crate::models::Served`]);
 //! 2. **admission**: [`Call::start`], that is [`submit`], which counts a request
 //!    that failed to decode as invalid, or validates the decoded one and queues it
 //!    ([`WorkerGroup::submit`]), refusing it at once when the queue is full; an
@@ -40,12 +41,14 @@ use std::task::{Context, Poll};
 use tokio::sync::oneshot;
 
 use crate::ensemble::run::Run;
+use crate::ensemble::Ensemble;
 use crate::error::{Result, ServerError};
 use crate::group::WorkerGroup;
 use crate::infer::{InferRequest, InferResponse};
+use crate::models::{Model, Served};
 use crate::reply::{Answer, Answered, Delivery};
 use crate::request_log::{self, RequestLog};
-use crate::trace::Trace;
+use crate::trace::{SpanIds, Trace};
 
 pub use call::Call;
 
@@ -100,39 +103,68 @@ impl Pending {
     }
 }
 
-/// Admission of a request an ingress decoded for `group` (found with
+/// Admission of a request an ingress decoded for `served` (found with
 /// [`crate::Server::lookup`]), with what the ingress keeps beside it to encode the
 /// answer (`T`: where the outputs go). A request that failed to decode is counted
 /// invalid for the model and its error returned; a decoded one is validated and
-/// queued ([`WorkerGroup::submit`]). `trace` is sampled here (see [`crate::trace`]).
+/// queued ([`WorkerGroup::submit`]), or starts an ensemble's steps
+/// ([`Run::start`]). `trace` is sampled here (see [`crate::trace`]).
 pub fn submit<T>(
-    group: &WorkerGroup,
+    served: &Served,
+    decoded: Result<(InferRequest, T)>,
+    trace: &mut Trace,
+) -> Result<(Pending, T)> {
+    match served {
+        Served::Group(group) => admit(group.as_ref(), decoded, trace),
+        Served::Ensemble(ensemble) => admit(ensemble.as_ref(), decoded, trace),
+    }
+}
+
+/// What takes a decoded request: a worker group queues it, an ensemble starts
+/// its steps.
+trait Admits: Model {
+    fn start(&self, request: InferRequest, link: Option<SpanIds>) -> Result<Waiting>;
+}
+
+impl Admits for WorkerGroup {
+    fn start(&self, request: InferRequest, link: Option<SpanIds>) -> Result<Waiting> {
+        // The group logs its own refusals.
+        Ok(Waiting::Group(self.submit(request, link)?))
+    }
+}
+
+impl Admits for Ensemble {
+    fn start(&self, request: InferRequest, link: Option<SpanIds>) -> Result<Waiting> {
+        // An ensemble's steps are requests of their own models (traced apart).
+        let log = request_log::when_logged(&request.id, link.map(|l| l.trace_id));
+        let run = Run::start(self, request).inspect_err(|e| refused(&log, self, e))?;
+        Ok(Waiting::Ensemble(Box::new(run)))
+    }
+}
+
+/// [`submit`] to `model`.
+fn admit<T>(
+    model: &impl Admits,
     decoded: Result<(InferRequest, T)>,
     trace: &mut Trace,
 ) -> Result<(Pending, T)> {
     let link = trace.admit(
-        &group.endpoint,
-        &group.version,
+        model.endpoint(),
+        model.version(),
         decoded.as_ref().ok().map(|(r, _)| r),
     );
     let (request, keep) = decoded.inspect_err(|e| {
-        group.record_invalid();
+        model.record_invalid();
         // Undecodable: its id, if it had one, is not known.
-        refused(&RequestLog::default(), group, e);
+        refused(&RequestLog::default(), model, e);
     })?;
-    if let Some(side) = &group.ensemble {
-        // An ensemble's steps are requests of their own models (traced apart).
-        let log = request_log::when_logged(&request.id, link.map(|l| l.trace_id));
-        let run = Run::start(group, side, request).inspect_err(|e| refused(&log, group, e))?;
-        return Ok((Pending(Waiting::Ensemble(Box::new(run))), keep));
-    }
-    Ok((Pending(Waiting::Group(group.submit(request, link)?)), keep))
+    Ok((Pending(model.start(request, link)?), keep))
 }
 
-/// The line about a request `group` refused at admission (a worker group writes
+/// The line about a request `model` refused at admission (a worker group writes
 /// its own: [`WorkerGroup::submit`]).
-fn refused(log: &RequestLog, group: &WorkerGroup, error: &ServerError) {
-    request_log::failed(log, &group.endpoint, error);
+fn refused(log: &RequestLog, model: &dyn Model, error: &ServerError) {
+    request_log::failed(log, model.endpoint(), error);
 }
 
 /// A worker's call to another model takes this same path
@@ -142,21 +174,28 @@ impl crate::calls::Callee for WorkerGroup {
         &self.endpoint
     }
 
-    /// For an ensemble: whether a step's model calls models (a worker calling an
-    /// ensemble that holds it, or holds another caller, would wait on itself).
     fn is_caller(&self) -> bool {
-        let Some(side) = &self.ensemble else {
-            return WorkerGroup::is_caller(self);
-        };
-        side.steps.load().as_ref().as_ref().is_ok_and(|steps| {
-            steps
-                .iter()
-                .any(|g| crate::calls::Callee::is_caller(g.as_ref()))
-        })
+        WorkerGroup::is_caller(self)
     }
 
     fn submit(&self, request: InferRequest) -> Result<crate::calls::Answer> {
-        let (pending, ()) = submit(self, Ok((request, ())), &mut Trace::default())?;
+        let (pending, ()) = admit(self, Ok((request, ())), &mut Trace::default())?;
+        Ok(Box::pin(pending))
+    }
+}
+
+/// A worker may call an ensemble as any model.
+impl crate::calls::Callee for Ensemble {
+    fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    fn is_caller(&self) -> bool {
+        Ensemble::is_caller(self)
+    }
+
+    fn submit(&self, request: InferRequest) -> Result<crate::calls::Answer> {
+        let (pending, ()) = admit(self, Ok((request, ())), &mut Trace::default())?;
         Ok(Box::pin(pending))
     }
 }

@@ -25,11 +25,11 @@ use super::proto::{
     model_optimization_policy::PinnedMemoryBuffer, model_version_policy, ModelConfig, ModelInput,
     ModelInstanceGroup, ModelOptimizationPolicy, ModelOutput, ModelVersionPolicy,
 };
-use crate::group::WorkerGroup;
+use crate::models::Served;
 
 /// `config` (model `name`'s file) completed as Triton answers it, for the loaded
-/// `group`.
-pub fn complete(config: &ModelConfig, name: &str, group: &WorkerGroup) -> ModelConfig {
+/// `served`.
+pub fn complete(config: &ModelConfig, name: &str, served: &Served) -> ModelConfig {
     let mut c = config.clone();
     c.name = name.to_owned();
     if c.version_policy.is_none() {
@@ -39,11 +39,14 @@ pub fn complete(config: &ModelConfig, name: &str, group: &WorkerGroup) -> ModelC
             )),
         });
     }
-    if c.platform == "ensemble" {
-        c.model_transaction_policy
-            .get_or_insert_with(Default::default);
-        return c;
-    }
+    let group = match served {
+        Served::Group(group) => group,
+        Served::Ensemble(_) => {
+            c.model_transaction_policy
+                .get_or_insert_with(Default::default);
+            return c;
+        }
+    };
     if c.backend.is_empty() && c.platform == "onnxruntime_onnx" {
         c.backend = "onnxruntime".into();
     }

@@ -274,3 +274,9 @@ impl Clients {
         answered
     }
 }
+
+/// The worker group serving `name` now (its highest version).
+pub fn group_of(server: &Server, name: &str) -> Arc<kiln_core::group::WorkerGroup> {
+    let served = server.model(name).expect("the model is loaded");
+    served.group().expect("a worker's group").clone()
+}

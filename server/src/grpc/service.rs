@@ -1,7 +1,5 @@
 //! The `GRPCInferenceService` implementation over a [`Server`].
 
-use std::sync::Arc;
-
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -27,7 +25,7 @@ use super::proto::{
 };
 use super::status::{status, triton_status};
 use crate::error::{Result, ServerError};
-use crate::group::WorkerGroup;
+use crate::models::Served;
 use crate::serve::Call;
 use crate::server::Server;
 use crate::trace::{Propagated, Trace};
@@ -75,7 +73,7 @@ fn non_empty(v: &str) -> Option<&str> {
     (!v.is_empty()).then_some(v)
 }
 
-fn lookup(server: &Server, name: &str, v: &str) -> Result<Arc<WorkerGroup>, Status> {
+fn lookup(server: &Server, name: &str, v: &str) -> Result<Served, Status> {
     server.lookup(name, non_empty(v)).map_err(status)
 }
 
@@ -188,7 +186,7 @@ impl GrpcInferenceService for KilnGrpc {
         let r = request.into_inner();
         let group = lookup(&self.server, &r.name, &r.version)?;
         let mut m = ModelMetadata::of(&group);
-        let versions = self.server.versions(&group.endpoint);
+        let versions = self.server.versions(group.endpoint());
         if !versions.is_empty() {
             m.versions = versions;
         }
@@ -295,7 +293,7 @@ impl GrpcInferenceService for KilnGrpc {
         };
         let model_stats = groups
             .iter()
-            .map(|g| model_statistics(&g.endpoint, &g.version, &g.stats().snapshot()))
+            .map(|s| model_statistics(s.endpoint(), s.version(), &s.stats().snapshot()))
             .collect();
         Ok(Response::new(ModelStatisticsResponse { model_stats }))
     }

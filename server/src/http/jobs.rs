@@ -10,7 +10,7 @@
 //!
 //! A submission is split as it arrives ([`kiln_jobs::split`]), each request
 //! decoded and checked against the model as every inference is
-//! ([`crate::group::WorkerGroup::check`]) and spooled; once the body is read
+//! ([`crate::models::Served::check`]) and spooled; once the body is read
 //! whole and every request passed, all are stored in one durable write
 //! (fsync'd) and only then answered 202. Any bad request: 400 naming its index,
 //! nothing stored. The store's calls run on actix's blocking pool.
@@ -40,8 +40,8 @@ use serde_json::{json, Map, Value};
 
 use super::{restricted, HttpError, State};
 use crate::error::ServerError;
-use crate::group::WorkerGroup;
 use crate::jobs::{server_error, Jobs};
+use crate::models::Served;
 use crate::restricted::{Category, Restrictions};
 
 type Reply = Result<HttpResponse, HttpError>;
@@ -116,7 +116,7 @@ pub async fn submit(
     state: &State,
     req: &HttpRequest,
     mut payload: web::Payload,
-    group: &WorkerGroup,
+    group: &Served,
 ) -> Reply {
     let query = web::Query::<SubmitQuery>::from_query(req.query_string())
         .map_err(|e| HttpError(ServerError::invalid(format!("bad query: {e}"))))?;
@@ -169,7 +169,7 @@ pub async fn submit(
         let at = |e: &dyn std::fmt::Display| {
             HttpError(ServerError::invalid(format!("request {index}: {e}")))
         };
-        let request = kiln_protocol::http::json::decode_request(&group.endpoint, bytes)
+        let request = kiln_protocol::http::json::decode_request(group.endpoint(), bytes)
             .map_err(|e| at(&e))?;
         group.check(&request).map_err(|e| at(&e))?;
         spool.push(bytes).map_err(|e| HttpError(server_error(e)))
@@ -194,7 +194,7 @@ pub async fn submit(
         splitter.push(&chunk, &mut check)?;
     }
     splitter.finish()?;
-    let model = group.endpoint.clone();
+    let model = group.endpoint().to_owned();
     let ids = blocking(move || {
         let _held = held;
         let Some(queue) = jobs.queue(true)? else {

@@ -1,7 +1,5 @@
 //! The REST routes.
 
-use std::sync::Arc;
-
 use actix_web::{web, HttpRequest, HttpResponse};
 use kiln_protocol::http::load_params_from_json;
 use serde_json::{json, Map, Value};
@@ -14,7 +12,7 @@ use super::{
     INFERENCE_HEADER_CONTENT_LENGTH,
 };
 use crate::error::ServerError;
-use crate::group::WorkerGroup;
+use crate::models::Served;
 use crate::restricted::{Category, Restrictions};
 use crate::serve::Call;
 use crate::trace::Trace;
@@ -175,11 +173,11 @@ async fn model_route(state: web::Data<State>, req: HttpRequest, payload: web::Pa
     match path.action {
         Action::Metadata => Ok(model_metadata(
             &group,
-            state.server.versions(&group.endpoint),
+            state.server.versions(group.endpoint()),
         )),
         Action::Ready => Ok(model_ready(&group)),
         Action::Config => triton::config(&state.server, &group),
-        Action::Stats => Ok(triton::model_stats(&group)),
+        Action::Stats => Ok(triton::model_stats(&*group)),
         Action::Infer => infer(&state, &req, payload, group).await,
         Action::Stream => {
             let streams = &state.streams;
@@ -191,7 +189,7 @@ async fn model_route(state: web::Data<State>, req: HttpRequest, payload: web::Pa
                 )
             }
         }
-        Action::TraceSetting => trace::setting(&state, &req, payload, Some(&group.endpoint)).await,
+        Action::TraceSetting => trace::setting(&state, &req, payload, Some(group.endpoint())).await,
         Action::Jobs => jobs::submit(&state, &req, payload, &group).await,
     }
 }
@@ -230,14 +228,18 @@ async fn list_models(state: web::Data<State>) -> HttpResponse {
         .server
         .models()
         .iter()
-        .map(|g| json!({"name": g.endpoint, "version": g.version, "worker": g.worker, "state": if g.is_ready() {"READY"} else {"UNAVAILABLE"}}))
+        .map(|s| {
+            // An ensemble has no worker: its platform takes the place.
+            let worker = s.group().map_or(crate::triton::ENSEMBLE_PLATFORM, |g| g.worker.as_str());
+            json!({"name": s.endpoint(), "version": s.version(), "worker": worker, "state": if s.is_ready() {"READY"} else {"UNAVAILABLE"}})
+        })
         .collect();
     HttpResponse::Ok().json(json!({ "models": models }))
 }
 
 /// A model's metadata; `versions` are its loaded versions (Triton lists them all).
-fn model_metadata(group: &WorkerGroup, versions: Vec<String>) -> HttpResponse {
-    let mut m = crate::triton::ModelMetadata::of(group);
+fn model_metadata(served: &Served, versions: Vec<String>) -> HttpResponse {
+    let mut m = crate::triton::ModelMetadata::of(served);
     if !versions.is_empty() {
         m.versions = versions;
     }
@@ -248,13 +250,13 @@ fn model_metadata(group: &WorkerGroup, versions: Vec<String>) -> HttpResponse {
             .collect()
     };
     // An ensemble has no batcher or instances of its own.
-    let parameters = match group.ensemble {
-        Some(_) => json!({ "max_batch_size": m.max_batch_size }),
-        None => json!({
+    let parameters = match m.group {
+        None => json!({ "max_batch_size": m.max_batch_size }),
+        Some(g) => json!({
             "max_batch_size": m.max_batch_size,
-            "batch_size": m.batch_size,
-            "batcher": m.batcher.as_str(),
-            "instances": m.instances,
+            "batch_size": g.batch_size,
+            "batcher": g.batcher.as_str(),
+            "instances": g.instances,
         }),
     };
     HttpResponse::Ok().json(json!({
@@ -267,24 +269,19 @@ fn model_metadata(group: &WorkerGroup, versions: Vec<String>) -> HttpResponse {
     }))
 }
 
-fn model_ready(group: &WorkerGroup) -> HttpResponse {
-    if group.is_ready() {
+fn model_ready(served: &Served) -> HttpResponse {
+    if served.is_ready() {
         HttpResponse::Ok().finish()
     } else {
         HttpResponse::ServiceUnavailable()
-            .json(json!({"error": format!("model `{}` is not ready", group.endpoint)}))
+            .json(json!({"error": format!("model `{}` is not ready", served.endpoint())}))
     }
 }
 
 /// An inference: its body read and decoded, then its [`Call`] (admission, answer,
 /// trace, accounting), then its response encoded. The trace begins before the
 /// body is read (see `kiln_core::trace`).
-async fn infer(
-    state: &State,
-    req: &HttpRequest,
-    payload: web::Payload,
-    group: Arc<WorkerGroup>,
-) -> Reply {
+async fn infer(state: &State, req: &HttpRequest, payload: web::Payload, group: Served) -> Reply {
     let trace = Trace::receive(|| trace::propagated(req));
     // `_held` keeps the body's bytes counted until the answer is built: the
     // decoded request may point into the body.
@@ -298,7 +295,7 @@ async fn infer(
     let header = req.headers().get(INFERENCE_HEADER_CONTENT_LENGTH);
     let decoded = offload::decode_request(
         &state.server,
-        &group.endpoint,
+        group.endpoint(),
         bytes,
         header.map(|v| v.as_bytes()),
     )
@@ -480,7 +477,8 @@ async fn repository_scale(
         })?;
     let name = path.into_inner();
     state.server.scale(&name, instances).await?;
-    let group = state.server.model(&name)?;
+    let served = state.server.model(&name)?;
+    let group = served.scalable()?;
     Ok(HttpResponse::Ok().json(json!({
         "instances": group.instance_count(),
         "buffer_sets": group.buffer_sets(),

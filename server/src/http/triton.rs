@@ -8,7 +8,7 @@ use actix_web::{web, HttpResponse};
 use serde_json::{json, Map, Value};
 
 use super::State;
-use crate::group::WorkerGroup;
+use crate::models::{Model, Served};
 use crate::stats::{StatDuration, StatsSnapshot};
 use crate::triton::{triton_type, ModelConfig};
 
@@ -186,27 +186,27 @@ fn sequence_json(q: &crate::triton::SequenceBatching) -> Value {
     out
 }
 
-fn group_config(group: &WorkerGroup) -> Value {
-    config_json(&ModelConfig::of(group))
+fn group_config(served: &Served) -> Value {
+    config_json(&ModelConfig::of(served))
 }
 
 /// `GET /v2/models/{m}[/versions/{v}]/config`: a model loaded from a
 /// `config.pbtxt` answers that config as Triton does (completed, in protobuf's
 /// JSON mapping with every field and proto field names, 64-bit integers as
-/// numbers); any other answers what its group runs, in the same schema.
+/// numbers); any other answers what it runs, in the same schema.
 pub fn config(
     server: &crate::Server,
-    group: &std::sync::Arc<WorkerGroup>,
+    served: &Served,
 ) -> Result<HttpResponse, super::error::HttpError> {
-    let Some(pbtxt) = server.triton_config(group) else {
-        return Ok(HttpResponse::Ok().json(group_config(group)));
+    let Some(pbtxt) = server.triton_config(served) else {
+        return Ok(HttpResponse::Ok().json(group_config(served)));
     };
     let json = crate::triton_config::to_message(&pbtxt)
         .and_then(|m| pbtxt_json(&m))
         .map_err(|e| {
             crate::error::ServerError::Internal(format!(
                 "model `{}`: its config cannot be rendered: {e}",
-                group.endpoint
+                served.endpoint()
             ))
         })?;
     Ok(HttpResponse::Ok().json(json))
@@ -223,8 +223,8 @@ fn pbtxt_json(message: &prost_reflect::DynamicMessage) -> Result<Value, String> 
         .map_err(|e| e.to_string())
 }
 
-fn stats_of(group: &WorkerGroup) -> Value {
-    stats_json(&group.stats().snapshot(), &group.endpoint, &group.version)
+fn stats_of(model: &dyn Model) -> Value {
+    stats_json(&model.stats().snapshot(), model.endpoint(), model.version())
 }
 
 /// A count and a cumulative duration, Triton's `StatisticDuration`.
@@ -271,13 +271,18 @@ fn stats_json(s: &StatsSnapshot, name: &str, version: &str) -> Value {
 }
 
 /// `GET /v2/models/{m}[/versions/{v}]/stats`.
-pub fn model_stats(group: &WorkerGroup) -> HttpResponse {
-    HttpResponse::Ok().json(json!({ "model_stats": [stats_of(group)] }))
+pub fn model_stats(model: &dyn Model) -> HttpResponse {
+    HttpResponse::Ok().json(json!({ "model_stats": [stats_of(model)] }))
 }
 
 /// `GET /v2/models/stats`: every loaded model.
 pub async fn all_stats(state: web::Data<State>) -> HttpResponse {
-    let stats: Vec<Value> = state.server.models().iter().map(|g| stats_of(g)).collect();
+    let stats: Vec<Value> = state
+        .server
+        .models()
+        .iter()
+        .map(|s| stats_of(&**s))
+        .collect();
     HttpResponse::Ok().json(json!({ "model_stats": stats }))
 }
 

@@ -26,7 +26,7 @@ use super::processing::{FrameData, FrameInfo};
 use super::protocol::{self, Encoding, Open};
 use super::result::{self, EncodeError, EncodedOutputs, ResultLimit};
 use crate::error::ServerError;
-use crate::group::WorkerGroup;
+use crate::models::Served;
 use crate::serve::Call;
 use crate::trace::Trace;
 
@@ -67,7 +67,7 @@ pub(super) struct Failed {
 
 /// What every frame of a session shares.
 pub(super) struct FrameContext {
-    pub group: Arc<WorkerGroup>,
+    pub group: Served,
     pub open: Arc<Open>,
     /// The model batches: its inputs and outputs have a batch dimension of 1.
     pub batched: bool,
@@ -107,7 +107,7 @@ async fn infer(ctx: Arc<FrameContext>, frame: Incoming) -> Result<Answered, Fail
         Err(e) => Err(e),
     };
     let trace = Trace::receive(Default::default);
-    let answer = match Call::start(Arc::clone(&ctx.group), decoded, trace) {
+    let answer = match Call::start(ctx.group.clone(), decoded, trace) {
         Ok((mut call, info)) => call.answer().await.map(|response| (call, response, info)),
         Err(e) => Err(e),
     };
@@ -183,7 +183,7 @@ fn prepare(ctx: &FrameContext, frame: Incoming) -> Result<(InferRequest, FrameIn
         input.shape.insert(0, 1);
     }
     let request = InferRequest {
-        model: ctx.group.endpoint.clone(),
+        model: ctx.group.endpoint().to_owned(),
         id: Some(format!("{}/{}", ctx.open.key, frame.index)),
         inputs: vec![input],
         outputs: ctx.open.outputs.clone(),

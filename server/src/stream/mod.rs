@@ -44,7 +44,7 @@ use std::time::Duration;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::json;
 
-use crate::group::WorkerGroup;
+use crate::models::Served;
 use crate::server::Server;
 pub use args::StreamArgs;
 use source::SourceOpener;
@@ -178,7 +178,7 @@ pub async fn open(
     streams: &Arc<Streams>,
     req: &HttpRequest,
     payload: web::Payload,
-    group: Arc<WorkerGroup>,
+    group: Served,
     socket: Option<std::os::fd::OwnedFd>,
 ) -> Result<HttpResponse, crate::ServerError> {
     let (response, ws, messages) = match actix_ws::handle(req, payload) {

@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 
 use super::processing::Processing;
 use super::source::SourceSpec;
-use crate::group::WorkerGroup;
+use crate::models::Served;
 
 /// WebSocket close codes (RFC 6455, 7.4.1) the stream closes with.
 pub mod close {
@@ -128,7 +128,7 @@ impl Open {
     /// that is refused.
     pub fn parse(
         text: &str,
-        group: &WorkerGroup,
+        group: &Served,
         key: impl FnOnce() -> String,
         max_inflight: usize,
     ) -> Result<Open, Closing> {
@@ -152,13 +152,13 @@ impl Open {
             Some(id) if (1..=128).contains(&id.len()) => id,
             Some(_) => return Err(refused("`id` must be 1 to 128 bytes long".into())),
         };
-        let inputs = &group.info.inputs;
+        let inputs = &group.info().inputs;
         let input = match open.input {
             Some(name) if inputs.iter().any(|t| t.name.as_str() == name) => name,
             Some(name) => {
                 return Err(refused(format!(
                     "model `{}` has no input `{name}` (inputs: {})",
-                    group.endpoint,
+                    group.endpoint(),
                     names(inputs.iter().map(|t| t.name.as_str()))
                 )))
             }
@@ -166,21 +166,21 @@ impl Open {
             None => {
                 return Err(refused(format!(
                     "model `{}` has {} inputs: name the one the frames feed with `input` ({})",
-                    group.endpoint,
+                    group.endpoint(),
                     inputs.len(),
                     names(inputs.iter().map(|t| t.name.as_str()))
                 )))
             }
         };
         if let Some(outputs) = &open.outputs {
-            let known = &group.info.outputs;
+            let known = &group.info().outputs;
             if let Some(bad) = outputs
                 .iter()
                 .find(|o| !known.iter().any(|t| t.name.as_str() == o.as_str()))
             {
                 return Err(refused(format!(
                     "model `{}` has no output `{bad}` (outputs: {})",
-                    group.endpoint,
+                    group.endpoint(),
                     names(known.iter().map(|t| t.name.as_str()))
                 )));
             }

@@ -25,7 +25,7 @@ use super::queue::DropQueue;
 use super::result::{self, Dropped, EncodeError, Message, Outgoing, ResultHead, ResultLimit};
 use super::source::{self, FrameSource, SourceError, SourceInfo};
 use super::{OpeningSlot, Streams};
-use crate::group::WorkerGroup;
+use crate::models::Served;
 use crate::server::Server;
 
 /// The longest close reason a close frame carries (RFC 6455: 125 bytes of
@@ -61,7 +61,7 @@ impl Drops {
 pub(super) struct Session {
     server: Server,
     streams: Arc<Streams>,
-    group: Arc<WorkerGroup>,
+    group: Served,
     /// Its own descriptor of the connection's socket, to shut a client that
     /// stopped reading out (`None`: not known; the session still ends).
     socket: Option<OwnedFd>,
@@ -73,7 +73,7 @@ impl Session {
     pub(super) fn new(
         server: Server,
         streams: Arc<Streams>,
-        group: Arc<WorkerGroup>,
+        group: Served,
         socket: Option<OwnedFd>,
     ) -> Session {
         Session {
@@ -115,7 +115,7 @@ impl Session {
                 return;
             }
         };
-        let metrics = self.server.stream_metrics(&self.group.endpoint);
+        let metrics = self.server.stream_metrics(self.group.endpoint());
         metrics.opened.inc();
         metrics.sessions.inc();
         let closing = self.serve(&mut ws, messages, open, source, &metrics).await;
@@ -163,8 +163,8 @@ impl Session {
         let source_info = source.as_ref().map(|s| s.info());
         let hello = result::opened(
             &open,
-            &self.group.endpoint,
-            &self.group.version,
+            self.group.endpoint(),
+            self.group.version(),
             source_info,
         );
         if send(ws, hello).await.is_err() {
@@ -175,8 +175,8 @@ impl Session {
             budget: Arc::clone(self.server.client_bytes()),
         };
         let ctx = Arc::new(FrameContext {
-            batched: self.group.info.max_batch_size > 0,
-            group: Arc::clone(&self.group),
+            batched: self.group.info().max_batch_size > 0,
+            group: self.group.clone(),
             open: Arc::clone(&open),
             limit: limit.clone(),
         });
@@ -277,8 +277,8 @@ impl Session {
                             result::result_message(&ResultHead {
                                 key: &key,
                                 frame: done.index,
-                                model_name: &self.group.endpoint,
-                                model_version: &self.group.version,
+                                model_name: self.group.endpoint(),
+                                model_version: self.group.version(),
                                 source,
                                 latency_ms: latency.as_secs_f64() * 1e3,
                                 dropped: drops.totals(),
