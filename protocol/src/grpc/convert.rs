@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use bytes::Bytes;
-use kiln_worker_sdk::{encode_bytes, DataType, Param, ParamValue};
+use kiln_types::{encode_bytes, DataType, Param, ParamValue};
 
 use super::proto::{
     self, infer_parameter::ParameterChoice, model_infer_request::InferInputTensor,

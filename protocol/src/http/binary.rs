@@ -14,7 +14,7 @@
 //! [`InferRequest`](crate::InferRequest) as [`BinaryOutputs`], never passed to the worker.
 
 use bytes::Bytes;
-use kiln_worker_sdk::{tensor_byte_len, DataType};
+use kiln_types::{tensor_byte_len, DataType};
 use serde_json::{Map, Value};
 
 use crate::error::{ProtocolError, Result};
@@ -303,7 +303,7 @@ mod tests {
     use crate::infer::{InferRequest, InferResponse};
     use crate::infer::{InputTensor, OutputTensor};
     use half::f16;
-    use kiln_worker_sdk::{Param, ParamValue};
+    use kiln_types::{Param, ParamValue};
     use serde_json::json;
 
     /// Length-prefixed BYTES elements.

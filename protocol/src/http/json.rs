@@ -9,7 +9,7 @@ use std::fmt;
 
 use bytes::Bytes;
 use half::{bf16, f16};
-use kiln_worker_sdk::{DataType, Param, ParamValue, Shape};
+use kiln_types::{DataType, Param, ParamValue, Shape};
 use serde::de::{self, DeserializeSeed, SeqAccess, Visitor};
 use serde::ser::SerializeSeq;
 use serde::{Deserialize, Serialize, Serializer};
@@ -852,8 +852,9 @@ mod tests {
             serde_json::from_str(r#"{"Preferred_Batch_Size": [4, "8"]}"#).unwrap(),
         )
         .unwrap();
-        let p = kiln_worker_sdk::Params(&params);
-        assert_eq!(p.string("preferred_batch_size").as_deref(), Some("4,8"));
+        assert_eq!(params.len(), 1);
+        assert!(params[0].key.eq_ignore_ascii_case("preferred_batch_size"));
+        assert_eq!(params[0].value, ParamValue::Str("4,8".into()));
         for bad in [
             r#"{"preferred_batch_size": [[1]]}"#,
             r#"{"batch_size": [4]}"#,
