@@ -9,6 +9,7 @@ pub mod ensembles;
 pub mod file_server;
 pub mod fixtures;
 pub mod golden;
+pub mod grpc;
 pub mod job_store;
 pub mod jobs;
 pub mod media;
