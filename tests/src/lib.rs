@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod browser;
+pub mod clients;
 pub mod ensembles;
 pub mod file_server;
 pub mod fixtures;

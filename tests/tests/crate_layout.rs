@@ -107,6 +107,7 @@ fn the_core_has_no_transport_and_no_codec() {
 #[test]
 fn no_module_circles() {
     let crates = [
+        "types/src",
         "worker-sdk/src",
         "buffers/src",
         "batchers/src",
