@@ -377,13 +377,21 @@ mod tests {
         assert_eq!(*a + *b, 4000);
     }
 
+    /// Waits until `n` takers have registered as waiters on `pool`: each then holds
+    /// the lock until it is parked, so a return or a grow from now on must wake it.
+    fn parked<T>(pool: &Pool<T>, n: usize) {
+        while pool.waiters.load(Ordering::SeqCst) < n {
+            std::thread::yield_now();
+        }
+    }
+
     #[test]
     fn blocked_acquire_wakes_on_return() {
         let pool = Pool::new(1, || 7u32);
         let held = pool.acquire();
         let p = Arc::clone(&pool);
         let waiter = std::thread::spawn(move || *p.acquire());
-        std::thread::sleep(Duration::from_millis(20));
+        parked(&pool, 1);
         assert!(!waiter.is_finished());
         drop(held);
         assert_eq!(waiter.join().unwrap(), 7);
@@ -394,9 +402,10 @@ mod tests {
         let pool = Pool::resizable(1, 4, false, || 0u8);
         let held = pool.acquire();
         let p = Arc::clone(&pool);
-        // Parked (or about to park) on the empty pool: the grow must reach it.
+        // Parked (or about to park, holding the lock) on the empty pool: the grow
+        // must reach it.
         let waiter = std::thread::spawn(move || drop(p.acquire()));
-        std::thread::sleep(Duration::from_millis(20));
+        parked(&pool, 1);
         pool.resize(3, || 0u8).unwrap();
         waiter.join().unwrap();
         assert_eq!((pool.size(), pool.live()), (3, 3));

@@ -119,10 +119,12 @@ async fn a_reload_that_changes_only_instances_scales_the_running_group() {
 async fn scaling_under_load_fails_no_request() {
     let server = server();
     let model = server.load("fake", Vec::new()).await.unwrap();
-    let clients = Clients::start(&server, &model, 16);
+    let mut clients = Clients::start(&server, &model, 16);
+    let mut answered = 0;
     for n in [4, 1, 3, 2, 4, 1] {
         server.scale(&model, n).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        // Each step serves before the next: answers came at this size.
+        answered = clients.answered_past(answered).await;
     }
     clients.none_failed().await;
     let group = group_of(&server, &model);

@@ -2,7 +2,7 @@
 //! and encodes from. (Their validation against a worker is the server's.)
 
 use bytes::Bytes;
-use kiln_worker_sdk::{DataType, Param};
+use kiln_types::{DataType, Param};
 
 /// One input tensor as a client sent it. `data` is row-major, little-endian; BYTES
 /// elements carry 4-byte length prefixes.

@@ -27,4 +27,4 @@ pub mod shm;
 
 pub use error::ProtocolError;
 pub use infer::{InferRequest, InferResponse, InputTensor, OutputTensor};
-pub use kiln_worker_sdk::{DataType, Param, ParamValue};
+pub use kiln_types::{DataType, Param, ParamValue};

@@ -37,6 +37,22 @@ impl TempRepository {
         &self.path
     }
 
+    /// Writes model `model` as Triton's repository holds it: its `config.pbtxt`,
+    /// and each of `versions` a folder holding the fetched PP-OCR classifier
+    /// (`model.onnx`), or empty for an ensemble.
+    pub fn write_triton(&self, model: &str, config: &str, versions: &[u64]) {
+        let dir = self.path.join(model);
+        std::fs::create_dir_all(&dir).expect("create model folder");
+        std::fs::write(dir.join("config.pbtxt"), config).expect("write config.pbtxt");
+        let onnx = crate::model_repository().join("ocr-cls/1/model.onnx");
+        for v in versions {
+            std::fs::create_dir_all(dir.join(v.to_string())).expect("create version folder");
+            if !config.contains("\"ensemble\"") {
+                std::fs::copy(&onnx, dir.join(format!("{v}/model.onnx"))).expect("copy model");
+            }
+        }
+    }
+
     /// Its directory as a command-line argument.
     pub fn arg(&self) -> String {
         self.path.to_string_lossy().into_owned()

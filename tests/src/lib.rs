@@ -5,10 +5,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod browser;
+pub mod clients;
 pub mod ensembles;
 pub mod file_server;
 pub mod fixtures;
 pub mod golden;
+pub mod grpc;
 pub mod job_store;
 pub mod jobs;
 pub mod media;

@@ -1,6 +1,7 @@
 //! The crates' layout holds: kiln-client without its `embedded` feature does not
 //! pull in the server (no kiln-server, no actix-web: the protocol's codecs come from
-//! kiln-protocol); kiln-core has no transport; no crate's modules import each
+//! kiln-protocol) nor the plugin ABI (no abi_stable: the data model's types come from
+//! kiln-types); kiln-core has no transport; no crate's modules import each
 //! other in a circle. Read from `cargo tree`, offline, over the workspace's
 //! Cargo.lock, and from `scripts/check-module-cycles`.
 
@@ -57,6 +58,25 @@ fn the_client_does_not_depend_on_the_server() {
 }
 
 #[test]
+fn the_client_has_no_plugin_abi() {
+    let abi = |tree: &str| -> Vec<String> {
+        tree.lines()
+            .filter(|line| line.starts_with("abi_stable") || line.starts_with("kiln-worker-sdk "))
+            .map(str::to_owned)
+            .collect()
+    };
+    let client = tree("kiln-client", &[]);
+    assert!(client.starts_with("kiln-client "), "{client}");
+    assert!(client.contains("\nkiln-types "), "{client}");
+    assert_eq!(abi(&client), Vec::<String>::new(), "{client}");
+    let protocol = tree("kiln-protocol", &["--features", "http,grpc"]);
+    assert_eq!(abi(&protocol), Vec::<String>::new(), "{protocol}");
+    // The check sees the ABI where it is: in the SDK, through kiln-types' `abi`.
+    let sdk = tree("kiln-worker-sdk", &[]);
+    assert!(sdk.contains("\nabi_stable "), "{sdk}");
+}
+
+#[test]
 fn the_core_has_no_transport_and_no_codec() {
     let core = tree("kiln-core", &[]);
     assert!(core.starts_with("kiln-core "), "{core}");
@@ -87,6 +107,7 @@ fn the_core_has_no_transport_and_no_codec() {
 #[test]
 fn no_module_circles() {
     let crates = [
+        "types/src",
         "worker-sdk/src",
         "buffers/src",
         "batchers/src",

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use kiln_server::grpc::proto;
 use kiln_tests::fixtures::TempRepository;
-use kiln_tests::{model_repository, triton_config, Kiln};
+use kiln_tests::{triton_config, Kiln};
 use prost::Message;
 use serde_json::{json, Value};
 
@@ -46,28 +46,16 @@ ensemble_scheduling {
 }
 "#;
 
-/// Writes model `name`'s config.pbtxt, and version 1 with the classifier unless
-/// it is an ensemble.
-fn write(repo: &TempRepository, name: &str, config: &str) {
-    let dir = repo.path().join(name);
-    std::fs::create_dir_all(dir.join("1")).unwrap();
-    std::fs::write(dir.join("config.pbtxt"), config).unwrap();
-    if !config.contains("\"ensemble\"") {
-        let onnx = model_repository().join("ocr-cls/1/model.onnx");
-        std::fs::copy(onnx, dir.join("1/model.onnx")).unwrap();
-    }
-}
-
 /// `ocr-cls` (max_batch_size 16), `pipe` over it, and `auto`, whose tensors come
 /// from the model.
 fn repository() -> TempRepository {
     let repo = TempRepository::new(&[]);
-    write(&repo, "ocr-cls", &ocr_cls(16));
-    write(&repo, "pipe", PIPE);
-    write(
-        &repo,
+    repo.write_triton("ocr-cls", &ocr_cls(16), &[1]);
+    repo.write_triton("pipe", PIPE, &[1]);
+    repo.write_triton(
         "auto",
         "backend: \"onnxruntime\"\nmax_batch_size: 8\n",
+        &[1],
     );
     repo
 }
@@ -132,8 +120,8 @@ async fn classify(kiln: &Kiln, model: &str) -> Result<(), kiln_client::ClientErr
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poll_mode_follows_the_repository_and_keeps_a_model_whose_reload_fails() {
     let repo = TempRepository::new(&[]);
-    write(&repo, "ocr-cls", &ocr_cls(16));
-    write(&repo, "pipe", PIPE);
+    repo.write_triton("ocr-cls", &ocr_cls(16), &[1]);
+    repo.write_triton("pipe", PIPE, &[1]);
     let kiln = Kiln::start(&[
         "--model-repository",
         &repo.arg(),
@@ -150,10 +138,10 @@ async fn poll_mode_follows_the_repository_and_keeps_a_model_whose_reload_fails()
     classify(&kiln, "pipe").await.unwrap();
 
     // Added: loaded.
-    write(
-        &repo,
+    repo.write_triton(
         "auto",
         "backend: \"onnxruntime\"\nmax_batch_size: 8\n",
+        &[1],
     );
     until("`auto` is loaded", || async {
         (state_of(&states(&kiln).await, "auto").as_deref() == Some("READY")).then_some(())
@@ -310,11 +298,11 @@ async fn strict_readiness_follows_the_models_unless_turned_off() {
 async fn without_auto_completion_a_config_declares_every_tensor() {
     let repo = repository();
     // The input declared, the output not.
-    write(
-        &repo,
+    repo.write_triton(
         "half",
         "platform: \"onnxruntime_onnx\"\nmax_batch_size: 4\n\
          input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 3, -1, -1 ] } ]\n",
+        &[1],
     );
     let kiln = Kiln::start(&[
         "--model-repository",

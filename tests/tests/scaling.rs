@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kiln_client::{DataType, GrpcClient, InferRequest, InputTensor, Param, ParamValue};
+use kiln_tests::clients::Clients;
 use kiln_tests::wait::wait_metric;
 use kiln_tests::{metric, triton_config, Kiln};
 use serde_json::json;
@@ -55,65 +56,6 @@ impl Drop for Repository {
     }
 }
 
-/// 16 clients calling `echo` until stopped, each counting its answers and failures.
-struct Clients {
-    stop: Arc<AtomicBool>,
-    tasks: Vec<tokio::task::JoinHandle<(u64, Vec<String>)>>,
-}
-
-impl Clients {
-    fn start(kiln: &Kiln) -> Clients {
-        let stop = Arc::new(AtomicBool::new(false));
-        let tasks = (0..16u32)
-            .map(|c| {
-                let (client, stop) = (kiln.client.clone(), stop.clone());
-                tokio::spawn(async move {
-                    let request = InferRequest {
-                        model: "echo".into(),
-                        inputs: vec![InputTensor::from_slice(
-                            "INPUT0",
-                            DataType::Uint32,
-                            &[1, 1],
-                            &[c],
-                        )],
-                        ..Default::default()
-                    };
-                    let (mut answered, mut failed) = (0, Vec::new());
-                    while !stop.load(Ordering::Relaxed) {
-                        match client.infer(&request).await {
-                            Ok(r) if r.outputs[0].values::<u32>() == [c + 1] => answered += 1,
-                            Ok(r) => failed.push(format!("wrong answer {:?}", r.outputs)),
-                            Err(e) => failed.push(e.to_string()),
-                        }
-                    }
-                    (answered, failed)
-                })
-            })
-            .collect();
-        Clients { stop, tasks }
-    }
-
-    /// Stops the clients; asserts every request was answered.
-    async fn none_failed(self) -> u64 {
-        self.stop.store(true, Ordering::Relaxed);
-        let (mut answered, mut failed) = (0, Vec::new());
-        for task in self.tasks {
-            let (a, f) = task.await.unwrap();
-            answered += a;
-            failed.extend(f);
-        }
-        assert!(
-            failed.is_empty(),
-            "{} of {} requests failed, e.g. {:?}",
-            failed.len(),
-            answered + failed.len() as u64,
-            &failed[..failed.len().min(3)]
-        );
-        assert!(answered > 0, "nothing was answered");
-        answered
-    }
-}
-
 /// The model's instance count and pool size, as its metrics and configuration say.
 async fn instances_and_sets(kiln: &Kiln, model: &str) -> (f64, f64, u64) {
     let text = kiln.client.metrics().await.unwrap();
@@ -131,25 +73,25 @@ async fn scaled_1_4_1_under_16_clients_no_request_fails_and_the_pool_follows() {
     let repo = Repository::new("under-load");
     let kiln = repo.serve("echo");
     let c = &kiln.client;
-    let clients = Clients::start(&kiln);
-    // The direct route, then a repository load whose only change is `instances`.
+    let mut clients = Clients::start(c, "echo", 16);
+    // The direct route, then a repository load whose only change is `instances`;
+    // each step serves (more answers) before the next.
     let up = c.scale_model("echo", 4).await.unwrap();
     assert_eq!(up, json!({"instances": 4, "buffer_sets": 9}));
     assert_eq!(instances_and_sets(&kiln, "echo").await, (4.0, 9.0, 4));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let answered = clients.answered_past(0).await;
     let down = c.scale_model("echo", 1).await.unwrap();
     assert_eq!(down, json!({"instances": 1, "buffer_sets": 3}));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let answered = clients.answered_past(answered).await;
     c.load_model("echo", &json!({"instances": 4}))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let answered = clients.answered_past(answered).await;
     c.load_model("echo", &json!({"instances": 1}))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let answered = clients.none_failed().await;
-    println!("scaled 1→4→1 twice: {answered} requests, none failed");
+    clients.answered_past(answered).await;
+    clients.none_failed("scaled 1→4→1 twice").await;
     // The three instances told to leave have left; the pool is back to 3 sets.
     wait_metric(c, "kiln_worker_instances", "echo", 1.0).await;
     assert_eq!(instances_and_sets(&kiln, "echo").await, (1.0, 3.0, 1));

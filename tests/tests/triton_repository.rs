@@ -8,7 +8,7 @@
 use kiln_client::InferRequest;
 use kiln_tests::fixtures::TempRepository;
 use kiln_tests::golden::{bytemuck_f32, golden, max_abs_diff};
-use kiln_tests::{model_repository, triton_config, Kiln};
+use kiln_tests::{triton_config, Kiln};
 use serde_json::json;
 
 /// Triton's own example shape: lists without `:`, enums by name, a version policy.
@@ -54,37 +54,24 @@ ensemble_scheduling {
 }
 "#;
 
-fn write(repo: &TempRepository, model: &str, config: &str, versions: &[u64]) {
-    let dir = repo.path().join(model);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("config.pbtxt"), config).unwrap();
-    let onnx = model_repository().join("ocr-cls/1/model.onnx");
-    for v in versions {
-        std::fs::create_dir_all(dir.join(v.to_string())).unwrap();
-        std::fs::copy(&onnx, dir.join(format!("{v}/model.onnx"))).unwrap();
-    }
-}
-
 fn repository() -> TempRepository {
     let repo = TempRepository::new(&[]);
-    write(&repo, "ocr-cls", OCR_CLS, &[1, 2]);
+    repo.write_triton("ocr-cls", OCR_CLS, &[1, 2]);
     // Version 2 is not a model: the policy (`specific [1]`) must keep kiln off it.
     std::fs::write(repo.path().join("ocr-cls/2/model.onnx"), b"not onnx").unwrap();
-    write(&repo, "pipe", PIPE, &[]);
+    repo.write_triton("pipe", PIPE, &[]);
     // Nothing but the backend and a batch size: the tensors come from the model.
-    write(
-        &repo,
+    repo.write_triton(
         "auto",
         "backend: \"onnxruntime\"\nmax_batch_size: 8\n",
         &[1],
     );
-    write(&repo, "trt", "platform: \"tensorrt_plan\"\n", &[1]);
+    repo.write_triton("trt", "platform: \"tensorrt_plan\"\n", &[1]);
     let lying = OCR_CLS
         .replace("name: \"ocr-cls\"", "name: \"lying\"")
         .replace("TYPE_FP32\n    dims: [ 3", "TYPE_INT32\n    dims: [ 3");
-    write(&repo, "lying", &lying, &[1]);
-    write(
-        &repo,
+    repo.write_triton("lying", &lying, &[1]);
+    repo.write_triton(
         "warm",
         "backend: \"onnxruntime\"\nmodel_warmup [{ name: \"w\" batch_size: 1 }]\n",
         &[1],
@@ -171,9 +158,8 @@ async fn config_answers_what_triton_answers_for_the_same_file() {
     let repo = TempRepository::new(&[("echo", "worker = \"echo\"\n", &[1])]);
     std::fs::create_dir_all(repo.path().join("pipe/1")).unwrap();
     std::fs::write(repo.path().join("pipe/config.pbtxt"), pbtxt).unwrap();
-    write(&repo, "ocr-cls", OCR_CLS, &[1]);
-    write(
-        &repo,
+    repo.write_triton("ocr-cls", OCR_CLS, &[1]);
+    repo.write_triton(
         "auto",
         "backend: \"onnxruntime\"\nmax_batch_size: 8\n",
         &[1],

@@ -7,75 +7,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
-use kiln_client::{DataType, HttpClient, InferRequest, InputTensor};
+use kiln_tests::clients::Clients;
 use kiln_tests::{build_dir, Kiln};
 use serde_json::json;
 
 const CLIENTS: u32 = 16;
-
-fn request(model: &str, value: u32) -> InferRequest {
-    InferRequest {
-        model: model.into(),
-        inputs: vec![InputTensor::from_slice(
-            "INPUT0",
-            DataType::Uint32,
-            &[1, 2],
-            &[value, value + 1],
-        )],
-        ..Default::default()
-    }
-}
-
-/// Clients calling `model` until told to stop; each returns (answered, failures).
-fn clients(
-    client: &HttpClient,
-    model: &str,
-    stop: &Arc<AtomicBool>,
-) -> Vec<tokio::task::JoinHandle<(u64, Vec<String>)>> {
-    (0..CLIENTS)
-        .map(|c| {
-            let (client, model, stop) = (client.clone(), model.to_owned(), stop.clone());
-            tokio::spawn(async move {
-                let (mut answered, mut failed) = (0, Vec::new());
-                while !stop.load(Ordering::Relaxed) {
-                    match client.infer(&request(&model, c)).await {
-                        Ok(r) if r.outputs[0].values::<u32>() == [c + 1, c + 2] => answered += 1,
-                        Ok(r) => failed.push(format!("wrong answer {:?}", r.outputs)),
-                        Err(e) => failed.push(e.to_string()),
-                    }
-                }
-                (answered, failed)
-            })
-        })
-        .collect()
-}
-
-/// Stops the clients and asserts that every request they sent was answered.
-async fn none_failed(
-    stop: &AtomicBool,
-    clients: Vec<tokio::task::JoinHandle<(u64, Vec<String>)>>,
-    what: &str,
-) {
-    stop.store(true, Ordering::Relaxed);
-    let (mut answered, mut failed) = (0, Vec::new());
-    for client in clients {
-        let (a, f) = client.await.unwrap();
-        answered += a;
-        failed.extend(f);
-    }
-    assert!(
-        failed.is_empty(),
-        "{what}: {} of {} requests failed, e.g. {:?}",
-        failed.len(),
-        answered + failed.len() as u64,
-        &failed[..failed.len().min(3)]
-    );
-    assert!(answered > 0, "{what}: nothing was answered");
-    println!("{what}: {answered} requests, none failed");
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_repository_model_reloaded_under_load_fails_no_request() {
@@ -91,14 +28,13 @@ async fn a_repository_model_reloaded_under_load_fails_no_request() {
         "--load-model",
         "echo",
     ]);
-    let stop = Arc::new(AtomicBool::new(false));
-    let running = clients(&kiln.client, "echo", &stop);
+    let running = Clients::start(&kiln.client, "echo", CLIENTS);
     for i in 0..20 {
         // Alternating the batch size and the version: each load replaces the group.
         let parameters = json!({"batch_size": 4 + i % 2, "version": 1 + i % 2});
         kiln.client.load_model("echo", &parameters).await.unwrap();
     }
-    none_failed(&stop, running, "20 reloads").await;
+    running.none_failed("20 reloads").await;
     let _ = std::fs::remove_dir_all(&root);
 }
 
@@ -120,15 +56,14 @@ async fn a_rebuilt_worker_loaded_again_under_load_fails_no_request() {
     let kiln = Kiln::start(&["--plugin-dir", dir.to_str().unwrap()]);
     let c = &kiln.client;
     assert_eq!(c.load("swap", &json!({})).await.unwrap(), "swap");
-    let stop = Arc::new(AtomicBool::new(false));
-    let running = clients(c, "swap", &stop);
+    let running = Clients::start(c, "swap", CLIENTS);
     for _ in 0..5 {
         // A new build of the same worker under the same name: the endpoint's group
         // is replaced by one running the new library.
         install(&build_dir().join("libkiln_worker_echo.so"), &lib);
         assert_eq!(c.load("swap", &json!({})).await.unwrap(), "swap");
     }
-    none_failed(&stop, running, "5 rebuilds").await;
+    running.none_failed("5 rebuilds").await;
     let log = kiln.log();
     assert_eq!(
         log.matches("its worker's library was rebuilt").count(),

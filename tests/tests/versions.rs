@@ -7,31 +7,14 @@
 // Test support: a failed step should fail the test loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-
-use kiln_client::{ClientError, DataType, GrpcClient, HttpClient, InferRequest, InputTensor};
+use kiln_client::{ClientError, GrpcClient, HttpClient};
 use kiln_server::grpc::proto::{self, model_repository_parameter::ParameterChoice};
+use kiln_tests::clients::{echo_row as request, Clients};
 use kiln_tests::fixtures::TempRepository;
 use kiln_tests::{metric, Kiln};
 use serde_json::{json, Value};
 
 const CLIENTS: u32 = 8;
-
-/// A request for `model`; `"echo/versions/2"` names a version (the client puts the
-/// model into the path `/v2/models/{model}/infer`).
-fn request(model: &str, value: u32) -> InferRequest {
-    InferRequest {
-        model: model.into(),
-        inputs: vec![InputTensor::from_slice(
-            "INPUT0",
-            DataType::Uint32,
-            &[1, 2],
-            &[value, value + 1],
-        )],
-        ..Default::default()
-    }
-}
 
 /// The version that answered `model`.
 async fn answered_by(client: &HttpClient, model: &str) -> Result<String, ClientError> {
@@ -71,64 +54,6 @@ async fn unload(kiln: &Kiln, model: &str, body: Value) {
         .await
         .unwrap();
     assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
-}
-
-/// Clients calling `model` until told to stop; each returns (answered, failures).
-/// An answer must be right and come from a version in `from`.
-fn clients(
-    client: &HttpClient,
-    model: &str,
-    from: &'static [&'static str],
-    stop: &Arc<AtomicBool>,
-) -> Vec<tokio::task::JoinHandle<(u64, Vec<String>)>> {
-    (0..CLIENTS)
-        .map(|c| {
-            let (client, model, stop) = (client.clone(), model.to_owned(), stop.clone());
-            tokio::spawn(async move {
-                let (mut answered, mut failed) = (0, Vec::new());
-                while !stop.load(Ordering::Relaxed) {
-                    match client.infer(&request(&model, c)).await {
-                        Ok(r)
-                            if r.outputs[0].values::<u32>() == [c + 1, c + 2]
-                                && from.contains(&r.model_version.as_str()) =>
-                        {
-                            answered += 1
-                        }
-                        Ok(r) => failed.push(format!(
-                            "wrong answer from version {}: {:?}",
-                            r.model_version, r.outputs
-                        )),
-                        Err(e) => failed.push(e.to_string()),
-                    }
-                }
-                (answered, failed)
-            })
-        })
-        .collect()
-}
-
-/// Stops the clients; asserts that every request was answered.
-async fn none_failed(
-    stop: &AtomicBool,
-    clients: Vec<tokio::task::JoinHandle<(u64, Vec<String>)>>,
-    what: &str,
-) {
-    stop.store(true, Ordering::Relaxed);
-    let (mut answered, mut failed) = (0, Vec::new());
-    for client in clients {
-        let (a, f) = client.await.unwrap();
-        answered += a;
-        failed.extend(f);
-    }
-    assert!(
-        failed.is_empty(),
-        "{what}: {} of {} requests failed, e.g. {:?}",
-        failed.len(),
-        answered + failed.len() as u64,
-        &failed[..failed.len().min(3)]
-    );
-    assert!(answered > 0, "{what}: nothing was answered");
-    println!("{what}: {answered} requests, none failed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -240,8 +165,7 @@ async fn the_default_policy_serves_the_newest_and_a_reload_moves_the_window_unde
     // A new version folder appears; the model is loaded again (six times) while
     // clients call its unversioned name: version 4 comes in, version 2 drains and
     // goes.
-    let stop = Arc::new(AtomicBool::new(false));
-    let running = clients(c, "two", &["3", "4"], &stop);
+    let running = Clients::start_from(c, "two", CLIENTS, &["3", "4"]);
     std::fs::create_dir_all(repo.path().join("two/4")).unwrap();
     for i in 0..6 {
         // Alternating the batch size: each load also replaces both versions' groups.
@@ -250,7 +174,7 @@ async fn the_default_policy_serves_the_newest_and_a_reload_moves_the_window_unde
             .unwrap();
     }
     assert_eq!(answered_by(c, "two").await.unwrap(), "4");
-    none_failed(&stop, running, "reload to versions 3 and 4").await;
+    running.none_failed("reload to versions 3 and 4").await;
     assert_eq!(answered_by(c, "two/versions/3").await.unwrap(), "3");
     let e = answered_by(c, "two/versions/2").await.unwrap_err();
     assert_eq!(e.status(), Some(404), "{e}");
@@ -274,15 +198,17 @@ async fn unloading_one_version_fails_no_request_of_the_others() {
     )]);
     let kiln = Kiln::start(&["--model-repository", &repo.arg(), "--load-model", "echo"]);
     let c = &kiln.client;
-    let stop = Arc::new(AtomicBool::new(false));
     // Clients of version 1 by number, and of the unversioned name (version 2 until
-    // it goes, then version 1).
-    let mut running = clients(c, "echo/versions/1", &["1"], &stop);
-    running.extend(clients(c, "echo", &["1", "2"], &stop));
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // it goes, then version 1), both answered before the unload.
+    let mut one = Clients::start_from(c, "echo/versions/1", CLIENTS, &["1"]);
+    let mut any = Clients::start_from(c, "echo", CLIENTS, &["1", "2"]);
+    one.answered_past(0).await;
+    any.answered_past(0).await;
     unload(&kiln, "echo", json!({"parameters": {"version": 2}})).await;
     assert_eq!(answered_by(c, "echo").await.unwrap(), "1");
-    none_failed(&stop, running, "version 2 unloaded").await;
+    one.none_failed("version 2 unloaded: version 1").await;
+    any.none_failed("version 2 unloaded: the unversioned name")
+        .await;
     let e = answered_by(c, "echo/versions/2").await.unwrap_err();
     assert_eq!(e.status(), Some(404), "{e}");
     assert_eq!(index(c).await, rows_of(&[("echo", "1", "READY")]));

@@ -224,9 +224,11 @@ impl Drop for Repository {
 }
 
 /// `n` clients calling `model` until stopped, client `c` with requests of one row
-/// holding `c + 100`, each counting its right answers and its failures.
+/// holding `c + 100`, each counting its right answers and its failures; the
+/// answers of all of them are also counted together, for [`Clients::answered_past`].
 pub struct Clients {
     stop: Arc<std::sync::atomic::AtomicBool>,
+    answered: tokio::sync::watch::Receiver<u64>,
     tasks: Vec<tokio::task::JoinHandle<(u64, Vec<String>)>>,
 }
 
@@ -234,14 +236,20 @@ impl Clients {
     /// Starts them (on the current tokio runtime).
     pub fn start(server: &Server, model: &str, n: u32) -> Clients {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (total, answered) = tokio::sync::watch::channel(0u64);
+        let total = Arc::new(total);
         let tasks = (0..n)
             .map(|c| {
                 let (server, stop, model) = (server.clone(), stop.clone(), model.to_owned());
+                let total = total.clone();
                 tokio::spawn(async move {
                     let (mut answered, mut failed) = (0u64, Vec::new());
                     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                         match server.infer(request(&model, &[c + 100])).await {
-                            Ok(r) if r.outputs[0].values::<u32>() == [c + 101] => answered += 1,
+                            Ok(r) if r.outputs[0].values::<u32>() == [c + 101] => {
+                                answered += 1;
+                                total.send_modify(|n| *n += 1);
+                            }
                             Ok(r) => failed.push(format!("wrong answer {:?}", r.outputs)),
                             Err(e) => failed.push(e.to_string()),
                         }
@@ -250,7 +258,23 @@ impl Clients {
                 })
             })
             .collect();
-        Clients { stop, tasks }
+        Clients {
+            stop,
+            answered,
+            tasks,
+        }
+    }
+
+    /// Waits until the clients together have had more than `count` right answers;
+    /// returns how many they have had. (A client that fails stops no wait: its
+    /// failure is reported by [`Clients::none_failed`].)
+    /// Only a server that stopped answering waits the minute.
+    pub async fn answered_past(&mut self, count: u64) -> u64 {
+        let more = self.answered.wait_for(|&n| n > count);
+        let answered = tokio::time::timeout(std::time::Duration::from_secs(60), more)
+            .await
+            .unwrap_or_else(|_| panic!("no answer past {count} in a minute"));
+        *answered.expect("the clients' counter lives as long as they do")
     }
 
     /// Stops them; asserts that every request was answered and some were.
