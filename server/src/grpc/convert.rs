@@ -196,7 +196,6 @@ fn dynamic_batching(
                 .iter()
                 .map(|(level, p)| (*level, policy(p)))
                 .collect(),
-            ..Default::default()
         })
     })
 }
@@ -266,7 +265,6 @@ fn sequence_batching(q: &crate::triton::SequenceBatching) -> proto::ModelSequenc
             }),
         }),
         iterative_sequence: false,
-        ..Default::default()
     }
 }
 
