@@ -25,6 +25,7 @@ use crate::limits::{Demand, Limits};
 use crate::metrics::Metrics;
 use crate::models::{Model, Served};
 use crate::plugin::Plugins;
+use crate::triton_config::warmup::Sample;
 
 pub use crate::models::Models;
 
@@ -40,6 +41,10 @@ enum Command {
         worker: String,
         versions: Vec<(u64, Vec<Param>)>,
         client_keys: Vec<String>,
+        /// Build every version again, even one whose parameters are unchanged.
+        fresh: bool,
+        /// Run on each group built before it takes the name.
+        warmup: Vec<Sample>,
         reply: oneshot::Sender<Result<String>>,
     },
     LoadEnsemble {
@@ -121,13 +126,18 @@ impl Manager {
     /// Serves exactly `versions` (each with its load parameters) of repository
     /// model `name`: a version loaded with other parameters is replaced (the new
     /// group starts, takes the version, then the old one drains), a loaded version
-    /// not among them drains ([`versions`]). `client_keys` as for [`Manager::load`].
+    /// not among them drains ([`versions`]). `client_keys` as for [`Manager::load`];
+    /// `fresh`: a version with the same parameters is replaced too (its files
+    /// changed under the same path); `warmup` runs on each group built before it takes the name (Triton's
+    /// `model_warmup`), a failure failing the load.
     pub async fn load_model(
         &self,
         name: &str,
         worker: &str,
         versions: Vec<(u64, Vec<Param>)>,
         client_keys: Vec<String>,
+        fresh: bool,
+        warmup: Vec<Sample>,
     ) -> Result<String> {
         let (reply, rx) = oneshot::channel();
         self.send(Command::LoadModel {
@@ -135,6 +145,8 @@ impl Manager {
             worker: worker.to_ascii_lowercase(),
             versions,
             client_keys,
+            fresh,
+            warmup,
             reply,
         })?;
         rx.await.map_err(|_| stopped())?
@@ -272,9 +284,12 @@ impl State {
                     worker,
                     versions,
                     client_keys,
+                    fresh,
+                    warmup,
                     reply,
                 } => {
-                    let result = self.load_versions(name, &worker, versions, &client_keys);
+                    let result =
+                        self.load_versions(name, &worker, versions, &client_keys, fresh, &warmup);
                     if let Err(e) = &result {
                         spdlog::warn!("load of model `{worker}` failed: {e}");
                     }

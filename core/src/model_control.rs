@@ -149,8 +149,13 @@ impl Poller {
                 Some(_) => "changed",
                 None => "added",
             };
-            // A failed load changes nothing: the model loaded before keeps serving.
-            match self.load(name).await {
+            // A failed load changes nothing: the model loaded before keeps serving;
+            // the index shows why it failed while no version serves. Changed files
+            // are built again even where the parameters read the same (a
+            // model.onnx rewritten in place: the same `model_dir`).
+            let loaded = self.load(name, what == "changed").await;
+            self.server.note_load(name, &loaded);
+            match loaded {
                 Ok(_) => spdlog::info!("model repository poll: `{name}` {what}: loaded"),
                 Err(e) => spdlog::warn!(
                     "model repository poll: `{name}` {what}: not loaded (what was served is kept): {e}"
@@ -160,14 +165,19 @@ impl Poller {
         self.seen = now;
     }
 
-    /// Loads model `name` as configured, its files read on a blocking thread.
-    async fn load(&self, name: &str) -> Result<String> {
+    /// Loads model `name` as configured, its files read on a blocking thread;
+    /// `fresh`: every version is built again.
+    async fn load(&self, name: &str, fresh: bool) -> Result<String> {
         let (server, model) = (self.server.clone(), name.to_owned());
         let resolved =
             tokio::task::spawn_blocking(move || server.resolve_model(&model, None, Vec::new()))
                 .await
                 .map_err(|e| ServerError::Internal(format!("a blocking task failed: {e}")))??;
-        self.server.load_resolved(name, resolved, Vec::new()).await
+        if fresh {
+            self.server.reload_resolved(name, resolved).await
+        } else {
+            self.server.load_resolved(name, resolved, Vec::new()).await
+        }
     }
 }
 
@@ -183,8 +193,14 @@ fn scan(server: &Server) -> Result<Snapshot> {
     Ok(snapshot)
 }
 
+/// A file up to this size is fingerprinted by its content too: a config
+/// rewritten with the same size within one tick of the file system's clock
+/// (Linux stamps files with a coarse clock, 1–10 ms) has the same mtime.
+const HASHED_CONTENT: u64 = 64 * 1024;
+
 /// Feeds every entry under `dir` (sorted, recursively) to `hasher`: its name,
-/// and for a file its size and modification time.
+/// and for a file its size, modification and change times, inode, and the
+/// content of a small one (a config).
 fn fingerprint(dir: &Path, hasher: &mut impl Hasher) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
@@ -204,6 +220,14 @@ fn fingerprint(dir: &Path, hasher: &mut impl Hasher) {
                 .ok()
                 .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
                 .hash(hasher);
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::MetadataExt;
+                (meta.ino(), meta.ctime(), meta.ctime_nsec()).hash(hasher);
+            }
+            if meta.len() <= HASHED_CONTENT {
+                std::fs::read(entry.path()).ok().hash(hasher);
+            }
         }
     }
 }

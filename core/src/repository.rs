@@ -196,6 +196,7 @@ impl Repository {
                     serving: Serving::Ensemble(ensemble),
                     declared: None,
                     triton: None,
+                    warmup: Vec::new(),
                 });
             }
             (Some(worker), None) => {

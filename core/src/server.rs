@@ -71,6 +71,9 @@ struct Inner {
     /// The `config.pbtxt` each model was loaded from, with the group it made
     /// (a group loaded since, from another file or none, is not answered by it).
     triton_configs: parking_lot::Mutex<HashMap<String, TritonConfig>>,
+    /// Why the last load of each repository model failed, until it loads or is
+    /// unloaded: the repository index's `reason`, as Triton's.
+    load_failures: parking_lot::Mutex<HashMap<String, String>>,
     /// Stops with the server.
     _housekeeping: Option<Housekeeping>,
 }
@@ -120,6 +123,7 @@ impl Server {
                 restricted: OnceLock::new(),
                 model_control: OnceLock::new(),
                 triton_configs: parking_lot::Mutex::new(HashMap::new()),
+                load_failures: parking_lot::Mutex::new(HashMap::new()),
                 _housekeeping: housekeeping,
             }),
         })
@@ -191,8 +195,30 @@ impl Server {
         overrides: Vec<Param>,
     ) -> Result<String> {
         let keys = client_keys(origin, &overrides);
-        let resolved = self.resolve_model(name, version, overrides)?;
-        self.load_resolved(name, resolved, keys).await
+        let loaded = match self.resolve_model(name, version, overrides) {
+            Ok(resolved) => self.load_resolved(name, resolved, keys).await,
+            Err(e) => Err(e),
+        };
+        self.note_load(name, &loaded);
+        loaded
+    }
+
+    /// Remembers how the load of repository model `name` ended: a failure is its
+    /// [`Server::load_failure`] until it loads or is unloaded.
+    pub(crate) fn note_load(&self, name: &str, loaded: &Result<String>) {
+        let name = name.to_ascii_lowercase();
+        let mut failures = self.inner.load_failures.lock();
+        match loaded {
+            Ok(_) => failures.remove(&name),
+            Err(e) => failures.insert(name, e.to_string()),
+        };
+    }
+
+    /// Why the last load of repository model `name` failed, if it did and the
+    /// model has not loaded since.
+    pub fn load_failure(&self, name: &str) -> Option<String> {
+        let failures = self.inner.load_failures.lock();
+        failures.get(&name.to_ascii_lowercase()).cloned()
     }
 
     /// The first half of [`Server::load_model_as`]: reads model `name`'s
@@ -217,8 +243,30 @@ impl Server {
         resolved: Resolved,
         client_keys: Vec<String>,
     ) -> Result<String> {
+        self.load_resolved_as(name, resolved, client_keys, false)
+            .await
+    }
+
+    /// [`Server::load_resolved`] for a model whose files changed (poll mode):
+    /// each version is built again even where its parameters are the same as the
+    /// running group's (a `model.onnx` rewritten in place has the same
+    /// `model_dir`), and replaces it without failing a request.
+    pub async fn reload_resolved(&self, name: &str, resolved: Resolved) -> Result<String> {
+        self.load_resolved_as(name, resolved, Vec::new(), true)
+            .await
+    }
+
+    async fn load_resolved_as(
+        &self,
+        name: &str,
+        resolved: Resolved,
+        client_keys: Vec<String>,
+        fresh: bool,
+    ) -> Result<String> {
         let triton = resolved.triton.clone();
-        let loaded = self.load_serving(name, resolved, client_keys).await?;
+        let loaded = self
+            .load_serving(name, resolved, client_keys, fresh)
+            .await?;
         let mut configs = self.inner.triton_configs.lock();
         match (triton, self.model(&loaded)) {
             (Some(config), Ok(served)) => {
@@ -248,6 +296,7 @@ impl Server {
         name: &str,
         resolved: Resolved,
         client_keys: Vec<String>,
+        fresh: bool,
     ) -> Result<String> {
         if let Serving::Ensemble(config) = resolved.serving {
             return self.load_ensemble(name, resolved.version, config).await;
@@ -260,6 +309,8 @@ impl Server {
                 &resolved.worker,
                 resolved.versions,
                 client_keys,
+                fresh,
+                resolved.warmup,
             )
             .await?;
         // A config.pbtxt's declared tensors must be the model's (Triton refuses
@@ -330,7 +381,14 @@ impl Server {
             if let Serving::Worker = resolved.serving {
                 self.inner
                     .manager
-                    .load_model(&step.model, &resolved.worker, resolved.versions, Vec::new())
+                    .load_model(
+                        &step.model,
+                        &resolved.worker,
+                        resolved.versions,
+                        Vec::new(),
+                        false,
+                        resolved.warmup,
+                    )
                     .await
                     .map_err(at)?;
             }
@@ -352,6 +410,10 @@ impl Server {
     /// Unloads an endpoint (every version of it), answering its accepted
     /// requests first.
     pub async fn unload(&self, endpoint: &str) -> Result<()> {
+        self.inner
+            .load_failures
+            .lock()
+            .remove(&endpoint.to_ascii_lowercase());
         self.inner.manager.unload(endpoint, None).await
     }
 

@@ -447,8 +447,9 @@ pub struct IndexEntry {
     pub version: String,
     /// `READY` or `UNAVAILABLE`.
     pub state: &'static str,
-    /// Why it is not ready (empty when it is).
-    pub reason: &'static str,
+    /// Why it is not ready (empty when it is): for a model not loaded, why its
+    /// last load failed, else `unloaded`.
+    pub reason: String,
 }
 
 /// Triton's repository index: every model of the repository with its state, one
@@ -473,7 +474,7 @@ pub fn repository_index(server: &Server, only_ready: bool) -> Result<Vec<IndexEn
                     name: entry.name.clone(),
                     version: s.version().to_owned(),
                     state,
-                    reason,
+                    reason: reason.to_owned(),
                 }
             })
             .collect();
@@ -486,7 +487,9 @@ pub fn repository_index(server: &Server, only_ready: bool) -> Result<Vec<IndexEn
                     .map(u64::to_string)
                     .unwrap_or_default(),
                 state: "UNAVAILABLE",
-                reason: "unloaded",
+                reason: server
+                    .load_failure(&entry.name)
+                    .unwrap_or_else(|| "unloaded".to_owned()),
             });
         }
         index.extend(

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use kiln_server::grpc::proto;
 use kiln_tests::fixtures::TempRepository;
-use kiln_tests::{triton_config, Kiln};
+use kiln_tests::{model_repository, triton_config, Kiln};
 use prost::Message;
 use serde_json::{json, Value};
 
@@ -192,6 +192,61 @@ async fn poll_mode_follows_the_repository_and_keeps_a_model_whose_reload_fails()
     let after = states(&kiln).await;
     assert_eq!(state_of(&after, "pipe").as_deref(), Some("UNAVAILABLE"));
     assert_eq!(state_of(&after, "ocr-cls"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poll_mode_reloads_a_model_rewritten_in_place_and_shows_why_a_load_failed() {
+    // Auto-completed: the tensors come from the model file alone, so a rewritten
+    // model.onnx changes what the server reports while its parameters (the
+    // config, the folder) stay the same.
+    let repo = TempRepository::new(&[]);
+    let config = "backend: \"onnxruntime\"\nmax_batch_size: 8\n";
+    repo.write_triton("swap", config, &[1]);
+    let kiln = Kiln::start(&[
+        "--model-repository",
+        &repo.arg(),
+        "--model-control-mode",
+        "poll",
+        "--repository-poll-secs",
+        "0.1",
+    ]);
+    let output = |m: Value| {
+        m["outputs"][0]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let before = output(kiln.client.model_metadata("swap").await.unwrap());
+    assert_eq!(before, "save_infer_model/scale_0.tmp_1");
+    // The same path rewritten (same inode, same folder): the detector's model.
+    let det = std::fs::read(model_repository().join("ocr-det/1/model.onnx")).unwrap();
+    std::fs::write(repo.path().join("swap/1/model.onnx"), det).unwrap();
+    until("`swap` serves the rewritten model", || async {
+        let now = output(kiln.client.model_metadata("swap").await.ok()?);
+        (now != before).then_some(())
+    })
+    .await;
+
+    // A model whose load fails: the index says why, not `unloaded`. Written
+    // beside the repository and moved in whole, so no scan sees half of it.
+    let staging = TempRepository::new(&[]);
+    staging.write_triton(
+        "broken",
+        "platform: \"onnxruntime_onnx\"\nmax_batch_size: \"eight\"\n",
+        &[1],
+    );
+    std::fs::rename(staging.path().join("broken"), repo.path().join("broken")).unwrap();
+    // The poller notes the failure before it logs it.
+    kiln.log_with("`broken` added: not loaded");
+    let index = kiln.client.repository_index().await.unwrap();
+    let row = index.iter().find(|m| m["name"] == json!("broken")).unwrap();
+    let reason = (
+        row["state"].clone(),
+        row["reason"].as_str().unwrap().to_owned(),
+    );
+    assert_eq!(reason.0, json!("UNAVAILABLE"));
+    assert!(reason.1.contains("config.pbtxt"), "{}", reason.1);
+    assert!(reason.1.contains("eight"), "{}", reason.1);
 }
 
 /// The refusal Triton answers in `none` and `poll` modes.

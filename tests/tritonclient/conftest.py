@@ -8,7 +8,8 @@ tests/tests/tritonclient.rs starts kiln and runs these with pytest, passing:
 kiln serves: `echo-multi` (UINT32, FP32 -> FP64 doubled, BYTES reversed), `echo`
 (UINT32 + 1), `faulty` (INT32; -2 fails, -3 takes 1 s; one buffer set and a queue of
 three, to fill), `accumulate` (a running sum kept as a sequence's implicit state,
-reporting its control inputs; sequence batcher), and a model repository holding `echo-repo` (worker echo, versions 1
+reporting its control inputs; sequence batcher), and a model repository holding `pipe`
+(tests/fixtures/triton/pipe.config.pbtxt, over `echo`) and `echo-repo` (worker echo, versions 1
 and 2), not loaded.
 """
 

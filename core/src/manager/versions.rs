@@ -24,6 +24,7 @@ use crate::limits::Demand;
 use crate::models::{version_not_found, Served};
 use crate::params::{identity, GroupParams};
 use crate::plugin::check_name;
+use crate::triton_config::warmup::{self, Sample};
 
 impl State {
     /// Serves exactly `wanted` (version, load parameters) of model `name`, run by
@@ -34,6 +35,8 @@ impl State {
         worker: &str,
         wanted: Vec<(u64, Vec<Param>)>,
         client_keys: &[String],
+        fresh: bool,
+        warmup: &[Sample],
     ) -> Result<String> {
         check_name(&name)?;
         check_name(worker)?;
@@ -45,7 +48,12 @@ impl State {
         let subject = format!("model `{name}` (worker `{worker}`)");
         let module = self.plugin(worker, &subject, first, client_keys)?;
         let mut built: Vec<(u64, Arc<WorkerGroup>)> = Vec::new();
-        let result = self.build_versions(&name, worker, module, &wanted, &mut built);
+        let result = self
+            .build_versions(&name, worker, module, &wanted, fresh, &mut built)
+            .and_then(|()| {
+                // Before any group takes the name: no client reaches an unwarmed one.
+                built.iter().try_for_each(|(_, g)| warmup::run(g, warmup))
+            });
         self.building = Demand::default();
         if let Err(e) = result {
             for (version, group) in built {
@@ -121,12 +129,15 @@ impl State {
         worker: &str,
         module: kiln_worker_sdk::WorkerModRef,
         wanted: &[(u64, Vec<Param>)],
+        fresh: bool,
         built: &mut Vec<(u64, Arc<WorkerGroup>)>,
     ) -> Result<()> {
         for (version, params) in wanted {
             let group_params = GroupParams::parse(params)?;
             let id = identity(params);
-            if let Some(Served::Group(group)) = self.groups.version(name, *version).cloned() {
+            // `fresh`: the model's files changed, whatever its parameters say.
+            let running = self.groups.version(name, *version).cloned();
+            if let Some(Served::Group(group)) = running.filter(|_| !fresh) {
                 let same = group.worker == worker && group.identity == id;
                 if same && self.runs(&group, module) {
                     continue;

@@ -36,6 +36,8 @@ pub struct Resolved {
     pub declared: Option<Declared>,
     /// The `config.pbtxt` read, for answering `/config` as Triton does.
     pub triton: Option<std::sync::Arc<crate::triton_config::proto::ModelConfig>>,
+    /// A `config.pbtxt`'s `model_warmup`: run on each group built, before it serves.
+    pub warmup: Vec<crate::triton_config::warmup::Sample>,
 }
 
 /// A worker's model served in `chosen` versions (ascending): each gets `params`
@@ -75,6 +77,7 @@ pub(crate) fn worker_versions(
         serving: Serving::Worker,
         declared,
         triton,
+        warmup: Vec::new(),
     })
 }
 

@@ -50,6 +50,7 @@ pub fn resolve(
         }
     }
     let mapped = super::map::map(name, &parsed, complete).map_err(invalid)?;
+    let warmup = super::warmup::samples(&parsed.config, folder).map_err(invalid)?;
     let triton = Some(std::sync::Arc::new(parsed.config));
     let policy = match &mapped {
         Mapped::Worker { policy, .. } | Mapped::Ensemble { policy, .. } => policy,
@@ -86,6 +87,7 @@ pub fn resolve(
                 serving: Serving::Ensemble(config),
                 declared: None,
                 triton,
+                warmup: Vec::new(),
             })
         }
         Mapped::Worker {
@@ -93,15 +95,19 @@ pub fn resolve(
             params,
             declared,
             ..
-        } => worker_versions(
-            name,
-            worker.to_owned(),
-            &params,
-            overrides,
-            folder,
-            &chosen,
-            triton.map(|t| (declared, t)),
-        ),
+        } => {
+            let mut resolved = worker_versions(
+                name,
+                worker.to_owned(),
+                &params,
+                overrides,
+                folder,
+                &chosen,
+                triton.map(|t| (declared, t)),
+            )?;
+            resolved.warmup = warmup;
+            Ok(resolved)
+        }
     }
 }
 

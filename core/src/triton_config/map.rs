@@ -14,6 +14,8 @@
 //! | `version_policy`                         | which version folders are served       |
 //! | `parameters` (ONNX Runtime's threads)    | `intra_op_threads`, `inter_op_threads` |
 //! | `parameters` (a python model's)          | `parameters.<key>`, for `initialize`   |
+//! | `optimization.execution_accelerators`    | `cuda`: the CUDA provider ([`super::accelerators`]) |
+//! | `model_warmup`                           | run before the model serves ([`super::warmup`]) |
 //!
 //! With auto-completion on (Triton's default, [`super::complete`]), what the file
 //! leaves out comes from the model: its tensors, and for ONNX a batch dimension of
@@ -170,7 +172,10 @@ pub fn map(name: &str, parsed: &Parsed, complete: bool) -> Result<Mapped, String
         let f = f.as_str();
         !HONOURED.contains(&f)
             && !extra.contains(&f)
-            && (ensemble || !super::sequence::HONOURED.contains(&f))
+            && (ensemble
+                || !(super::sequence::HONOURED.contains(&f)
+                    || super::accelerators::HONOURED.contains(&f)
+                    || super::warmup::HONOURED.contains(&f)))
     }) {
         return Err(format!("field `{field}` is not supported by kiln"));
     }
@@ -256,6 +261,7 @@ pub fn map(name: &str, parsed: &Parsed, complete: bool) -> Result<Mapped, String
         _ => set("timeout", ParamValue::Int(0)),
     }
     instance_group(&c.instance_group, worker, &mut set)?;
+    super::accelerators::map(c, worker, &mut set)?;
     if worker == "python" {
         python(c, &inputs, &outputs, &mut set);
     } else {
@@ -507,8 +513,12 @@ mod tests {
     fn fields_kiln_does_not_honour_are_refused_by_name() {
         for (text, field) in [
             (
-                "backend: \"onnxruntime\" model_warmup [{ name: \"w\" batch_size: 1 }]",
-                "model_warmup",
+                "backend: \"onnxruntime\" input [{ name: \"x\" reshape { shape: [ 1 ] } }]",
+                "input.reshape.shape",
+            ),
+            (
+                "backend: \"onnxruntime\" input [{ name: \"x\" optional: true }]",
+                "input.optional",
             ),
             (
                 "backend: \"onnxruntime\" input [{ name: \"x\" is_shape_tensor: true }]",

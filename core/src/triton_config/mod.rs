@@ -9,19 +9,23 @@
 //!   preferred_batch_size`), so that [`map`] can refuse, by name, each one kiln
 //!   does not honour instead of ignoring it;
 //! - [`map`]: the typed config → what kiln loads (a worker and its load
-//!   parameters, or an ensemble), with [`sequence`] for `sequence_batching`;
+//!   parameters, or an ensemble), with [`sequence`] for `sequence_batching` and
+//!   [`accelerators`] for `optimization.execution_accelerators` ([`warmup`]
+//!   reads `model_warmup`'s requests);
 //! - [`autocomplete`]: Triton's auto-completion (what the file leaves out comes from
 //!   the model) and the check of declared tensors against the model;
 //! - [`folder`]: a model folder (its `config.pbtxt`, or none) → what the
 //!   repository loads;
 //! - [`complete`]: a loaded model's config as Triton answers it (`/config`).
 
+pub mod accelerators;
 pub mod autocomplete;
 pub mod complete;
 pub mod data_type;
 pub mod folder;
 pub mod map;
 pub mod sequence;
+pub mod warmup;
 
 use std::sync::OnceLock;
 

@@ -129,7 +129,19 @@ pub fn model_config(c: &triton::ModelConfig) -> proto::ModelConfig {
                 )
             })
             .collect(),
+        ..Default::default()
     }
+}
+
+/// A model's `config.pbtxt`, completed ([`crate::Server::triton_config`]), as the
+/// protocol's `ModelConfig`: the same `model_config.proto` compiled twice (by
+/// kiln-core, which reads the file, and by kiln-protocol, which speaks the wire),
+/// so the bytes of one are the other, every field Triton answers included.
+pub fn pbtxt_config(
+    config: &crate::triton_config::proto::ModelConfig,
+) -> std::result::Result<proto::ModelConfig, prost::DecodeError> {
+    use prost::Message;
+    proto::ModelConfig::decode(config.encode_to_vec().as_slice())
 }
 
 /// An ensemble's steps as the protocol's `ModelEnsembling`.
@@ -142,9 +154,10 @@ fn ensemble_scheduling(steps: &[crate::ensemble::config::StepConfig]) -> proto::
                 model_version: s.model_version,
                 input_map: s.input_map.clone().into_iter().collect(),
                 output_map: s.output_map.clone().into_iter().collect(),
-                model_namespace: String::new(),
+                ..Default::default()
             })
             .collect(),
+        ..Default::default()
     }
 }
 

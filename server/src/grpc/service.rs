@@ -5,8 +5,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::convert::{
-    decode_request_shm, encode_response_shm, model_config, model_statistics, repository_params,
-    ShmOutputs,
+    decode_request_shm, encode_response_shm, model_config, model_statistics, pbtxt_config,
+    repository_params, ShmOutputs,
 };
 use super::proto::grpc_inference_service_server::GrpcInferenceService;
 use super::proto::{
@@ -275,8 +275,20 @@ impl GrpcInferenceService for KilnGrpc {
     ) -> Result<Response<ModelConfigResponse>, Status> {
         let r = request.into_inner();
         let group = lookup(&self.server, &r.name, &r.version)?;
+        // A `config.pbtxt` model answers its file, completed, as Triton does
+        // (the same content as `/v2/models/{m}/config`); any other what its
+        // group runs.
+        let config = match self.server.triton_config(&group) {
+            Some(pbtxt) => pbtxt_config(&pbtxt).map_err(|e| {
+                status(ServerError::Internal(format!(
+                    "model `{}`: its config cannot be encoded: {e}",
+                    group.endpoint()
+                )))
+            })?,
+            None => model_config(&ModelConfig::of(&group)),
+        };
         Ok(Response::new(ModelConfigResponse {
-            config: Some(model_config(&ModelConfig::of(&group))),
+            config: Some(config),
         }))
     }
 
@@ -312,7 +324,7 @@ impl GrpcInferenceService for KilnGrpc {
                     name: e.name,
                     version: e.version,
                     state: e.state.to_owned(),
-                    reason: e.reason.to_owned(),
+                    reason: e.reason,
                 })
                 .collect(),
         }))
