@@ -386,13 +386,15 @@ def test_proto_matches_triton(descriptor_path):
         for value in enum.value:
             assert theirs.values_by_name[value.name].number == value.number, value.name
 
-    (file,) = ours.file
-    assert file.package == "inference"
-    for message in file.message_type:
-        check_message(message, "inference")
-    for enum in file.enum_type:
-        check_enum(enum, "inference")
-    (service,) = file.service
+    # inference.proto and the model_config.proto it imports, as Triton's
+    # grpc_service.proto does.
+    for file in ours.file:
+        assert file.package == "inference", file.name
+        for message in file.message_type:
+            check_message(message, "inference")
+        for enum in file.enum_type:
+            check_enum(enum, "inference")
+    (service,) = [service for file in ours.file for service in file.service]
     theirs = pool.FindServiceByName("inference.GRPCInferenceService")
     for method in service.method:
         t = theirs.methods_by_name[method.name]

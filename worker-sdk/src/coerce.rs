@@ -3,7 +3,7 @@
 //! server's load-parameter deserializer (`kiln_core::params`): a CLI and gRPC's
 //! string parameters give text, so `"8"` is an integer and `"TRUE"` a boolean.
 
-use crate::types::ParamValue;
+use kiln_types::ParamValue;
 
 /// A value that does not have the type its reader wants; `key` names the
 /// parameter as the reader asked for it.

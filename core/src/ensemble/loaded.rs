@@ -11,9 +11,9 @@ use kiln_worker_sdk::WorkerInfo;
 use super::plan::Plan;
 use crate::error::Result;
 use crate::group::WorkerGroup;
-use crate::params::RequestParams;
 use crate::infer::{validate, InferRequest};
 use crate::metrics::ModelMetrics;
+use crate::params::RequestParams;
 use crate::stats::ModelStats;
 
 /// The groups an ensemble's steps run on, in step order, or why it cannot run.
