@@ -66,6 +66,12 @@ pub fn browser_available(test: &str) -> bool {
 /// (rows [`TEXT_BAND`]). Written once (the same bytes each time), kept in
 /// [`test_output_dir`] for a person to play.
 pub fn fake_camera_video() -> PathBuf {
+    // One writer per process (tests of one binary run on threads of one process,
+    // so the pid alone would name the same partial file twice: CI saw one thread's
+    // rename find the file already moved by the other); the pid keeps processes
+    // apart.
+    static WRITING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _writing = WRITING.lock().unwrap_or_else(|e| e.into_inner());
     let path = test_output_dir().join("fake-camera.y4m");
     if path.is_file() {
         return path;

@@ -47,15 +47,34 @@ fn cpu_ticks(pid: u32) -> u64 {
     fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }
 
-/// The thread count after loading each of [`MODELS`] in turn with `params`.
+/// The thread count after loading each of [`MODELS`] in turn with `params`, read
+/// once it holds still: a thread that ends with the load (a session's pool torn
+/// down) may still be listed for a moment after the answer, which a loaded machine
+/// stretches (CI saw two extra threads once: [5, 7, 9, 13] against [5, 7, 9, 11]).
 async fn threads_per_load(params: &Value) -> Vec<usize> {
     let kiln = start();
     let mut counts = Vec::new();
     for model in MODELS {
         kiln.client.load_model(model, params).await.unwrap();
-        counts.push(threads(kiln.pid()));
+        counts.push(settled_threads(kiln.pid()).await);
     }
     counts
+}
+
+/// [`threads`] once three reads 100 ms apart agree (at most 5 s of reads).
+async fn settled_threads(pid: u32) -> usize {
+    let mut last = threads(pid);
+    let mut same = 0;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = threads(pid);
+        same = if now == last { same + 1 } else { 0 };
+        last = now;
+        if same == 2 {
+            break;
+        }
+    }
+    last
 }
 
 /// With the default (the shared pool), the second to fourth model add only the
