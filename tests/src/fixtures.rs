@@ -200,3 +200,27 @@ pub fn shm_params(
         ),
     ])
 }
+
+/// `pipe`, in Triton's text: an ensemble of one step over `ocr-cls` (as
+/// [`TempRepository::write_triton`] writes it), taking images `IMAGE` and
+/// answering the direction probabilities `PROBS`.
+pub fn triton_pipe(max_batch_size: u32) -> String {
+    format!(
+        r#"
+platform: "ensemble"
+max_batch_size: {max_batch_size}
+input [ {{ name: "IMAGE" data_type: TYPE_FP32 dims: [ 3, -1, -1 ] }} ]
+output [ {{ name: "PROBS" data_type: TYPE_FP32 dims: [ 2 ] }} ]
+ensemble_scheduling {{
+  step [
+    {{
+      model_name: "ocr-cls"
+      model_version: -1
+      input_map {{ key: "x" value: "IMAGE" }}
+      output_map {{ key: "save_infer_model/scale_0.tmp_1" value: "PROBS" }}
+    }}
+  ]
+}}
+"#
+    )
+}

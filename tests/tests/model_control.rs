@@ -11,7 +11,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use kiln_server::grpc::proto;
-use kiln_tests::fixtures::TempRepository;
+use kiln_tests::fixtures::{triton_pipe, TempRepository};
 use kiln_tests::{model_repository, triton_config, Kiln};
 use prost::Message;
 use serde_json::{json, Value};
@@ -28,30 +28,12 @@ output [ {{ name: "save_infer_model/scale_0.tmp_1" data_type: TYPE_FP32 dims: [ 
     )
 }
 
-/// An ensemble over `ocr-cls`.
-const PIPE: &str = r#"
-platform: "ensemble"
-max_batch_size: 4
-input [ { name: "IMAGE" data_type: TYPE_FP32 dims: [ 3, -1, -1 ] } ]
-output [ { name: "PROBS" data_type: TYPE_FP32 dims: [ 2 ] } ]
-ensemble_scheduling {
-  step [
-    {
-      model_name: "ocr-cls"
-      model_version: -1
-      input_map { key: "x" value: "IMAGE" }
-      output_map { key: "save_infer_model/scale_0.tmp_1" value: "PROBS" }
-    }
-  ]
-}
-"#;
-
 /// `ocr-cls` (max_batch_size 16), `pipe` over it, and `auto`, whose tensors come
 /// from the model.
 fn repository() -> TempRepository {
     let repo = TempRepository::new(&[]);
     repo.write_triton("ocr-cls", &ocr_cls(16), &[1]);
-    repo.write_triton("pipe", PIPE, &[1]);
+    repo.write_triton("pipe", &triton_pipe(4), &[1]);
     repo.write_triton(
         "auto",
         "backend: \"onnxruntime\"\nmax_batch_size: 8\n",
@@ -121,7 +103,7 @@ async fn classify(kiln: &Kiln, model: &str) -> Result<(), kiln_client::ClientErr
 async fn poll_mode_follows_the_repository_and_keeps_a_model_whose_reload_fails() {
     let repo = TempRepository::new(&[]);
     repo.write_triton("ocr-cls", &ocr_cls(16), &[1]);
-    repo.write_triton("pipe", PIPE, &[1]);
+    repo.write_triton("pipe", &triton_pipe(4), &[1]);
     let kiln = Kiln::start(&[
         "--model-repository",
         &repo.arg(),

@@ -7,7 +7,7 @@
 
 use kiln_client::InferRequest;
 use kiln_server::grpc::proto;
-use kiln_tests::fixtures::TempRepository;
+use kiln_tests::fixtures::{triton_pipe, TempRepository};
 use kiln_tests::golden::{bytemuck_f32, golden, max_abs_diff};
 use kiln_tests::{triton_config, Kiln};
 use prost::Message;
@@ -38,30 +38,12 @@ version_policy: { specific { versions: [ 1 ] } }
 parameters { key: "intra_op_thread_count" value: { string_value: "1" } }
 "#;
 
-/// An ensemble over it, in Triton's text.
-const PIPE: &str = r#"
-platform: "ensemble"
-max_batch_size: 16
-input [ { name: "IMAGE" data_type: TYPE_FP32 dims: [ 3, -1, -1 ] } ]
-output [ { name: "PROBS" data_type: TYPE_FP32 dims: [ 2 ] } ]
-ensemble_scheduling {
-  step [
-    {
-      model_name: "ocr-cls"
-      model_version: -1
-      input_map { key: "x" value: "IMAGE" }
-      output_map { key: "save_infer_model/scale_0.tmp_1" value: "PROBS" }
-    }
-  ]
-}
-"#;
-
 fn repository() -> TempRepository {
     let repo = TempRepository::new(&[]);
     repo.write_triton("ocr-cls", OCR_CLS, &[1, 2]);
     // Version 2 is not a model: the policy (`specific [1]`) must keep kiln off it.
     std::fs::write(repo.path().join("ocr-cls/2/model.onnx"), b"not onnx").unwrap();
-    repo.write_triton("pipe", PIPE, &[]);
+    repo.write_triton("pipe", &triton_pipe(16), &[]);
     // Nothing but the backend and a batch size: the tensors come from the model.
     repo.write_triton(
         "auto",
