@@ -49,7 +49,7 @@ pub enum ClientError {
     /// The in-process server refused the request.
     #[cfg(feature = "embedded")]
     #[error(transparent)]
-    Server(#[from] kiln_server::ServerError),
+    Server(#[from] kiln_core::ServerError),
     /// A gRPC call ended with a status other than OK.
     #[error("gRPC {code:?}: {message}")]
     Grpc { code: tonic::Code, message: String },

@@ -1,6 +1,6 @@
 //! The in-process client: the same calls as [`crate::HttpClient`], without a socket.
 
-use kiln_server::{InferRequest, InferResponse, Param, Server, ServerConfig};
+use kiln_core::{InferRequest, InferResponse, Param, Server, ServerConfig};
 
 use crate::ClientError;
 

@@ -18,18 +18,19 @@ use kiln_buffers::{BufferSet, Pool};
 use kiln_worker_sdk::{BatcherKind, WorkerBox, WorkerInfo};
 use parking_lot::Mutex;
 
-use crate::async_instance::run_async_instance;
+use crate::compute::async_instance::run_async_instance;
+use crate::compute::instance::{run_instance, BatchSource, From, InstanceContext};
 use crate::error::{Result, ServerError};
-use crate::instance::{run_instance, BatchSource, From, InstanceContext};
-use crate::limits::Demand;
-use crate::metrics::ModelMetrics;
-pub use crate::reply::Reply;
-use crate::sequence::{SequenceGroupHost, SequenceLink, SequenceModel};
-use crate::stats::ModelStats;
+use crate::group::sequence::{SequenceGroupHost, SequenceLink, SequenceModel};
+use crate::load::limits::Demand;
+use crate::observe::metrics::ModelMetrics;
+use crate::observe::stats::ModelStats;
+pub use crate::request::answer::Reply;
 
 mod admit;
 mod dynamic_host;
 mod scale;
+pub mod sequence;
 mod settings;
 
 use dynamic_host::DynamicGroupHost;
@@ -165,10 +166,10 @@ impl WorkerGroup {
         let context = Arc::new(InstanceContext {
             outstanding: settings
                 .max_outstanding
-                .map(crate::outstanding::Outstanding::new),
+                .map(crate::compute::outstanding::Outstanding::new),
             ordering: (settings.batcher == BatcherKind::Dynamic
                 && settings.dynamic.preserve_ordering)
-                .then(crate::ordering::OrderGate::default),
+                .then(crate::request::ordering::OrderGate::default),
             sequence: sequence_model.as_ref().map(|m| SequenceLink {
                 events: events_tx.clone(),
                 state_outputs: m.state_outputs.clone(),
@@ -381,7 +382,7 @@ impl WorkerGroup {
 
     /// Lets the group's workers call the models of `models` (before it is
     /// published).
-    pub(crate) fn connect_calls(&self, callees: Arc<dyn crate::calls::Callees>) {
+    pub(crate) fn connect_calls(&self, callees: Arc<dyn crate::compute::calls::Callees>) {
         self.context.caller.connect(callees);
     }
 
@@ -480,7 +481,7 @@ fn context_of(
     metrics: ModelMetrics,
 ) -> InstanceContext {
     InstanceContext {
-        answer_model: Arc::new(crate::reply::AnswerModel {
+        answer_model: Arc::new(crate::request::answer::AnswerModel {
             name: endpoint.to_owned(),
             version: version.to_owned(),
             info: Arc::clone(info),
@@ -496,7 +497,7 @@ fn context_of(
         outstanding: None,
         ordering: None,
         sequence: None,
-        caller: crate::calls::Caller::new(endpoint),
+        caller: crate::compute::calls::Caller::new(endpoint),
     }
 }
 

@@ -17,15 +17,15 @@ use kiln_worker_sdk::{Param, WorkerModRef};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
-use crate::client_bytes::ClientBytes;
 use crate::ensemble::config::EnsembleConfig;
 use crate::error::{Result, ServerError};
 use crate::group::WorkerGroup;
-use crate::limits::{Demand, Limits};
-use crate::metrics::Metrics;
+use crate::load::limits::{Demand, Limits};
+use crate::load::plugin::Plugins;
+use crate::load::triton_config::warmup::Sample;
+use crate::memory::client_bytes::ClientBytes;
 use crate::models::{Model, Served};
-use crate::plugin::Plugins;
-use crate::triton_config::warmup::Sample;
+use crate::observe::metrics::Metrics;
 
 pub use crate::models::Models;
 
@@ -216,17 +216,19 @@ impl Manager {
 /// the groups that hold this).
 struct ModelTable(std::sync::Weak<ArcSwap<Models>>, Arc<ClientBytes>);
 
-impl crate::calls::Callees for ModelTable {
+impl crate::compute::calls::Callees for ModelTable {
     fn budget(&self) -> Option<&Arc<ClientBytes>> {
         Some(&self.1)
     }
 
-    fn find(&self, name: &str) -> Option<Arc<dyn crate::calls::Callee>> {
+    fn find(&self, name: &str) -> Option<Arc<dyn crate::compute::calls::Callee>> {
         let models = self.0.upgrade()?;
         let models = models.load();
         Some(match models.find(name, None).ok()? {
-            Served::Group(group) => Arc::clone(group) as Arc<dyn crate::calls::Callee>,
-            Served::Ensemble(ensemble) => Arc::clone(ensemble) as Arc<dyn crate::calls::Callee>,
+            Served::Group(group) => Arc::clone(group) as Arc<dyn crate::compute::calls::Callee>,
+            Served::Ensemble(ensemble) => {
+                Arc::clone(ensemble) as Arc<dyn crate::compute::calls::Callee>
+            }
         })
     }
 }

@@ -8,24 +8,23 @@ use std::sync::{Arc, OnceLock};
 use arc_swap::ArcSwap;
 use kiln_worker_sdk::Param;
 
-use crate::client_bytes::ClientBytes;
 use crate::ensemble::config::EnsembleConfig;
 use crate::ensemble::plan::Plan;
 use crate::error::{Result, ServerError};
-use crate::housekeeping::Housekeeping;
-use crate::infer::{InferRequest, InferResponse};
+use crate::load::model_control::ModelControl;
+use crate::load::plugin::Plugins;
+use crate::load::repository::{Entry, Repository, Resolved, Serving};
+use crate::load::triton_config::proto::ModelConfig as ModelConfigProto;
 use crate::manager::{Manager, Models};
-use crate::metrics::Metrics;
-use crate::model_control::ModelControl;
+use crate::memory::client_bytes::ClientBytes;
+use crate::memory::shared_memory::SharedMemory;
 use crate::models::{Served, WeakServed};
+use crate::observe::metrics::Metrics;
+use crate::observe::trace::Trace;
 use crate::params::{client_keys, Origin};
-use crate::plugin::Plugins;
-use crate::repository::{Entry, Repository, Resolved, Serving};
-use crate::restricted::RestrictedApis;
-use crate::serve::{self, Call, Pending};
-use crate::shm::SharedMemory;
-use crate::trace::Trace;
-use crate::triton_config::proto::ModelConfig as ModelConfigProto;
+use crate::request::infer::{InferRequest, InferResponse};
+use crate::request::serve::{self, Call, Pending};
+use crate::system::housekeeping::Housekeeping;
 
 /// How to start a [`Server`].
 #[derive(Debug, Clone, Default)]
@@ -35,20 +34,23 @@ pub struct ServerConfig {
     /// The model repository, if any.
     pub model_repository: Option<PathBuf>,
     /// Server-wide limits on what loads may take (defaults from the machine).
-    pub limits: crate::limits::Limits,
+    pub limits: crate::load::limits::Limits,
     /// How often memory freed after a burst is handed back to the system (`None`:
-    /// never); see [`crate::housekeeping`].
+    /// never); see [`crate::system::housekeeping`].
     pub trim_interval: Option<std::time::Duration>,
     /// The budget of bytes clients make the server hold (`--max-client-bytes`;
-    /// `None`: [`crate::client_bytes::default_max`]).
+    /// `None`: [`crate::memory::client_bytes::default_max`]).
     pub max_client_bytes: Option<usize>,
     /// Workers compiled into the embedding program, served like plugins (found
     /// before any library of the same name).
-    pub builtin_workers: Vec<crate::plugin::BuiltinWorker>,
+    pub builtin_workers: Vec<crate::load::plugin::BuiltinWorker>,
 }
 
 /// A `config.pbtxt` as read, with what it was loaded as.
-type TritonConfig = (WeakServed, Arc<crate::triton_config::proto::ModelConfig>);
+type TritonConfig = (
+    WeakServed,
+    Arc<crate::load::triton_config::proto::ModelConfig>,
+);
 
 /// A running kiln server; cheap to clone.
 #[derive(Clone)]
@@ -66,7 +68,6 @@ struct Inner {
     repository: Option<Repository>,
     shared_memory: SharedMemory,
     client_bytes: Arc<ClientBytes>,
-    restricted: OnceLock<RestrictedApis>,
     model_control: OnceLock<ModelControl>,
     /// The `config.pbtxt` each model was loaded from, with the group it made
     /// (a group loaded since, from another file or none, is not answered by it).
@@ -96,7 +97,7 @@ impl Server {
         let client_bytes = ClientBytes::new(
             config
                 .max_client_bytes
-                .unwrap_or_else(crate::client_bytes::default_max),
+                .unwrap_or_else(crate::memory::client_bytes::default_max),
         );
         metrics.register_collector(client_bytes.collector());
         let manager = Manager::start(
@@ -120,7 +121,6 @@ impl Server {
                 repository: config.model_repository.map(Repository::new),
                 shared_memory: SharedMemory::with_budget(Arc::clone(&client_bytes)),
                 client_bytes,
-                restricted: OnceLock::new(),
                 model_control: OnceLock::new(),
                 triton_configs: parking_lot::Mutex::new(HashMap::new()),
                 load_failures: parking_lot::Mutex::new(HashMap::new()),
@@ -280,14 +280,14 @@ impl Server {
     }
 
     /// The `config.pbtxt` `served` was loaded from, completed as Triton answers
-    /// `/config` ([`crate::triton_config::complete`]); `None` for a model of
+    /// `/config` ([`crate::load::triton_config::complete`]); `None` for a model of
     /// another origin (a `config.toml`, a worker loaded by name).
     pub fn triton_config(&self, served: &Served) -> Option<ModelConfigProto> {
         let configs = self.inner.triton_configs.lock();
         let (loaded, config) = configs.get(served.endpoint())?;
-        loaded
-            .is(served)
-            .then(|| crate::triton_config::complete::complete(config, served.endpoint(), served))
+        loaded.is(served).then(|| {
+            crate::load::triton_config::complete::complete(config, served.endpoint(), served)
+        })
     }
 
     /// [`Server::load_resolved`] without the bookkeeping of Triton's configs.
@@ -451,12 +451,12 @@ impl Server {
     /// What serves `model` (case-insensitive), a worker group or an ensemble: with
     /// `version`, that version (a 404 in Triton's words when it is not loaded);
     /// without, the highest loaded one. The lookup step of every ingress
-    /// ([`crate::serve`]).
+    /// ([`crate::request::serve`]).
     pub fn lookup(&self, model: &str, version: Option<&str>) -> Result<Served> {
         self.inner.models.load().find(model, version).cloned()
     }
 
-    /// Looks up `request.model` and queues the request ([`crate::serve`]); await
+    /// Looks up `request.model` and queues the request ([`crate::request::serve`]); await
     /// the [`Pending`] for its answer, or drop it to cancel the request. Not
     /// traced (see [`Server::infer`]).
     pub fn submit(&self, request: InferRequest) -> Result<Pending> {
@@ -476,7 +476,7 @@ impl Server {
     }
 
     /// The one budget of bytes clients make this server hold
-    /// ([`crate::client_bytes`]), shared by every surface.
+    /// ([`crate::memory::client_bytes`]), shared by every surface.
     pub fn client_bytes(&self) -> &Arc<ClientBytes> {
         &self.inner.client_bytes
     }
@@ -485,21 +485,6 @@ impl Server {
     /// shared by every protocol.
     pub fn shared_memory(&self) -> &SharedMemory {
         &self.inner.shared_memory
-    }
-
-    /// Restricts the protocols' APIs (Triton's `--http-restricted-api` and
-    /// `--grpc-restricted-protocol`). Call it before serving: the HTTP and gRPC
-    /// servers read it once as they start. Refused once set.
-    pub fn restrict(&self, apis: RestrictedApis) -> Result<()> {
-        self.inner
-            .restricted
-            .set(apis)
-            .map_err(|_| ServerError::Internal("the APIs are already restricted".into()))
-    }
-
-    /// The protocols' restricted APIs (none unless [`Server::restrict`] set them).
-    pub fn restricted(&self) -> &RestrictedApis {
-        self.inner.restricted.get_or_init(RestrictedApis::default)
     }
 
     /// Sets how the repository's models are controlled (Triton's
@@ -589,7 +574,10 @@ impl Server {
 
     /// The WebSocket stream metrics of `model` (`kiln_stream_*`; kiln-server's
     /// `stream` module counts its sessions and frames there).
-    pub fn stream_metrics(&self, model: &str) -> crate::stream_metrics::ModelStreamMetrics {
+    pub fn stream_metrics(
+        &self,
+        model: &str,
+    ) -> crate::observe::stream_metrics::ModelStreamMetrics {
         self.inner.metrics.stream(model)
     }
 

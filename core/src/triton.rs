@@ -8,8 +8,8 @@ use crate::ensemble::config::{StepConfig, TensorConfig};
 use crate::ensemble::Ensemble;
 use crate::error::{Result, ServerError};
 use crate::group::{GroupSettings, WorkerGroup};
-use crate::infer::expected_shape;
 use crate::models::Served;
+use crate::request::infer::expected_shape;
 use crate::server::Server;
 
 /// The server's name in its metadata.
@@ -39,7 +39,7 @@ pub fn platform(worker: &str) -> String {
     format!("kiln_{worker}")
 }
 
-pub use crate::triton_config::data_type::triton_type;
+pub use crate::load::triton_config::data_type::triton_type;
 
 /// A tensor of a [`ModelConfig`]: dims as the worker declares them (without the
 /// batch dim when it batches; -1 dynamic).

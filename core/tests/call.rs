@@ -19,9 +19,9 @@ use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use parking_lot::Mutex;
 
 use kiln_core::models::Served;
-use kiln_core::serve::Call;
-use kiln_core::stats::StatsSnapshot;
-use kiln_core::trace::{self, Trace, TraceConfig};
+use kiln_core::observe::stats::StatsSnapshot;
+use kiln_core::observe::trace::{self, Trace, TraceConfig};
+use kiln_core::request::serve::Call;
 use kiln_core::{Server, ServerError};
 use support::{gate, params, request, server};
 
@@ -86,7 +86,7 @@ fn observed() -> &'static (Spans, Lines) {
             .build()
             .unwrap();
         spdlog::set_default_logger(Arc::new(logger));
-        kiln_core::request_log::set_verbose(true);
+        kiln_core::observe::request_log::set_verbose(true);
         (spans, lines)
     })
 }

@@ -6,7 +6,7 @@
 
 mod support;
 
-use kiln_core::trace::Trace;
+use kiln_core::observe::trace::Trace;
 use support::{params, request, Clients, Repository};
 
 #[tokio::test]
@@ -23,9 +23,12 @@ async fn a_request_that_found_the_replaced_group_is_answered_by_the_new_one() {
         .load_model("fake", Some(2), Vec::new())
         .await
         .unwrap();
-    let (pending, ()) =
-        kiln_core::serve::submit(&old, Ok((request("fake", &[4]), ())), &mut Trace::default())
-            .expect("the replaced group hands the request on");
+    let (pending, ()) = kiln_core::request::serve::submit(
+        &old,
+        Ok((request("fake", &[4]), ())),
+        &mut Trace::default(),
+    )
+    .expect("the replaced group hands the request on");
     let response = pending.await.unwrap();
     assert_eq!(response.model_version, "2");
     assert_eq!(response.outputs[0].values::<u32>(), vec![5]);

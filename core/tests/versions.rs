@@ -10,13 +10,13 @@
 mod support;
 
 use kiln_core::models::Served;
-use kiln_core::trace::Trace;
+use kiln_core::observe::trace::Trace;
 use kiln_core::ServerError;
 use support::{request, Repository};
 
 /// Submits to `group` (held since an earlier lookup) and awaits the answer.
 async fn submit(group: &Served, value: u32) -> Result<(String, Vec<u32>), ServerError> {
-    let (pending, ()) = kiln_core::serve::submit(
+    let (pending, ()) = kiln_core::request::serve::submit(
         group,
         Ok((request("fake", &[value]), ())),
         &mut Trace::default(),

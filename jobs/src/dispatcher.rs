@@ -107,7 +107,7 @@ impl Dispatcher {
             // I/O too: a remote target scrapes and posts over HTTP.
             .enable_all()
             // The store calls' threads: below every serving thread, as this one.
-            .on_thread_start(kiln_core::sched::background_thread)
+            .on_thread_start(kiln_core::system::sched::background_thread)
             .build()?;
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
@@ -115,7 +115,7 @@ impl Dispatcher {
             .spawn(move || {
                 // Jobs are the lowest priority in the OS too: this thread decodes
                 // them and encodes their results only on a core realtime leaves idle.
-                kiln_core::sched::background_thread();
+                kiln_core::system::sched::background_thread();
                 let mut round = Rounds::new(queue, target, config, metrics);
                 runtime.block_on(round.run(&flag));
             })?;

@@ -1,10 +1,10 @@
 //! The local server as a [`DispatchTarget`]: its own gauges read in process (no
-//! scraping), jobs run through the one inference path (a `kiln_core::serve::Call`)
+//! scraping), jobs run through the one inference path (a `kiln_core::request::serve::Call`)
 //! at the lowest priority the model's batcher has.
 
 use kiln_core::error::ServerError;
-use kiln_core::serve::Call;
-use kiln_core::trace::Trace;
+use kiln_core::observe::trace::Trace;
+use kiln_core::request::serve::Call;
 use kiln_core::{InferRequest, Param, ParamValue, Server};
 use kiln_protocol::http::json::{decode_request, encode_response};
 

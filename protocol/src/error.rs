@@ -1,7 +1,7 @@
 //! The codecs' errors.
 
 /// Why a message could not be decoded or encoded. The kinds are those the server
-/// answers with their own status codes (`kiln_server::ServerError` has a variant
+/// answers with their own status codes (`kiln_core::ServerError` has a variant
 /// of the same name for each); the messages are what the client reads.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ProtocolError {

@@ -12,9 +12,9 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use kiln_core::memory::shared_memory::SharedMemory;
+use kiln_core::request::infer::{InferResponse, OutputTensor};
 use kiln_server::http::{decode_request, encode_response};
-use kiln_server::infer::{InferResponse, OutputTensor};
-use kiln_server::shm::SharedMemory;
 use kiln_worker_sdk::DataType;
 
 /// The median time of `f` over enough runs to take about 0.3 s.

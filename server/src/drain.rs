@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::Instant;
 
-use crate::server::Server;
+use kiln_core::server::Server;
 
 /// How often a stopping server looks whether it is idle: only while stopping, so
 /// serving pays nothing for it.

@@ -19,8 +19,8 @@ use kiln_jobs::{
 };
 use parking_lot::Mutex;
 
-use crate::error::ServerError;
-use crate::Server;
+use kiln_core::error::ServerError;
+use kiln_core::Server;
 
 /// The jobs flags (`kiln serve`).
 #[derive(Args, Debug, Clone)]

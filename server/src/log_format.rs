@@ -1,6 +1,6 @@
 //! How log lines are written (`--log-format`, and `log_format` of Triton's logging
 //! extension). Every format writes a record's key-values (the `request_id` of a
-//! line about a request, [`kiln_core::request_log`]): the default format as
+//! line about a request, [`kiln_core::observe::request_log`]): the default format as
 //! ` { request_id=… }`, ISO8601 likewise, JSON as its `kv` object.
 //!
 //! Lines carry what clients send (request ids, model and tensor names, values in

@@ -192,7 +192,7 @@ pub fn init(settings: LogSettings) -> Result<(), String> {
         sinks,
     });
     gate.set(&settings);
-    kiln_core::request_log::set_verbose(settings.enables(Level::Debug));
+    kiln_core::observe::request_log::set_verbose(settings.enables(Level::Debug));
     gate.set_formatter(settings.format.formatter());
     let logger = Arc::new(
         Logger::builder()
@@ -237,7 +237,7 @@ pub fn update(changes: &[(String, LogSettingValue)]) -> Result<LogSettings, LogS
     }
     control.gate.set(&next);
     control.logger.set_level_filter(next.logger_filter());
-    kiln_core::request_log::set_verbose(next.enables(Level::Debug));
+    kiln_core::observe::request_log::set_verbose(next.enables(Level::Debug));
     *settings = next.clone();
     Ok(next)
 }

@@ -6,11 +6,11 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use kiln_core::{Server, ServerConfig};
 use kiln_server::drain::{self, Drained, StopSignals};
 use kiln_server::grpc::{GrpcConfig, GrpcLimits, GrpcServer};
 use kiln_server::http::{serve, HttpConfig};
 use kiln_server::restricted::RestrictedApis;
-use kiln_server::{Server, ServerConfig};
 
 #[derive(Parser)]
 #[command(name = "kiln", version, about = "kiln: a model inference server")]
@@ -127,7 +127,7 @@ struct ServeArgs {
     /// Most bytes of shared-memory inputs the server holds at once: each is copied
     /// out of its region when its request is decoded (beyond: 429, and 413 for one
     /// input larger than this).
-    #[arg(long, env = "KILN_SHM_MAX_HELD_BYTES", default_value_t = kiln_server::shm::DEFAULT_MAX_HELD_BYTES)]
+    #[arg(long, env = "KILN_SHM_MAX_HELD_BYTES", default_value_t = kiln_core::memory::shared_memory::DEFAULT_MAX_HELD_BYTES)]
     shm_max_held_bytes: usize,
     /// The one budget of bytes clients can make the server hold at once: decoded
     /// images and frames, stream results, shared-memory copies, unfinished gRPC
@@ -212,8 +212,8 @@ impl TraceArgs {
     /// Sets up tracing: the operator's settings, and the exporter when an
     /// endpoint is given.
     fn configure(&self) -> anyhow::Result<()> {
+        use kiln_core::observe::trace::{self, TraceConfig, Update};
         use kiln_server::otlp::{OtlpConfig, Protocol};
-        use kiln_server::trace::{self, TraceConfig, Update};
         let mut config = TraceConfig {
             rate: self.trace_rate.unwrap_or(TraceConfig::default().rate),
             count: self.trace_count,
@@ -272,9 +272,9 @@ impl TraceArgs {
 
 impl ServeArgs {
     /// The server-wide limits: the flags given, the machine's defaults for the rest.
-    fn limits(&self) -> kiln_server::limits::Limits {
-        let d = kiln_server::limits::Limits::default();
-        kiln_server::limits::Limits {
+    fn limits(&self) -> kiln_core::load::limits::Limits {
+        let d = kiln_core::load::limits::Limits::default();
+        kiln_core::load::limits::Limits {
             instances_per_model: self
                 .max_instances_per_model
                 .unwrap_or(d.instances_per_model),
@@ -373,7 +373,7 @@ fn main() -> anyhow::Result<()> {
         // No runtime, no logger: the host's plugin logs through stderr, which
         // the server reads into its own log.
         Command::WorkerHost(args) => {
-            kiln_server::isolation::host::run(args.control_fd, args.arena_fd)
+            kiln_core::compute::isolation::host::run(args.control_fd, args.arena_fd)
                 .map_err(anyhow::Error::msg)
         }
     }
@@ -441,7 +441,6 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
         max_client_bytes: args.max_client_bytes,
         builtin_workers: Vec::new(),
     })?;
-    server.restrict(restricted)?;
     server
         .shared_memory()
         .set_max_held_bytes(args.shm_max_held_bytes);
@@ -482,6 +481,7 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
             origins: kiln_server::http::origin::OriginPolicy::new(&args.cors_allow_origin)
                 .and_then(|policy| policy.with_hosts(&args.allowed_host))
                 .map_err(anyhow::Error::msg)?,
+            restricted: std::sync::Arc::clone(&restricted.http),
         },
     )
     .with_context(|| format!("cannot listen on {}:{}", args.host, args.http_port))?;
@@ -493,6 +493,7 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
             sched_batch: args.sched_batch,
             limits: grpc_limits,
             tls: grpc_tls.map(std::sync::Arc::new),
+            restricted: restricted.grpc,
         },
     )
     .with_context(|| format!("cannot listen on {}:{} (gRPC)", args.host, args.grpc_port))?;
@@ -556,13 +557,13 @@ async fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
             _ => format!("--exit-timeout-secs {} expired", args.exit_timeout_secs),
         };
         spdlog::error!("stopping: {why}: cut {left}");
-        kiln_server::trace::shutdown();
+        kiln_core::observe::trace::shutdown();
         spdlog::default_logger().flush();
         anyhow::bail!("stopped before every accepted request was answered ({why}): cut {left}");
     }
     spdlog::info!("stopping: unloading every model");
     server.shutdown().await;
-    kiln_server::trace::shutdown();
+    kiln_core::observe::trace::shutdown();
     spdlog::info!("stopped: every accepted request was answered");
     spdlog::default_logger().flush();
     Ok(())

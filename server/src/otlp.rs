@@ -1,4 +1,4 @@
-//! The OTLP exporter of kiln's traces (`kiln_core::trace`, which has no transport):
+//! The OTLP exporter of kiln's traces (`kiln_core::observe::trace`, which has no transport):
 //! spans go in batches (the SDK's batch span processor, on a
 //! thread of its own, with a bounded queue that drops when full) to an OTLP
 //! receiver over gRPC or HTTP/protobuf. The transport runs on a one-thread tokio
@@ -17,7 +17,7 @@ use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::SpanData;
 use opentelemetry_sdk::Resource;
 
-use crate::error::{Result, ServerError};
+use kiln_core::error::{Result, ServerError};
 
 /// How spans reach the receiver (`OTEL_EXPORTER_OTLP_PROTOCOL`'s values).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,7 +61,7 @@ pub struct OtlpConfig {
 }
 
 /// Starts exporting kiln's spans to `config`'s receiver
-/// ([`kiln_core::trace::export`]). Once per process, before serving.
+/// ([`kiln_core::observe::trace::export`]). Once per process, before serving.
 pub fn start(config: &OtlpConfig) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -74,7 +74,7 @@ pub fn start(config: &OtlpConfig) -> Result<()> {
         let _inside = runtime.enter();
         build(config)?
     };
-    crate::trace::export(OnRuntime {
+    kiln_core::observe::trace::export(OnRuntime {
         inner: Arc::new(tokio::sync::Mutex::new(exporter)),
         runtime,
     })

@@ -2,15 +2,15 @@
 //! (`--model-repository`/`--model-store`, `--model-control-mode`, `--load-model`,
 //! `--repository-poll-secs`, `--strict-readiness`, `--disable-auto-complete-config`),
 //! and what `kiln serve` does with them at start ([`RepositoryArgs::start`]).
-//! The modes themselves are kiln-core's ([`crate::model_control`]).
+//! The modes themselves are kiln-core's ([`kiln_core::load::model_control`]).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
 
-use crate::model_control::{Mode, ModelControl, Poller};
-use crate::Server;
+use kiln_core::load::model_control::{Mode, ModelControl, Poller};
+use kiln_core::Server;
 
 /// The model repository and its control (docs/models.md, "Model control").
 #[derive(Args, Debug, Clone)]

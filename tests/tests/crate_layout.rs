@@ -92,7 +92,7 @@ fn the_core_has_no_transport_and_no_codec() {
                 "h2 ",
                 // prost (and prost-reflect) are in kiln-core for one file format,
                 // not a wire: Triton's config.pbtxt, protobuf text format, read by the
-                // model repository (core/src/triton_config). No gRPC codec: tonic
+                // model repository (core/src/load/triton_config). No gRPC codec: tonic
                 // stays out.
                 "serde_json ",
                 "kiln-server ",

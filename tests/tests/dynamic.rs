@@ -197,7 +197,7 @@ async fn timeouts_queue_limits_priority_and_cancellation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_whose_caller_goes_away_is_removed_before_batching() {
     use kiln_client::NativeClient;
-    use kiln_server::{params_from_pairs, ServerConfig};
+    use kiln_core::{params_from_pairs, ServerConfig};
     let client = NativeClient::start(ServerConfig::default()).unwrap();
     let endpoint = client
         .load(

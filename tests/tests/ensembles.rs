@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use kiln_client::{DataType, InferRequest, InferResponse, InputTensor, NativeClient};
-use kiln_server::ServerConfig;
+use kiln_core::ServerConfig;
 use kiln_tests::ensembles::{counts, get, graph, step, IN_U32, OUT_U32};
 use kiln_tests::fixtures::TempRepository;
 use kiln_tests::Kiln;

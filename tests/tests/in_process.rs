@@ -1,7 +1,7 @@
 //! The in-process API: the same server without a socket.
 
 use kiln_client::{DataType, InferRequest, InputTensor, NativeClient};
-use kiln_server::{params_from_pairs, ServerConfig, ServerError};
+use kiln_core::{params_from_pairs, ServerConfig, ServerError};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_server_serves_and_validates() {
@@ -58,7 +58,7 @@ async fn embedded_server_serves_and_validates() {
     client.shutdown().await;
 }
 
-/// The one inference path ([`kiln_server::serve`]) that every ingress takes, driven
+/// The one inference path ([`kiln_core::request::serve`]) that every ingress takes, driven
 /// in its split form: lookup (with a version), then admission, then the answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_path_looks_up_admits_and_answers() {
@@ -98,7 +98,7 @@ async fn one_path_looks_up_admits_and_answers() {
         server.submit(request("b", DataType::Int32)),
         Err(ServerError::InvalidRequest(_))
     ));
-    let undecodable = kiln_server::serve::submit::<()>(
+    let undecodable = kiln_core::request::serve::submit::<()>(
         &group,
         Err(ServerError::invalid("bad")),
         &mut Default::default(),

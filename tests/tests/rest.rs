@@ -93,9 +93,9 @@ async fn request_parameters_reach_the_worker_per_request() {
             let c = kiln.client.clone();
             tokio::spawn(async move {
                 let mut request = echo_request("echo", i as usize, &[100, 200]);
-                request.parameters = vec![kiln_server::Param {
+                request.parameters = vec![kiln_core::Param {
                     key: "increment".into(),
-                    value: kiln_server::ParamValue::Int(i64::from(i)),
+                    value: kiln_core::ParamValue::Int(i64::from(i)),
                 }];
                 let r = c.infer(&request).await.unwrap();
                 assert_eq!(r.outputs[0].values::<u32>(), vec![100 + i, 200 + i]);

@@ -412,8 +412,8 @@ fn main() -> anyhow::Result<()> {
     if args.in_process {
         // In-process the load generator's threads await the answers, as the server's
         // serving threads do over the network: under SCHED_BATCH, not woken into
-        // preempting the instance thread once per answer (kiln_server::sched).
-        builder.on_thread_start(kiln_server::sched::serving_thread);
+        // preempting the instance thread once per answer (kiln_core::system::sched).
+        builder.on_thread_start(kiln_core::system::sched::serving_thread);
     }
     let runtime = builder.build()?;
     let cpu_source = args.cpu_source();

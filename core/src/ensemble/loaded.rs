@@ -11,10 +11,10 @@ use kiln_worker_sdk::WorkerInfo;
 use super::plan::Plan;
 use crate::error::Result;
 use crate::group::WorkerGroup;
-use crate::infer::{validate, InferRequest};
-use crate::metrics::ModelMetrics;
+use crate::observe::metrics::ModelMetrics;
+use crate::observe::stats::ModelStats;
 use crate::params::RequestParams;
-use crate::stats::ModelStats;
+use crate::request::infer::{validate, InferRequest};
 
 /// The groups an ensemble's steps run on, in step order, or why it cannot run.
 pub type StepGroups = std::result::Result<Vec<Arc<WorkerGroup>>, String>;
@@ -46,7 +46,7 @@ impl Ensemble {
     }
 
     /// The rows a request may carry: the declared `max_batch_size`, at least 1
-    /// (what [`crate::infer::validate`] checks a request against).
+    /// (what [`crate::request::infer::validate`] checks a request against).
     pub fn batch_size(&self) -> usize {
         (self.plan.info.max_batch_size as usize).max(1)
     }

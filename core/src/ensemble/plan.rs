@@ -86,7 +86,7 @@ impl Plan {
         }
         let mut steps = Vec::with_capacity(config.steps.len());
         for (s, step) in config.steps.iter().enumerate() {
-            crate::plugin::check_name(&step.model_name)
+            crate::load::plugin::check_name(&step.model_name)
                 .map_err(|e| fail(format!("{}: {e}", label(s))))?;
             if step.model_version < -1 {
                 return Err(fail(format!(

@@ -2,10 +2,10 @@
 //! every tensor it reads exists, and answers once every step has.
 //!
 //! Each step's request is admitted by its model's group ([`crate::group::WorkerGroup::submit`],
-//! the admission of [`crate::serve::submit`]), so it is validated, queued and
+//! the admission of [`crate::request::serve::submit`]), so it is validated, queued and
 //! batched with every other request to that model. Nothing waits on a thread: the
 //! steps in flight are the future's, polled by whoever awaits the ensemble's
-//! [`crate::serve::Pending`]; a step answered during a poll submits the steps it
+//! [`crate::request::serve::Pending`]; a step answered during a poll submits the steps it
 //! completes, in that poll. Steps whose inputs exist at admission are submitted
 //! there, on the caller's thread.
 //!
@@ -33,11 +33,11 @@ use tokio::sync::oneshot;
 use super::loaded::{Ensemble, StepGroups};
 use super::plan::Plan;
 use crate::error::{Result, ServerError};
-use crate::infer::{validate, InferRequest, InferResponse, InputTensor, OutputTensor};
-use crate::metrics::ModelMetrics;
-use crate::reply::{Answer, Delivery};
-use crate::request_log::RequestLog;
-use crate::stats::{nanos, ModelStats};
+use crate::observe::metrics::ModelMetrics;
+use crate::observe::request_log::RequestLog;
+use crate::observe::stats::{nanos, ModelStats};
+use crate::request::answer::{Answer, Delivery};
+use crate::request::infer::{validate, InferRequest, InferResponse, InputTensor, OutputTensor};
 
 /// A tensor of the ensemble, once written.
 struct Value {
@@ -73,7 +73,7 @@ pub struct Run {
 impl Run {
     /// Admits `request` to `ensemble`: validates it against the ensemble's inputs
     /// and submits the steps that need only them. A refusal is logged by the
-    /// caller ([`crate::serve::submit`]).
+    /// caller ([`crate::request::serve::submit`]).
     pub fn start(ensemble: &Ensemble, request: InferRequest) -> Result<Run> {
         let (stats, metrics) = ensemble.counters();
         let steps = ensemble.steps();
@@ -300,7 +300,7 @@ impl Run {
             id: self.id.take(),
             trace_id: None,
         };
-        crate::request_log::failed(&log, &self.plan.name, &error);
+        crate::observe::request_log::failed(&log, &self.plan.name, &error);
         error
     }
 }

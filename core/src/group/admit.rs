@@ -12,9 +12,9 @@ use tokio::sync::oneshot;
 
 use super::{Reply, WorkerGroup};
 use crate::error::{Result, ServerError};
-use crate::infer::{validate, InferRequest};
+use crate::observe::request_log::RequestLog;
 use crate::params::RequestParams;
-use crate::request_log::RequestLog;
+use crate::request::infer::{validate, InferRequest};
 
 impl WorkerGroup {
     /// Validates `request` and queues it; the receiver yields its answer. A full
@@ -23,8 +23,8 @@ impl WorkerGroup {
     pub fn submit(
         &self,
         mut request: InferRequest,
-        trace: Option<crate::trace::SpanIds>,
-    ) -> Result<oneshot::Receiver<crate::reply::Answer>> {
+        trace: Option<crate::observe::trace::SpanIds>,
+    ) -> Result<oneshot::Receiver<crate::request::answer::Answer>> {
         // Held from here to the send: a group drained meanwhile still takes the
         // request into its queue (its batchers drain until the last sender goes).
         let queue = self.queue.load();
@@ -40,7 +40,7 @@ impl WorkerGroup {
             trace_id: trace.map(|t| Box::new(t.trace_id)),
         };
         self.admit(request, tx, &mut log, trace).inspect_err(|e| {
-            crate::request_log::failed(&log, &self.endpoint, e);
+            crate::observe::request_log::failed(&log, &self.endpoint, e);
         })
     }
 
@@ -50,8 +50,8 @@ impl WorkerGroup {
         request: InferRequest,
         tx: &Sender<Request<Reply>>,
         log: &mut RequestLog,
-        trace: Option<crate::trace::SpanIds>,
-    ) -> Result<oneshot::Receiver<crate::reply::Answer>> {
+        trace: Option<crate::observe::trace::SpanIds>,
+    ) -> Result<oneshot::Receiver<crate::request::answer::Answer>> {
         let metrics = &self.context.metrics;
         // Move the fields out: `validate` needs only the tensors, the rest travels on.
         let InferRequest {

@@ -10,8 +10,8 @@ use kiln_batchers::dynamic::{DynamicHost, Rejection};
 use kiln_batchers::Request;
 
 use super::Reply;
+use crate::compute::instance::InstanceContext;
 use crate::error::ServerError;
-use crate::instance::InstanceContext;
 
 /// Answers the requests the dynamic batcher takes out unbatched, and tells it which
 /// clients are gone and how long batches take.
@@ -57,7 +57,7 @@ impl DynamicHost<Reply> for DynamicGroupHost {
                 ServerError::Unavailable("cancelled: the client went away".into())
             }
         };
-        crate::request_log::failed(&request.reply.log, model, &error);
+        crate::observe::request_log::failed(&request.reply.log, model, &error);
         let _ = request.reply.tx.send(Err(error));
     }
 

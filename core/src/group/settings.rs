@@ -9,10 +9,10 @@ use kiln_batchers::dynamic::DynamicConfig;
 use kiln_worker_sdk::{BatcherKind, Shape, WorkerInfo};
 
 use crate::error::{Result, ServerError};
-use crate::infer::MAX_OUTPUTS;
-use crate::limits::Demand;
+use crate::group::sequence::SequenceParams;
+use crate::load::limits::Demand;
 use crate::params::GroupParams;
-use crate::sequence::SequenceParams;
+use crate::request::infer::MAX_OUTPUTS;
 
 /// Settings a group runs with, resolved from parameters and the worker's info.
 #[derive(Debug, Clone, PartialEq)]

@@ -11,8 +11,8 @@ use crate::ensemble::config::EnsembleConfig;
 use crate::ensemble::plan::Plan;
 use crate::ensemble::Ensemble;
 use crate::error::{Result, ServerError};
+use crate::load::plugin::check_name;
 use crate::models::Served;
-use crate::plugin::check_name;
 
 impl State {
     /// Loads ensemble `name`: its graph checked ([`Plan::new`]) and its steps bound

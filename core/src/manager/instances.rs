@@ -12,14 +12,14 @@ use kiln_worker_sdk::{
 };
 
 use super::{version_number, version_of, ModelTable, PluginId, State};
+use crate::compute::isolation::process::{HostSpec, ProcessWorker};
+use crate::compute::isolation::Isolation;
 use crate::error::{Result, ServerError};
 use crate::group::{demand, resolve, GroupName, WorkerGroup};
-use crate::isolation::process::{HostSpec, ProcessWorker};
-use crate::isolation::Isolation;
-use crate::limits::Demand;
+use crate::load::limits::Demand;
+use crate::load::plugin::check_name;
 use crate::models::Served;
 use crate::params::{check_client_keys, check_known, identity, GroupParams, RequestRules};
-use crate::plugin::check_name;
 
 impl State {
     /// Loads the plugin (the operator's library), then, before any `init`, refuses

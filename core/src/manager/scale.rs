@@ -15,7 +15,7 @@ use super::instances::{init_instances, load_failed, start_instances, teardown, S
 use super::{version_of, State};
 use crate::error::{Result, ServerError};
 use crate::group::{pool_bytes, resolve, WorkerGroup};
-use crate::limits::Demand;
+use crate::load::limits::Demand;
 use crate::params::{identity, GroupParams};
 
 impl State {

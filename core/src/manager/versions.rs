@@ -20,11 +20,11 @@ use kiln_worker_sdk::Param;
 use super::{version_of, State};
 use crate::error::{Result, ServerError};
 use crate::group::WorkerGroup;
-use crate::limits::Demand;
+use crate::load::limits::Demand;
+use crate::load::plugin::check_name;
+use crate::load::triton_config::warmup::{self, Sample};
 use crate::models::{version_not_found, Served};
 use crate::params::{identity, GroupParams};
-use crate::plugin::check_name;
-use crate::triton_config::warmup::{self, Sample};
 
 impl State {
     /// Serves exactly `wanted` (version, load parameters) of model `name`, run by

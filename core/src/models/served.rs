@@ -13,9 +13,9 @@ use kiln_worker_sdk::WorkerInfo;
 use crate::ensemble::Ensemble;
 use crate::error::{Result, ServerError};
 use crate::group::WorkerGroup;
-use crate::infer::InferRequest;
-use crate::metrics::ModelMetrics;
-use crate::stats::ModelStats;
+use crate::observe::metrics::ModelMetrics;
+use crate::observe::stats::ModelStats;
+use crate::request::infer::InferRequest;
 
 /// What a worker group and an ensemble both are: a model clients address.
 pub trait Model: Send + Sync {

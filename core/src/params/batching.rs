@@ -12,7 +12,7 @@ use kiln_batchers::sequence::{Control, Strategy};
 use super::error::SettingError;
 use super::load::{LoadParams, PolicyParams, StateOutput, StrategyName, TimeoutActionName};
 use super::shapes::Spelled;
-use crate::sequence::{SequenceParams, StateParam};
+use crate::group::sequence::{SequenceParams, StateParam};
 
 /// Microseconds, 0 meaning none.
 fn micros(key: &str, value: Option<i64>) -> Result<Option<Duration>, SettingError> {

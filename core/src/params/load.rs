@@ -14,9 +14,9 @@ use serde::Deserialize;
 use super::de::from_params;
 use super::error::SettingError;
 use super::shapes::{Levels, Names, Rest, Spelled};
+use crate::compute::isolation::Isolation;
 use crate::error::Result;
-use crate::isolation::Isolation;
-use crate::sequence::SequenceParams;
+use crate::group::sequence::SequenceParams;
 
 /// Group settings read from load-time parameters, validated.
 #[derive(Debug, Clone, PartialEq)]

@@ -4,7 +4,7 @@
 //! `shared_memory_byte_size` and optionally `shared_memory_offset` has no `data`:
 //! an input's bytes are copied out of the region when the request is decoded, an
 //! output is written into it after inference and answered without data. The
-//! regions are the server's ([`ShmRegions`], `kiln_server::shm`); where each output
+//! regions are the server's ([`ShmRegions`], `kiln_core::memory::shared_memory`); where each output
 //! goes is returned beside the protocol-free [`InferRequest`] as an
 //! [`OutputPlacement`]; the protocol's keys never reach the worker.
 

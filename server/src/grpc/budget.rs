@@ -10,13 +10,13 @@
 //! never unfinished, and costs nothing here.
 //!
 //! The same bytes are reserved from the server's one budget of bytes held for
-//! clients (`--max-client-bytes`, [`kiln_core::client_bytes`]), so unfinished
+//! clients (`--max-client-bytes`, [`kiln_core::memory::client_bytes`]), so unfinished
 //! messages and every other surface share one bound; this flag stays a finer cap.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use kiln_core::client_bytes::{ClientBytes, Reservation, Use};
+use kiln_core::memory::client_bytes::{ClientBytes, Reservation, Use};
 use tonic::Status;
 
 /// The bytes unfinished messages hold, and their limit.

@@ -2,7 +2,7 @@
 //! model's configuration, its statistics); the inference messages' conversions are
 //! [`kiln_protocol::grpc::convert`]'s, re-exported here, and those that reach the
 //! server's shared memory or answer with a
-//! [`ServerError`](crate::error::ServerError) are wrapped.
+//! [`ServerError`](kiln_core::error::ServerError) are wrapped.
 
 use std::collections::HashMap;
 
@@ -14,11 +14,11 @@ pub use kiln_protocol::grpc::convert::{
 };
 
 use super::proto::{self, ModelInferRequest, ModelInferResponse};
-use crate::error::Result;
-use crate::infer::{InferRequest, InferResponse};
-use crate::shm::{SharedMemory, ShmSlice};
-use crate::stats::{StatDuration, StatsSnapshot};
-use crate::triton;
+use kiln_core::error::Result;
+use kiln_core::memory::shared_memory::{SharedMemory, ShmSlice};
+use kiln_core::observe::stats::{StatDuration, StatsSnapshot};
+use kiln_core::request::infer::{InferRequest, InferResponse};
+use kiln_core::triton;
 
 /// Outputs the client wants written into shared memory: each output's window.
 pub type ShmOutputs = protocol::ShmOutputs<ShmSlice>;
@@ -30,7 +30,7 @@ pub fn decode_request(request: ModelInferRequest) -> Result<InferRequest> {
     Ok(protocol::decode_request(request)?)
 }
 
-/// [`decode_request`], with inputs copied out of (now, see [`crate::shm`]) and
+/// [`decode_request`], with inputs copied out of (now, see [`kiln_core::memory::shared_memory`]) and
 /// outputs placed in `shm`'s regions where their parameters name one.
 pub fn decode_request_shm(
     request: ModelInferRequest,
@@ -133,19 +133,21 @@ pub fn model_config(c: &triton::ModelConfig) -> proto::ModelConfig {
     }
 }
 
-/// A model's `config.pbtxt`, completed ([`crate::Server::triton_config`]), as the
+/// A model's `config.pbtxt`, completed ([`kiln_core::Server::triton_config`]), as the
 /// protocol's `ModelConfig`: the same `model_config.proto` compiled twice (by
 /// kiln-core, which reads the file, and by kiln-protocol, which speaks the wire),
 /// so the bytes of one are the other, every field Triton answers included.
 pub fn pbtxt_config(
-    config: &crate::triton_config::proto::ModelConfig,
+    config: &kiln_core::load::triton_config::proto::ModelConfig,
 ) -> std::result::Result<proto::ModelConfig, prost::DecodeError> {
     use prost::Message;
     proto::ModelConfig::decode(config.encode_to_vec().as_slice())
 }
 
 /// An ensemble's steps as the protocol's `ModelEnsembling`.
-fn ensemble_scheduling(steps: &[crate::ensemble::config::StepConfig]) -> proto::ModelEnsembling {
+fn ensemble_scheduling(
+    steps: &[kiln_core::ensemble::config::StepConfig],
+) -> proto::ModelEnsembling {
     proto::ModelEnsembling {
         step: steps
             .iter()
@@ -167,10 +169,10 @@ fn saturate(v: usize) -> i32 {
 
 /// The dynamic batcher's settings as the protocol's scheduling choice.
 fn dynamic_batching(
-    c: &crate::triton::ModelConfig,
+    c: &kiln_core::triton::ModelConfig,
 ) -> Option<proto::model_config::SchedulingChoice> {
     c.dynamic_batching.as_ref().map(|d| {
-        let policy = |p: &crate::triton::QueuePolicyView| proto::ModelQueuePolicy {
+        let policy = |p: &kiln_core::triton::QueuePolicyView| proto::ModelQueuePolicy {
             timeout_action: if p.delay {
                 proto::model_queue_policy::TimeoutAction::Delay as i32
             } else {
@@ -201,7 +203,7 @@ fn dynamic_batching(
 }
 
 /// The sequence batcher's settings as the protocol's `ModelSequenceBatching`.
-fn sequence_batching(q: &crate::triton::SequenceBatching) -> proto::ModelSequenceBatching {
+fn sequence_batching(q: &kiln_core::triton::SequenceBatching) -> proto::ModelSequenceBatching {
     use kiln_batchers::sequence::{Control, Strategy};
     use proto::model_sequence_batching as seq;
     let micros = q.max_queue_delay_microseconds;

@@ -8,8 +8,8 @@ use super::proto::log_settings_request::setting_value::ParameterChoice as In;
 use super::proto::log_settings_response::setting_value::ParameterChoice as Out;
 use super::proto::{log_settings_response, LogSettingsRequest, LogSettingsResponse};
 use super::status::status;
-use crate::error::ServerError;
 use crate::log_settings::{self, LogSettingValue};
+use kiln_core::error::ServerError;
 
 /// Answers one `LogSettings` call.
 pub fn log_settings(request: LogSettingsRequest) -> Result<LogSettingsResponse, Status> {

@@ -34,8 +34,8 @@ pub use routes::GrpcRoutes;
 pub use service::KilnGrpc;
 pub use status::{code, status};
 
-use crate::server::Server;
 use connection::{Activity, Greeting, Order, Orders, Slot, Slots, Timeouts, Verdict, Watch};
+use kiln_core::server::Server;
 
 /// The protocol's messages, server and client ([`kiln_protocol::grpc::proto`]).
 pub use kiln_protocol::grpc::proto;
@@ -49,12 +49,14 @@ pub struct GrpcConfig {
     pub addr: SocketAddr,
     /// Serving threads [`GrpcServer::start`] creates.
     pub threads: usize,
-    /// Whether those threads run under `SCHED_BATCH` ([`crate::sched`]).
+    /// Whether those threads run under `SCHED_BATCH` ([`kiln_core::system::sched`]).
     pub sched_batch: bool,
     /// Limits on messages and connections.
     pub limits: GrpcLimits,
     /// TLS ([`crate::tls`], offering `h2`); `None`: plain HTTP/2.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// The restricted APIs (`--grpc-restricted-protocol`; empty: none).
+    pub restricted: Arc<crate::restricted::Restrictions>,
 }
 
 /// What one client may hold of the gRPC server (`docs/security.md`, "Connections").
@@ -99,13 +101,14 @@ pub async fn serve(
     server: Server,
     listener: TcpListener,
     limits: GrpcLimits,
+    restricted: Arc<crate::restricted::Restrictions>,
     shutdown: impl Future<Output = ()> + Send,
 ) {
     let (stop, stopped) = watch::channel(false);
     let (handoff, take) = mpsc::unbounded_channel();
     let slots = Slots::new(limits.max_connections);
     tokio::spawn(accept_loop(listener, vec![handoff], stopped, slots));
-    let routes = GrpcRoutes::new(server, &limits);
+    let routes = GrpcRoutes::new(server, &limits, restricted);
     let signal = async move {
         shutdown.await;
         let _ = stop.send(true);
@@ -353,7 +356,7 @@ impl GrpcServer {
             .unzip();
         // One cap and one budget of unfinished messages for every thread.
         let slots = Slots::new(config.limits.max_connections);
-        let routes = GrpcRoutes::new(server, &config.limits);
+        let routes = GrpcRoutes::new(server, &config.limits, config.restricted);
         // The first thread accepts: it takes the listener and every handoff.
         let mut acceptor = Some((std_listener, handoff, slots));
         let mut workers = Vec::with_capacity(threads);
@@ -375,7 +378,7 @@ impl GrpcServer {
                 .name(format!("grpc-{i}"))
                 .spawn(move || {
                     if sched_batch {
-                        crate::sched::serving_thread();
+                        kiln_core::system::sched::serving_thread();
                     }
                     runtime.block_on(async move {
                         if let Some((listener, handoff, slots)) = acceptor {

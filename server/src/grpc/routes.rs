@@ -39,10 +39,10 @@ use super::proto::ModelInferRequest;
 use super::service::{KilnGrpc, Pending};
 use super::status::{status, triton_code};
 use super::GrpcLimits;
-use crate::error::ServerError;
 use crate::restricted::{Category, Restrictions};
-use crate::server::Server;
-use crate::trace::Trace;
+use kiln_core::error::ServerError;
+use kiln_core::observe::trace::Trace;
+use kiln_core::server::Server;
 
 /// The path of `ModelInfer`.
 const MODEL_INFER: &str = "/inference.GRPCInferenceService/ModelInfer";
@@ -84,8 +84,8 @@ pub struct GrpcRoutes {
 
 impl GrpcRoutes {
     /// The service over `server`, with the message size limit and the budget of
-    /// bytes held by unfinished messages of `limits`.
-    pub fn new(server: Server, limits: &GrpcLimits) -> GrpcRoutes {
+    /// bytes held by unfinished messages of `limits`, and the `restricted` APIs.
+    pub fn new(server: Server, limits: &GrpcLimits, restricted: Arc<Restrictions>) -> GrpcRoutes {
         let max_message_bytes = limits.max_message_bytes;
         // Compressed requests (tritonclient's `compression_algorithm`) are read;
         // answers go uncompressed, as Triton's do by default.
@@ -94,7 +94,7 @@ impl GrpcRoutes {
             .accept_compressed(CompressionEncoding::Deflate)
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes);
-        let restricted = Some(Arc::clone(&server.restricted().grpc)).filter(|r| !r.is_empty());
+        let restricted = Some(restricted).filter(|r| !r.is_empty());
         let budget = Budget::within(limits.max_pending_bytes, Arc::clone(server.client_bytes()));
         GrpcRoutes {
             tonic,

@@ -24,12 +24,12 @@ use super::proto::{
     TraceSettingResponse,
 };
 use super::status::{status, triton_status};
-use crate::error::{Result, ServerError};
-use crate::models::Served;
-use crate::serve::Call;
-use crate::server::Server;
-use crate::trace::{Propagated, Trace};
-use crate::triton::{self, MetadataTensor, ModelConfig, ModelMetadata};
+use kiln_core::error::{Result, ServerError};
+use kiln_core::models::Served;
+use kiln_core::observe::trace::{Propagated, Trace};
+use kiln_core::request::serve::Call;
+use kiln_core::server::Server;
+use kiln_core::triton::{self, MetadataTensor, ModelConfig, ModelMetadata};
 
 /// Requests of one stream accepted and not yet answered; beyond this the stream is
 /// not read until an answer goes out (HTTP/2 flow control then holds the client).
@@ -342,8 +342,8 @@ impl GrpcInferenceService for KilnGrpc {
             .map_err(status)?
             .to_owned();
         let mut params = repository_params(r.parameters).map_err(status)?;
-        let version = crate::params::take_version(&mut params).map_err(status)?;
-        let keys = crate::params::client_keys(crate::params::Origin::Client, &params);
+        let version = kiln_core::params::take_version(&mut params).map_err(status)?;
+        let keys = kiln_core::params::client_keys(kiln_core::params::Origin::Client, &params);
         // Reads the model's files: not on the connection's thread.
         let (server, name) = (self.server.clone(), model.clone());
         let resolved = off_thread(move || server.resolve_model(&name, version, params)).await?;
@@ -368,7 +368,7 @@ impl GrpcInferenceService for KilnGrpc {
             .map_err(status)?
             .to_owned();
         let mut params = repository_params(r.parameters).map_err(status)?;
-        let unloaded = match crate::params::take_version(&mut params).map_err(status)? {
+        let unloaded = match kiln_core::params::take_version(&mut params).map_err(status)? {
             None => self.server.unload(&model).await,
             Some(version) => self.server.unload_version(&model, version).await,
         };

@@ -5,7 +5,7 @@
 use tonic::codegen::http::{HeaderMap, HeaderValue};
 use tonic::{Code, Status};
 
-use crate::error::ServerError;
+use kiln_core::error::ServerError;
 
 /// The gRPC status code for `e`.
 pub fn code(e: &ServerError) -> Code {
@@ -75,7 +75,7 @@ mod tests {
             "increment",
             ParamKind::Int { min: 0, max: 9 },
         )];
-        let rules = crate::params::RequestRules::new(&specs);
+        let rules = kiln_core::params::RequestRules::new(&specs);
         let err = rules
             .check(&params_from_pairs(&[("increment", "10")]))
             .unwrap_err();

@@ -1,13 +1,13 @@
 //! Triton's trace extension over gRPC (`TraceSetting`): the same settings as REST
-//! (`kiln_core::trace::settings`), each value a list of strings.
+//! (`kiln_core::observe::trace::settings`), each value a list of strings.
 
 use tonic::Status;
 
 use super::proto::trace_setting_response;
 use super::proto::{TraceSettingRequest, TraceSettingResponse};
 use super::status::status;
-use crate::server::Server;
-use crate::trace::{self, SettingMap, Update};
+use kiln_core::observe::trace::{self, SettingMap, Update};
+use kiln_core::server::Server;
 
 /// Applies the request's settings (if any) to the server's or its model's, then
 /// answers the settings in force. A model that is not served is NOT_FOUND.

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use actix_web::http::header;
 use actix_web::{web, HttpRequest};
 use bytes::{Bytes, BytesMut};
-use kiln_core::client_bytes::{ClientBytes, Reservation, Use};
+use kiln_core::memory::client_bytes::{ClientBytes, Reservation, Use};
 use serde_json::{Map, Value};
 
 use super::{HttpError, State};
-use crate::error::ServerError;
+use kiln_core::error::ServerError;
 
 /// Reads a control request's whole body (not compressed), up to
 /// `--max-body-bytes` (413 beyond), its bytes reserved from the client-bytes

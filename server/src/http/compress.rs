@@ -14,7 +14,7 @@ use std::cell::RefCell;
 use kiln_protocol::http::Encoded;
 
 use super::encoded::EncodedResponse;
-use crate::error::ServerError;
+use kiln_core::error::ServerError;
 
 /// Bodies up to this size are compressed on the connection's thread; larger ones
 /// on a blocking thread, so a big answer does not hold up the other connections.

@@ -5,7 +5,7 @@
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
 
-use crate::error::ServerError;
+use kiln_core::error::ServerError;
 
 /// The HTTP status for `e`.
 pub fn status_code(e: &ServerError) -> StatusCode {
@@ -91,7 +91,7 @@ mod tests {
     /// A client load that sets an operator-only parameter (`params::check_client_keys`) is a 400.
     #[test]
     fn a_client_setting_an_operator_parameter_is_400() {
-        use crate::params::{check_client_keys, client_keys, Origin};
+        use kiln_core::params::{check_client_keys, client_keys, Origin};
         use kiln_worker_sdk::{params_from_pairs, ParamSpec};
         let specs = [ParamSpec::operator("runtime")];
         let params = params_from_pairs(&[("RUNTIME", "/tmp/x.so")]);

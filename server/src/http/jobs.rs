@@ -10,7 +10,7 @@
 //!
 //! A submission is split as it arrives ([`kiln_jobs::split`]), each request
 //! decoded and checked against the model as every inference is
-//! ([`crate::models::Served::check`]) and spooled; once the body is read
+//! ([`kiln_core::models::Served::check`]) and spooled; once the body is read
 //! whole and every request passed, all are stored in one durable write
 //! (fsync'd) and only then answered 202. Any bad request: 400 naming its index,
 //! nothing stored. The store's calls run on actix's blocking pool.
@@ -30,7 +30,7 @@ use std::task::{Context, Poll};
 use actix_web::body::{BodySize, MessageBody};
 use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::Bytes;
-use kiln_core::client_bytes::{Reservation, Use};
+use kiln_core::memory::client_bytes::{Reservation, Use};
 use kiln_jobs::queue::{PRIORITY_DEFAULT, PRIORITY_HIGHEST, PRIORITY_LOWEST};
 use kiln_jobs::split::{SplitError, Splitter};
 use kiln_jobs::spool::Spool;
@@ -39,10 +39,10 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::{restricted, HttpError, State};
-use crate::error::ServerError;
 use crate::jobs::{server_error, Jobs};
-use crate::models::Served;
 use crate::restricted::{Category, Restrictions};
+use kiln_core::error::ServerError;
+use kiln_core::models::Served;
 
 type Reply = Result<HttpResponse, HttpError>;
 

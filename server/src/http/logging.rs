@@ -7,8 +7,8 @@ use serde_json::{Map, Value};
 
 use super::body::json_object;
 use super::{HttpError, State};
-use crate::error::ServerError;
 use crate::log_settings::{self, LogSettingValue, LogSettings};
+use kiln_core::error::ServerError;
 
 type Reply = Result<HttpResponse, HttpError>;
 

@@ -26,7 +26,7 @@ use std::net::SocketAddr;
 
 use actix_web::{web, App, HttpServer};
 
-use crate::server::Server;
+use kiln_core::server::Server;
 
 pub use error::{status_code, HttpError};
 pub use kiln_protocol::http::{
@@ -38,7 +38,8 @@ pub use kiln_protocol::http::{
 
 /// Where each output of a response goes ([`kiln_protocol::http::OutputPlacement`]
 /// over this server's shared memory).
-pub type OutputPlacement = kiln_protocol::http::OutputPlacement<crate::shm::ShmSlice>;
+pub type OutputPlacement =
+    kiln_protocol::http::OutputPlacement<kiln_core::memory::shared_memory::ShmSlice>;
 
 /// How to serve HTTP.
 #[derive(Debug, Clone)]
@@ -48,7 +49,7 @@ pub struct HttpConfig {
     pub max_body_bytes: usize,
     /// actix-web worker threads.
     pub workers: usize,
-    /// Whether the worker threads run under `SCHED_BATCH` ([`crate::sched`]).
+    /// Whether the worker threads run under `SCHED_BATCH` ([`kiln_core::system::sched`]).
     pub sched_batch: bool,
     /// Open connections at most, shared out among the workers. At the cap the
     /// workers stop accepting: new connections wait in the listen backlog (no
@@ -63,6 +64,8 @@ pub struct HttpConfig {
     pub jobs: Option<std::sync::Arc<crate::jobs::Jobs>>,
     /// The browser policy: origins allowed beyond kiln's own ([`origin`]).
     pub origins: origin::OriginPolicy,
+    /// The restricted APIs (`--http-restricted-api`; empty: none).
+    pub restricted: std::sync::Arc<crate::restricted::Restrictions>,
 }
 
 /// Shared by every handler.
@@ -72,6 +75,8 @@ pub struct State {
     /// The WebSocket streams' settings and open sessions.
     pub streams: std::sync::Arc<crate::stream::Streams>,
     pub jobs: Option<std::sync::Arc<crate::jobs::Jobs>>,
+    /// The restricted APIs ([`HttpConfig::restricted`]).
+    pub restrictions: std::sync::Arc<crate::restricted::Restrictions>,
 }
 
 /// Binds and returns the running HTTP server (await it) and the bound addresses.
@@ -79,19 +84,20 @@ pub fn serve(
     server: Server,
     config: HttpConfig,
 ) -> std::io::Result<(actix_web::dev::Server, Vec<SocketAddr>)> {
-    let restrictions = std::sync::Arc::clone(&server.restricted().http);
+    let restrictions = config.restricted;
     let state = web::Data::new(State {
         server,
         max_body_bytes: config.max_body_bytes,
         streams: std::sync::Arc::new(crate::stream::Streams::new(config.stream)),
         jobs: config.jobs.clone(),
+        restrictions: std::sync::Arc::clone(&restrictions),
     });
     let sched_batch = config.sched_batch;
     let origins = std::sync::Arc::new(config.origins);
     // actix-web calls this once on each worker thread as it starts.
     let http = HttpServer::new(move || {
         if sched_batch {
-            crate::sched::serving_thread();
+            kiln_core::system::sched::serving_thread();
         }
         App::new()
             .wrap(origin::Origins(std::sync::Arc::clone(&origins)))

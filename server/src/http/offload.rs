@@ -11,9 +11,9 @@ use bytes::Bytes;
 use kiln_protocol::http::{decode_request_parts, encode_response_shm, split, Encoded};
 
 use super::OutputPlacement;
-use crate::error::{Result, ServerError};
-use crate::infer::{InferRequest, InferResponse};
-use crate::server::Server;
+use kiln_core::error::{Result, ServerError};
+use kiln_core::request::infer::{InferRequest, InferResponse};
+use kiln_core::server::Server;
 
 // Measured with `cargo run --release -p kiln-server --example decode_cost` on the
 // development machine (2 shared cores), medians:

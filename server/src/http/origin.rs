@@ -35,7 +35,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use super::HttpError;
-use crate::error::ServerError;
+use kiln_core::error::ServerError;
 
 /// The methods a preflight is told kiln's routes take.
 const METHODS: &str = "GET, POST, DELETE, OPTIONS";

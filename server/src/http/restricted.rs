@@ -10,8 +10,8 @@ use actix_web::dev::{Service, ServiceRequest, ServiceResponse};
 use actix_web::{web, HttpRequest, Resource, ResponseError};
 
 use super::HttpError;
-use crate::error::ServerError;
 use crate::restricted::{Category, Restriction, Restrictions};
+use kiln_core::error::ServerError;
 
 /// Registers `resource`, behind the check of `category`'s header when it is
 /// restricted.

@@ -11,12 +11,12 @@ use super::{
     jobs, logging, offload, restricted, shm, trace, triton, HttpError, State,
     INFERENCE_HEADER_CONTENT_LENGTH,
 };
-use crate::error::ServerError;
-use crate::models::Served;
 use crate::restricted::{Category, Restrictions};
-use crate::serve::Call;
-use crate::trace::Trace;
 use crate::ui;
+use kiln_core::error::ServerError;
+use kiln_core::models::Served;
+use kiln_core::observe::trace::Trace;
+use kiln_core::request::serve::Call;
 
 type Reply = Result<HttpResponse, HttpError>;
 
@@ -164,7 +164,7 @@ async fn model_route(state: web::Data<State>, req: HttpRequest, payload: web::Pa
     let Some(path) = model_routes::parse(req.match_info().as_str()) else {
         return Err(no_route(&req));
     };
-    let restrictions = &state.server.restricted().http;
+    let restrictions = &state.restrictions;
     restricted::check_request(restrictions, path.action.category(), &req)?;
     if !path.action.allows(req.method()) {
         return Ok(wrong_method(&req));
@@ -217,9 +217,9 @@ async fn ready(state: web::Data<State>) -> HttpResponse {
 
 async fn server_metadata() -> HttpResponse {
     HttpResponse::Ok().json(json!({
-        "name": crate::triton::SERVER_NAME,
-        "version": crate::triton::SERVER_VERSION,
-        "extensions": crate::triton::EXTENSIONS,
+        "name": kiln_core::triton::SERVER_NAME,
+        "version": kiln_core::triton::SERVER_VERSION,
+        "extensions": kiln_core::triton::EXTENSIONS,
     }))
 }
 
@@ -230,7 +230,7 @@ async fn list_models(state: web::Data<State>) -> HttpResponse {
         .iter()
         .map(|s| {
             // An ensemble has no worker: its platform takes the place.
-            let worker = s.group().map_or(crate::triton::ENSEMBLE_PLATFORM, |g| g.worker.as_str());
+            let worker = s.group().map_or(kiln_core::triton::ENSEMBLE_PLATFORM, |g| g.worker.as_str());
             json!({"name": s.endpoint(), "version": s.version(), "worker": worker, "state": if s.is_ready() {"READY"} else {"UNAVAILABLE"}})
         })
         .collect();
@@ -239,11 +239,11 @@ async fn list_models(state: web::Data<State>) -> HttpResponse {
 
 /// A model's metadata; `versions` are its loaded versions (Triton lists them all).
 fn model_metadata(served: &Served, versions: Vec<String>) -> HttpResponse {
-    let mut m = crate::triton::ModelMetadata::of(served);
+    let mut m = kiln_core::triton::ModelMetadata::of(served);
     if !versions.is_empty() {
         m.versions = versions;
     }
-    let tensors = |tensors: &[crate::triton::MetadataTensor]| -> Vec<Value> {
+    let tensors = |tensors: &[kiln_core::triton::MetadataTensor]| -> Vec<Value> {
         tensors
             .iter()
             .map(|t| json!({"name": t.name, "datatype": t.dtype.as_str(), "shape": t.shape}))
@@ -280,7 +280,7 @@ fn model_ready(served: &Served) -> HttpResponse {
 
 /// An inference: its body read and decoded, then its [`Call`] (admission, answer,
 /// trace, accounting), then its response encoded. The trace begins before the
-/// body is read (see `kiln_core::trace`).
+/// body is read (see `kiln_core::observe::trace`).
 async fn infer(state: &State, req: &HttpRequest, payload: web::Payload, group: Served) -> Reply {
     let trace = Trace::receive(|| trace::propagated(req));
     // `_held` keeps the body's bytes counted until the answer is built: the
@@ -341,7 +341,7 @@ async fn load(state: web::Data<State>, path: web::Path<String>, payload: web::Pa
     let worker = path.into_inner().to_ascii_lowercase();
     let endpoint = state
         .server
-        .load_as(crate::params::Origin::Client, &worker, params)
+        .load_as(kiln_core::params::Origin::Client, &worker, params)
         .await?;
     Ok(HttpResponse::Ok().json(json!({ "endpoint": endpoint })))
 }
@@ -357,7 +357,7 @@ async fn repository_index(state: web::Data<State>, payload: web::Payload) -> Rep
     let only_ready = index_request(&body)?;
     // Reads the repository's folders and files: not on the connection's thread.
     let server = state.server.clone();
-    let index = web::block(move || crate::triton::repository_index(&server, only_ready))
+    let index = web::block(move || kiln_core::triton::repository_index(&server, only_ready))
         .await
         .map_err(blocking_failed)??;
     let index: Vec<Value> = index
@@ -405,9 +405,9 @@ async fn repository_load(
         }
     };
     let mut params = load_params_from_json(overrides)?;
-    let version = crate::params::take_version(&mut params)?;
+    let version = kiln_core::params::take_version(&mut params)?;
     let name = path.into_inner();
-    let keys = crate::params::client_keys(crate::params::Origin::Client, &params);
+    let keys = kiln_core::params::client_keys(kiln_core::params::Origin::Client, &params);
     // Reads the model's files: not on the connection's thread.
     let (server, model) = (state.server.clone(), name.clone());
     let resolved = web::block(move || server.resolve_model(&model, version, params))
@@ -444,7 +444,7 @@ async fn repository_unload(
     };
     let mut params = load_params_from_json(parameters)?;
     let name = path.into_inner();
-    match crate::params::take_version(&mut params)? {
+    match kiln_core::params::take_version(&mut params)? {
         None => state.server.unload(&name).await?,
         Some(version) => state.server.unload_version(&name, version).await?,
     }

@@ -1,7 +1,7 @@
 //! Triton's system shared-memory extension over REST.
 //!
 //! Regions (windows of `/dev/shm` objects, held by the server's
-//! [`SharedMemory`](crate::shm::SharedMemory) registry) are managed under
+//! [`SharedMemory`](kiln_core::memory::shared_memory::SharedMemory) registry) are managed under
 //! `/v2/systemsharedmemory`:
 //! `POST region/{r}/register` with `{"key": "/name", "offset": 0, "byte_size": N}`,
 //! `POST region/{r}/unregister`, `POST unregister` (every region), `GET status` and
@@ -10,7 +10,7 @@
 //! In an inference request, a tensor whose `parameters` carry
 //! `shared_memory_region`, `shared_memory_byte_size` and optionally
 //! `shared_memory_offset` has no `data`: an input's bytes are copied out of the
-//! region when the request is decoded (see [`crate::shm`] for why), an output is written into it after inference and answered with
+//! region when the request is decoded (see [`kiln_core::memory::shared_memory`] for why), an output is written into it after inference and answered with
 //! `"parameters": {"shared_memory_region": r, "shared_memory_byte_size": written}`
 //! instead of data. That codec is [`kiln_protocol::http::shm`]'s, over this
 //! server's regions (the registry is its [`kiln_protocol::shm::ShmRegions`]).
@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 
 use super::body::json_object;
 use super::{HttpError, State};
-use crate::error::ServerError;
+use kiln_core::error::ServerError;
 
 type Reply = Result<HttpResponse, HttpError>;
 
@@ -85,11 +85,11 @@ fn status(state: &State, name: Option<&str>) -> Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Result;
-    use crate::infer::{InferRequest, InferResponse, OutputTensor};
-    use crate::shm::testing::Object;
-    use crate::shm::SharedMemory;
     use bytes::Bytes;
+    use kiln_core::error::Result;
+    use kiln_core::memory::shared_memory::testing::Object;
+    use kiln_core::memory::shared_memory::SharedMemory;
+    use kiln_core::request::infer::{InferRequest, InferResponse, OutputTensor};
     use kiln_protocol::http::{decode_request_shm, encode_response_shm};
     use kiln_worker_sdk::{DataType, Param, ParamValue};
 

@@ -7,8 +7,8 @@ use serde_json::{Map, Value};
 
 use super::body::json_object;
 use super::{HttpError, State};
-use crate::error::ServerError;
-use crate::trace::{self, Propagated, SettingMap, SettingValue, Update};
+use kiln_core::error::ServerError;
+use kiln_core::observe::trace::{self, Propagated, SettingMap, SettingValue, Update};
 
 /// The caller's `traceparent` and `tracestate` headers.
 pub fn propagated(req: &HttpRequest) -> Propagated {

@@ -1,16 +1,16 @@
 //! Triton's REST extensions that its clients (`perf_analyzer`, `tritonclient`) rely
 //! on: the model configuration (`GET /v2/models/{m}[/versions/{v}]/config`) and
 //! the statistics (`GET /v2/models[/{m}[/versions/{v}]]/stats`), both generated
-//! from the loaded group (`crate::triton::ModelConfig`, `crate::stats`) and
+//! from the loaded group (`kiln_core::triton::ModelConfig`, `kiln_core::observe::stats`) and
 //! rendered as JSON here; gRPC renders the same as protobuf.
 
 use actix_web::{web, HttpResponse};
 use serde_json::{json, Map, Value};
 
 use super::State;
-use crate::models::{Model, Served};
-use crate::stats::{StatDuration, StatsSnapshot};
-use crate::triton::{triton_type, ModelConfig};
+use kiln_core::models::{Model, Served};
+use kiln_core::observe::stats::{StatDuration, StatsSnapshot};
+use kiln_core::triton::{triton_type, ModelConfig};
 
 /// A group's configuration ([`ModelConfig`]: how kiln's batchers and settings
 /// appear in Triton's schema) rendered to JSON, 64-bit fields as numbers, as Triton
@@ -98,7 +98,7 @@ pub fn config_json(c: &ModelConfig) -> Value {
         config["ensemble_scheduling"] = json!({ "step": step });
     }
     if let Some(d) = &c.dynamic_batching {
-        let policy = |p: &crate::triton::QueuePolicyView| {
+        let policy = |p: &kiln_core::triton::QueuePolicyView| {
             json!({
                 "timeout_action": if p.delay { "DELAY" } else { "REJECT" },
                 "default_timeout_microseconds": p.default_timeout_microseconds,
@@ -128,7 +128,7 @@ pub fn config_json(c: &ModelConfig) -> Value {
 }
 
 /// Triton's JSON form of `sequence_batching`.
-fn sequence_json(q: &crate::triton::SequenceBatching) -> Value {
+fn sequence_json(q: &kiln_core::triton::SequenceBatching) -> Value {
     use kiln_batchers::sequence::{Control, Strategy};
     let controls: Vec<Value> = q
         .controls
@@ -195,16 +195,16 @@ fn group_config(served: &Served) -> Value {
 /// JSON mapping with every field and proto field names, 64-bit integers as
 /// numbers); any other answers what it runs, in the same schema.
 pub fn config(
-    server: &crate::Server,
+    server: &kiln_core::Server,
     served: &Served,
 ) -> Result<HttpResponse, super::error::HttpError> {
     let Some(pbtxt) = server.triton_config(served) else {
         return Ok(HttpResponse::Ok().json(group_config(served)));
     };
-    let json = crate::triton_config::to_message(&pbtxt)
+    let json = kiln_core::load::triton_config::to_message(&pbtxt)
         .and_then(|m| pbtxt_json(&m))
         .map_err(|e| {
-            crate::error::ServerError::Internal(format!(
+            kiln_core::error::ServerError::Internal(format!(
                 "model `{}`: its config cannot be rendered: {e}",
                 served.endpoint()
             ))
@@ -293,8 +293,8 @@ mod tests {
     use kiln_worker_sdk::{BatcherKind, DataType, TensorSpec, WorkerInfo};
 
     use super::*;
-    use crate::group::GroupSettings;
-    use crate::stats::{BatchTiming, ModelStats};
+    use kiln_core::group::GroupSettings;
+    use kiln_core::observe::stats::{BatchTiming, ModelStats};
 
     fn settings(batcher: BatcherKind, batch_size: usize, timeout_ms: u64) -> GroupSettings {
         GroupSettings {

@@ -17,18 +17,18 @@ use actix_web::web;
 use bytes::Bytes;
 use kiln_protocol::{InferRequest, OutputTensor};
 
-use kiln_core::client_bytes::{Exhausted, Reservation};
-use kiln_core::stream_metrics::DropReason;
+use kiln_core::memory::client_bytes::{Exhausted, Reservation};
+use kiln_core::observe::stream_metrics::DropReason;
 
 use super::held::hold;
 use super::image::{self, DecodeError, Rgb};
 use super::processing::{FrameData, FrameInfo};
 use super::protocol::{self, Encoding, Open};
 use super::result::{self, EncodeError, EncodedOutputs, ResultLimit};
-use crate::error::ServerError;
-use crate::models::Served;
-use crate::serve::Call;
-use crate::trace::Trace;
+use kiln_core::error::ServerError;
+use kiln_core::models::Served;
+use kiln_core::observe::trace::Trace;
+use kiln_core::request::serve::Call;
 
 /// A frame as it arrives, with the budget's bytes it holds.
 pub(super) enum Raw {

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use kiln_core::client_bytes::Reservation;
+use kiln_core::memory::client_bytes::Reservation;
 use tokio::sync::Notify;
 
 /// Messages whose bytes were dropped, and a wake-up for each.
@@ -68,7 +68,7 @@ pub fn hold(bytes: Bytes, held: Option<Reservation>, taken: Option<Arc<Taken>>) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kiln_core::client_bytes::{ClientBytes, Use};
+    use kiln_core::memory::client_bytes::{ClientBytes, Use};
 
     #[test]
     fn the_reservation_lives_as_long_as_the_bytes() {

@@ -8,7 +8,7 @@
 use std::io::Cursor;
 use std::sync::Arc;
 
-use kiln_core::client_bytes::{ClientBytes, Exhausted, Reservation, Use};
+use kiln_core::memory::client_bytes::{ClientBytes, Exhausted, Reservation, Use};
 
 use zune_jpeg::zune_core::bytestream::ZCursor;
 use zune_jpeg::zune_core::colorspace::ColorSpace;

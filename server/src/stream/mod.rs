@@ -3,7 +3,7 @@
 //! a server-side source, and gets each frame's result back.
 //!
 //! Each frame is one request through the core's one inference path
-//! ([`crate::serve::submit`], as REST and gRPC): frames of every session share
+//! ([`kiln_core::request::serve::submit`], as REST and gRPC): frames of every session share
 //! the model's batches. Modules:
 //!
 //! ```text
@@ -44,9 +44,9 @@ use std::time::Duration;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::json;
 
-use crate::models::Served;
-use crate::server::Server;
 pub use args::StreamArgs;
+use kiln_core::models::Served;
+use kiln_core::server::Server;
 use source::SourceOpener;
 
 /// The operator's settings for WebSocket streams (`--stream-*` flags).
@@ -180,7 +180,7 @@ pub async fn open(
     payload: web::Payload,
     group: Served,
     socket: Option<std::os::fd::OwnedFd>,
-) -> Result<HttpResponse, crate::ServerError> {
+) -> Result<HttpResponse, kiln_core::ServerError> {
     let (response, ws, messages) = match actix_ws::handle(req, payload) {
         Ok(upgrade) => upgrade,
         Err(e) => {
@@ -189,14 +189,14 @@ pub async fn open(
         }
     };
     let Some(opening) = streams.admit_opening() else {
-        return Err(crate::ServerError::Exhausted(format!(
+        return Err(kiln_core::ServerError::Exhausted(format!(
             "{} WebSocket sessions are waiting for their opening message: the \
              server's --stream-max-opening",
             streams.config.max_opening
         )));
     };
     let Some(slot) = streams.admit() else {
-        return Err(crate::ServerError::Exhausted(format!(
+        return Err(kiln_core::ServerError::Exhausted(format!(
             "{} WebSocket sessions are open: the server's --stream-max-sessions",
             streams.config.max_sessions
         )));

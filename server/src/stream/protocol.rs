@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 
 use super::processing::Processing;
 use super::source::SourceSpec;
-use crate::models::Served;
+use kiln_core::models::Served;
 
 /// WebSocket close codes (RFC 6455, 7.4.1) the stream closes with.
 pub mod close {

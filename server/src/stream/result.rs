@@ -11,8 +11,8 @@ use serde_json::{json, Map, Value};
 
 use std::sync::Arc;
 
-use kiln_core::client_bytes::{ClientBytes, Exhausted, Reservation, Use};
-use kiln_core::stream_metrics::DropReason;
+use kiln_core::memory::client_bytes::{ClientBytes, Exhausted, Reservation, Use};
+use kiln_core::observe::stream_metrics::DropReason;
 
 use super::image::encode_jpeg;
 use super::processing::Processed;

@@ -15,8 +15,8 @@ use actix_ws::{AggregatedMessage, AggregatedMessageStream, CloseReason, Protocol
 use bytes::Bytes;
 use bytestring::ByteString;
 use futures_util::stream::{FuturesOrdered, StreamExt};
-use kiln_core::client_bytes::{ClientBytes, Use};
-use kiln_core::stream_metrics::{DropReason, ModelStreamMetrics};
+use kiln_core::memory::client_bytes::{ClientBytes, Use};
+use kiln_core::observe::stream_metrics::{DropReason, ModelStreamMetrics};
 
 use super::frame::{self, Done, FrameContext, Incoming, Raw};
 use super::held::{hold, Taken};
@@ -25,8 +25,8 @@ use super::queue::DropQueue;
 use super::result::{self, Dropped, EncodeError, Message, Outgoing, ResultHead, ResultLimit};
 use super::source::{self, FrameSource, SourceError, SourceInfo};
 use super::{OpeningSlot, Streams};
-use crate::models::Served;
-use crate::server::Server;
+use kiln_core::models::Served;
+use kiln_core::server::Server;
 
 /// The longest close reason a close frame carries (RFC 6455: 125 bytes of
 /// payload, two of them the code).

@@ -9,11 +9,11 @@ use bytes::Bytes;
 #[cfg(feature = "embedded")]
 use kiln_client::NativeClient;
 use kiln_client::{GrpcClient, InferRequest, InferStream, InputTensor, Param, ParamValue};
+#[cfg(feature = "embedded")]
+use kiln_core::ServerConfig;
 use kiln_protocol::grpc::convert::{encode_request as encode_grpc_request, params_to_proto};
 use kiln_protocol::grpc::proto::ModelInferRequest;
 use kiln_protocol::http::{encode_request, encode_request_binary, INFERENCE_HEADER_CONTENT_LENGTH};
-#[cfg(feature = "embedded")]
-use kiln_server::ServerConfig;
 
 use crate::grpc::Grpc;
 use crate::http1::Http1;
