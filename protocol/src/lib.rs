@@ -14,7 +14,7 @@
 //! Tensor data stays zero-copy where the protocol allows: binary tensors and raw
 //! gRPC contents are slices of the received body or message. Shared-memory
 //! regions belong to whoever serves; the codecs reach them through
-//! [`shm::ShmRegions`].
+//! [`shm_regions::ShmRegions`].
 
 pub mod error;
 #[cfg(feature = "grpc")]
@@ -23,7 +23,7 @@ pub mod grpc;
 pub mod http;
 pub mod infer;
 pub mod params;
-pub mod shm;
+pub mod shm_regions;
 
 pub use error::ProtocolError;
 pub use infer::{InferRequest, InferResponse, InputTensor, OutputTensor};

@@ -1,5 +1,5 @@
 //! The registry behind Triton's system shared-memory extension, free of any
-//! protocol: the REST routes (`http::shm`) and the gRPC service share it.
+//! protocol: the REST routes (`http::shm_routes`) and the gRPC service share it.
 //!
 //! A client creates a POSIX shared-memory object (`shm_open("/name")`, which on
 //! Linux is the file `/dev/shm/name`), registers a window of it under a region name,
@@ -300,8 +300,8 @@ impl ShmSlice {
     }
 }
 
-/// The registry as the codecs see it ([`kiln_protocol::shm`]).
-impl kiln_protocol::shm::ShmRegions for SharedMemory {
+/// The registry as the codecs see it ([`kiln_protocol::shm_regions`]).
+impl kiln_protocol::shm_regions::ShmRegions for SharedMemory {
     type Window = ShmSlice;
 
     fn window(
@@ -314,7 +314,7 @@ impl kiln_protocol::shm::ShmRegions for SharedMemory {
     }
 }
 
-impl kiln_protocol::shm::ShmWindow for ShmSlice {
+impl kiln_protocol::shm_regions::ShmWindow for ShmSlice {
     fn region(&self) -> &str {
         ShmSlice::region(self)
     }

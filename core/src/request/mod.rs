@@ -1,6 +1,9 @@
-//! One request's life: validated against the model (`infer`), called through the
-//! server's one path (`serve`), answered from its batch (`answer`), in order where the
-//! model asks for it (`ordering`).
+//! A request's way through the core, in the order it takes it: the protocol-free
+//! request and its validation ([`infer`]), the one inference path every ingress
+//! takes ([`serve`]: admission, tracing, logging, delivery, cancellation), how the
+//! request is answered once its batch has run ([`answer`]), and the order answers
+//! leave in ([`ordering`]). The group that admits and batches it is [`crate::group`];
+//! the instance that runs its batch is in [`crate::compute`].
 
 pub mod answer;
 pub mod infer;

@@ -14,7 +14,7 @@ use super::proto::{
 };
 use crate::error::{ProtocolError, Result};
 use crate::infer::{InferRequest, InferResponse, InputTensor, OutputTensor};
-use crate::shm::{
+use crate::shm_regions::{
     check_fits, NoSharedMemory, ShmPlace, ShmRegions, ShmWindow, BYTE_SIZE, OFFSET, REGION,
 };
 

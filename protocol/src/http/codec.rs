@@ -10,10 +10,10 @@ use super::binary::{split, BinaryOutputs, Encoded};
 use super::json::{
     decode_request_parts, decode_response_parts, encode_request_parts, encode_response_parts,
 };
-use super::shm::OutputPlacement;
+use super::shm_tensors::OutputPlacement;
 use crate::error::Result;
 use crate::infer::{InferRequest, InferResponse};
-use crate::shm::{NoSharedMemory, ShmRegions, ShmWindow};
+use crate::shm_regions::{NoSharedMemory, ShmRegions, ShmWindow};
 
 /// Decodes an inference request for `model`, JSON or with binary tensors (`header`:
 /// the value of `Inference-Header-Content-Length`, if sent). Binary inputs are

@@ -15,10 +15,10 @@ use data::decode_data;
 pub use data::DataJson;
 
 use super::binary::{binary_data_size, BinaryOutputs, BinaryPart, Encoded, SizedTensor};
-use super::shm::{input_window, shm_place, InShm, OutputPlacement, ShmReads};
+use super::shm_tensors::{input_window, shm_place, InShm, OutputPlacement, ShmReads};
 use crate::error::{ProtocolError, Result};
 use crate::infer::{InferRequest, InferResponse, InputTensor, OutputTensor};
-use crate::shm::{NoSharedMemory, ShmRegions};
+use crate::shm_regions::{NoSharedMemory, ShmRegions};
 
 #[derive(Deserialize)]
 struct RequestJson<'a> {

@@ -5,7 +5,7 @@
 pub mod binary;
 pub mod codec;
 pub mod json;
-pub mod shm;
+pub mod shm_tensors;
 
 pub use binary::{byte_count, split, BinaryOutputs, Encoded, INFERENCE_HEADER_CONTENT_LENGTH};
 pub use codec::{
@@ -16,4 +16,4 @@ pub use json::{
     decode_request, decode_request_parts, decode_response, encode_request, encode_response,
     load_params_from_json, params_from_json, DataJson,
 };
-pub use shm::{OutputPlacement, ShmReads};
+pub use shm_tensors::{OutputPlacement, ShmReads};

@@ -18,7 +18,7 @@ use http_body::{Body, Frame};
 use hyper::body::Incoming;
 use tonic::Status;
 
-use super::budget::{Budget, Charge};
+use super::message_budget::{Budget, Charge};
 
 /// The length prefix of a gRPC message.
 const PREFIX: usize = 5;

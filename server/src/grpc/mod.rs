@@ -10,11 +10,11 @@
 //! [`GrpcRoutes`], which answers `ModelInfer` itself and every other RPC through
 //! the tonic-generated service.
 
-mod budget;
 mod connection;
 pub mod convert;
 mod gather;
 mod logging;
+mod message_budget;
 mod routes;
 mod service;
 mod status;

@@ -31,9 +31,9 @@ use tonic::codegen::http::{self, header, HeaderMap, HeaderValue};
 use tonic::codegen::{BoxFuture, Service, StdError};
 use tonic::Status;
 
-use super::budget::{Budget, Charge};
 use super::connection::{Activity, Call};
 use super::gather::Gathered;
+use super::message_budget::{Budget, Charge};
 use super::proto::grpc_inference_service_server::GrpcInferenceServiceServer;
 use super::proto::ModelInferRequest;
 use super::service::{KilnGrpc, Pending};

@@ -18,7 +18,7 @@ pub mod origin;
 mod peer;
 mod restricted;
 mod routes;
-mod shm;
+mod shm_routes;
 mod trace;
 mod triton;
 

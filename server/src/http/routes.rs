@@ -8,7 +8,7 @@ use super::body::{self, json_object, read_body, read_raw_body};
 use super::encoded::EncodedResponse;
 use super::model_routes::{self, Action};
 use super::{
-    jobs, logging, offload, restricted, shm, trace, triton, HttpError, State,
+    jobs, logging, offload, restricted, shm_routes, trace, triton, HttpError, State,
     INFERENCE_HEADER_CONTENT_LENGTH,
 };
 use crate::restricted::{Category, Restrictions};
@@ -78,32 +78,35 @@ pub fn configure(cfg: &mut web::ServiceConfig, restrictions: &Restrictions) {
     );
     add(
         SharedMemory,
-        get("/v2/systemsharedmemory/status", shm::status_all),
+        get("/v2/systemsharedmemory/status", shm_routes::status_all),
     );
     add(
         SharedMemory,
         get(
             "/v2/systemsharedmemory/region/{region}/status",
-            shm::status_region,
+            shm_routes::status_region,
         ),
     );
     add(
         SharedMemory,
         post(
             "/v2/systemsharedmemory/region/{region}/register",
-            shm::register,
+            shm_routes::register,
         ),
     );
     add(
         SharedMemory,
         post(
             "/v2/systemsharedmemory/region/{region}/unregister",
-            shm::unregister,
+            shm_routes::unregister,
         ),
     );
     add(
         SharedMemory,
-        post("/v2/systemsharedmemory/unregister", shm::unregister_all),
+        post(
+            "/v2/systemsharedmemory/unregister",
+            shm_routes::unregister_all,
+        ),
     );
     // The video page (crate::ui): static files, in no Triton category. What the
     // page does goes through the routes above and the model's stream route.

@@ -12,8 +12,8 @@
 //! `shared_memory_offset` has no `data`: an input's bytes are copied out of the
 //! region when the request is decoded (see [`kiln_core::memory::shared_memory`] for why), an output is written into it after inference and answered with
 //! `"parameters": {"shared_memory_region": r, "shared_memory_byte_size": written}`
-//! instead of data. That codec is [`kiln_protocol::http::shm`]'s, over this
-//! server's regions (the registry is its [`kiln_protocol::shm::ShmRegions`]).
+//! instead of data. That codec is [`kiln_protocol::http::shm_tensors`]'s, over this
+//! server's regions (the registry is its [`kiln_protocol::shm_regions::ShmRegions`]).
 
 use actix_web::{web, HttpResponse};
 use kiln_protocol::http::byte_count;

@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 use super::binary::{byte_count, BinaryOutputs, SizedTensor};
 use crate::error::{ProtocolError, Result};
 use crate::infer::{InferRequest, InferResponse};
-use crate::shm::{
+use crate::shm_regions::{
     check_fits, in_tensor, ShmPlace, ShmRegions, ShmWindow, BYTE_SIZE, OFFSET, REGION,
 };
 
