@@ -23,7 +23,7 @@ use crate::observe::metrics::Metrics;
 use crate::observe::trace::Trace;
 use crate::params::{client_keys, Origin};
 use crate::request::infer::{InferRequest, InferResponse};
-use crate::request::serve::{self, Call, Pending};
+use crate::request::serve::{self, Admitted, Call};
 use crate::system::housekeeping::Housekeeping;
 
 /// How to start a [`Server`].
@@ -457,9 +457,9 @@ impl Server {
     }
 
     /// Looks up `request.model` and queues the request ([`crate::request::serve`]); await
-    /// the [`Pending`] for its answer, or drop it to cancel the request. Not
+    /// the [`Admitted`] for its answer, or drop it to cancel the request. Not
     /// traced (see [`Server::infer`]).
-    pub fn submit(&self, request: InferRequest) -> Result<Pending> {
+    pub fn submit(&self, request: InferRequest) -> Result<Admitted> {
         let group = self.lookup(&request.model, None)?;
         serve::submit(&group, Ok((request, ())), &mut Trace::default()).map(|(pending, ())| pending)
     }

@@ -4,7 +4,7 @@
 //! process, [`crate::local::LocalTarget`]) or a remote pool of KServe v2 servers
 //! read through their `/metrics`. Each [`Reading`] gives the target's requests in
 //! flight (`cur_sys`: in batches, running), waiting in its queues (`cur_q`), and
-//! its capacity (`max_sys`), jobs included. [`Budget::update`] takes the
+//! its capacity (`max_sys`), jobs included. [`DispatchBudget::update`] takes the
 //! dispatcher's own jobs in flight out of those figures (they are the load being
 //! budgeted, not the load to protect) and computes:
 //!
@@ -20,7 +20,7 @@
 //! leaves of it less `B`.
 //!
 //! No reading (unreadable metrics) → budget 0. An overload answer (429,
-//! RESOURCE_EXHAUSTED, a full queue) → [`Budget::on_overload`]: budget 0 until a
+//! RESOURCE_EXHAUSTED, a full queue) → [`DispatchBudget::on_overload`]: budget 0 until a
 //! reading taken after it arrives. No blind retries.
 //!
 //! The target's methods are async (a remote target scrapes and posts over HTTP);
@@ -138,16 +138,16 @@ pub struct Figures {
 
 /// The budget's state: the last figures and the overload latch.
 #[derive(Debug, Clone)]
-pub struct Budget {
+pub struct DispatchBudget {
     config: BudgetConfig,
     overload_since: Option<Instant>,
     figures: Figures,
 }
 
-impl Budget {
+impl DispatchBudget {
     /// A budget of 0 until the first reading.
-    pub fn new(config: BudgetConfig) -> Budget {
-        Budget {
+    pub fn new(config: BudgetConfig) -> DispatchBudget {
+        DispatchBudget {
             config,
             overload_since: None,
             figures: Figures::default(),
@@ -225,7 +225,7 @@ mod tests {
 
     #[test]
     fn idle_target_is_capped_at_u() {
-        let mut b = Budget::new(BudgetConfig::default());
+        let mut b = DispatchBudget::new(BudgetConfig::default());
         let f = b.update(reading(0.0, 0.0, 100.0), 0);
         assert_eq!(f.budget, 80);
         assert!((f.d - 0.95).abs() < 1e-9);
@@ -233,7 +233,7 @@ mod tests {
 
     #[test]
     fn realtime_load_takes_its_share() {
-        let mut b = Budget::new(BudgetConfig::default());
+        let mut b = DispatchBudget::new(BudgetConfig::default());
         // 40 realtime in batches, 10 waiting, plus 20 of our jobs waiting.
         let f = b.update(reading(40.0, 30.0, 100.0), 20);
         assert!((f.f_sys - 0.4).abs() < 1e-9);
@@ -243,7 +243,7 @@ mod tests {
 
     #[test]
     fn saturated_or_unreadable_gives_none() {
-        let mut b = Budget::new(BudgetConfig::default());
+        let mut b = DispatchBudget::new(BudgetConfig::default());
         assert_eq!(b.update(reading(96.0, 0.0, 100.0), 0).budget, 0);
         assert_eq!(b.update(reading(50.0, 50.0, 100.0), 0).budget, 0);
         assert_eq!(b.update(None, 0).budget, 0);
@@ -251,7 +251,7 @@ mod tests {
 
     #[test]
     fn overload_holds_until_a_later_reading() {
-        let mut b = Budget::new(BudgetConfig::default());
+        let mut b = DispatchBudget::new(BudgetConfig::default());
         let before = reading(0.0, 0.0, 10.0);
         b.on_overload();
         assert_eq!(
@@ -264,7 +264,7 @@ mod tests {
 
     #[test]
     fn a_target_of_one_slot_takes_one_job_when_idle() {
-        let mut b = Budget::new(BudgetConfig::default());
+        let mut b = DispatchBudget::new(BudgetConfig::default());
         assert_eq!(b.update(reading(0.0, 0.0, 1.0), 0).budget, 1);
         // Its one slot taken by realtime: none.
         assert_eq!(b.update(reading(1.0, 0.0, 1.0), 0).budget, 0);
@@ -274,7 +274,7 @@ mod tests {
 
     #[test]
     fn configured_max_sys_wins() {
-        let mut b = Budget::new(BudgetConfig {
+        let mut b = DispatchBudget::new(BudgetConfig {
             max_sys: Some(10.0),
             ..BudgetConfig::default()
         });
@@ -304,7 +304,7 @@ mod tests {
 
     #[test]
     fn max_sys_zero_holds_every_job() {
-        let mut b = Budget::new(BudgetConfig {
+        let mut b = DispatchBudget::new(BudgetConfig {
             max_sys: Some(0.0),
             ..BudgetConfig::default()
         });

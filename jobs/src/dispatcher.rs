@@ -2,7 +2,7 @@
 //! from the [`JobQueue`] while the budget has room, runs them on the
 //! [`DispatchTarget`] and stores their results.
 //!
-//! Each round it reads the target, updates the [`Budget`] with its own jobs in
+//! Each round it reads the target, updates the [`DispatchBudget`] with its own jobs in
 //! flight and starts claimed jobs while the budget has room. The store is called
 //! on the blocking pool, one call at a time, so a commit (an fsync in the
 //! embedded store, a round trip to Redis) never holds up dispatching: each call
@@ -32,7 +32,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::Notify;
 use tokio::task::{Id as TaskId, JoinHandle as TaskHandle, JoinSet};
 
-use crate::budget::{Budget, BudgetConfig, DispatchTarget, Dispatched};
+use crate::budget::{BudgetConfig, DispatchBudget, DispatchTarget, Dispatched};
 use crate::metrics::DispatchMetrics;
 use crate::queue::{ClaimedJob, JobId, JobQueue, JobsError, Outcome, StateCounts};
 
@@ -155,7 +155,7 @@ impl Drop for Dispatcher {
 struct Rounds {
     queue: Arc<dyn JobQueue>,
     target: Arc<dyn DispatchTarget>,
-    budget: Budget,
+    budget: DispatchBudget,
     metrics: DispatchMetrics,
     config: DispatcherConfig,
     in_flight: JoinSet<(JobId, Dispatched)>,
@@ -247,7 +247,7 @@ impl Rounds {
         Rounds {
             queue,
             target,
-            budget: Budget::new(config.budget),
+            budget: DispatchBudget::new(config.budget),
             metrics,
             config,
             in_flight: JoinSet::new(),

@@ -31,7 +31,7 @@ pub mod split;
 pub mod spool;
 
 pub use backend::BackendUrl;
-pub use budget::{Budget, BudgetConfig, DispatchTarget, Dispatched, Reading};
+pub use budget::{BudgetConfig, DispatchBudget, DispatchTarget, Dispatched, Reading};
 pub use dispatcher::{Dispatcher, DispatcherConfig};
 pub use metrics::DispatchMetrics;
 pub use queue::{

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 pub type Request = Vec<String>;
 
 /// How the server answers: `(method, cseq)` → the whole answer.
-pub type Answer = Arc<dyn Fn(&str, &str) -> String + Send + Sync>;
+pub type RtspHandler = Arc<dyn Fn(&str, &str) -> String + Send + Sync>;
 
 /// What a connection does once an answer is written: `Some(file)` after PLAY of
 /// a [`streaming`] server starts sending that file's frames.
@@ -29,7 +29,7 @@ pub struct RtspServer {
 
 impl RtspServer {
     /// Listens on a free port of 127.0.0.1 and answers with `answer`.
-    pub fn start(answer: Answer) -> io::Result<RtspServer> {
+    pub fn start(answer: RtspHandler) -> io::Result<RtspServer> {
         RtspServer::start_playing(answer, None)
     }
 
@@ -39,7 +39,7 @@ impl RtspServer {
         RtspServer::start_playing(Arc::new(camera), Some(video.to_owned()))
     }
 
-    fn start_playing(answer: Answer, play: Play) -> io::Result<RtspServer> {
+    fn start_playing(answer: RtspHandler, play: Play) -> io::Result<RtspServer> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let port = listener.local_addr()?.port();
         let requests = Arc::new(Mutex::new(Vec::new()));
@@ -182,7 +182,7 @@ pub fn options(cseq: &str) -> String {
 
 /// A server that answers DESCRIBE (and anything after OPTIONS) with a 302 to
 /// `location`.
-pub fn redirecting(location: String) -> Answer {
+pub fn redirecting(location: String) -> RtspHandler {
     Arc::new(move |method, cseq| match method {
         "OPTIONS" => options(cseq),
         _ => format!(

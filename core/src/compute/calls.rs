@@ -44,9 +44,9 @@ use crate::request::infer::{InferRequest, InferResponse, InputTensor};
 /// calls take milliseconds); a deadline itself is met on time.
 const CHECK_EVERY: Duration = Duration::from_millis(5);
 
-/// A call's answer to come (the one inference path's `serve::Pending`; dropping
+/// A call's answer to come (the one inference path's `serve::Admitted`; dropping
 /// it cancels the callee's request).
-pub type Answer = Pin<Box<dyn Future<Output = Result<InferResponse>> + Send>>;
+pub type CallFuture = Pin<Box<dyn Future<Output = Result<InferResponse>> + Send>>;
 
 /// A model a worker may call (a `WorkerGroup`).
 pub trait Callee: Send + Sync {
@@ -55,7 +55,7 @@ pub trait Callee: Send + Sync {
     /// Whether its own workers call models.
     fn is_caller(&self) -> bool;
     /// Admission through the one inference path (`serve::submit`).
-    fn submit(&self, request: InferRequest) -> Result<Answer>;
+    fn submit(&self, request: InferRequest) -> Result<CallFuture>;
 }
 
 /// The loaded models, as calls find them (the Manager's snapshot).
@@ -184,8 +184,8 @@ fn refused_all(n: usize, message: &str) -> Vec<CallResultFfi> {
 }
 
 /// A call submitted and not yet answered.
-struct Waiting {
-    pending: Answer,
+struct OpenCall {
+    pending: CallFuture,
     model: String,
     /// The request served (`None`: the whole batch).
     for_request: Option<usize>,
@@ -206,7 +206,7 @@ fn run_calls(
     caller.calls.store(true, Ordering::SeqCst);
     let now = Instant::now();
     let mut results: Vec<Option<CallResultFfi>> = Vec::with_capacity(calls.len());
-    let mut waiting: Vec<Option<Waiting>> = Vec::with_capacity(calls.len());
+    let mut waiting: Vec<Option<OpenCall>> = Vec::with_capacity(calls.len());
     for call in calls {
         match submit(caller, members, &**callees, call, now) {
             Ok(w) => {
@@ -243,7 +243,7 @@ fn submit(
     callees: &dyn Callees,
     call: &CallFfi<'_>,
     now: Instant,
-) -> std::result::Result<Waiting, CallError> {
+) -> std::result::Result<OpenCall, CallError> {
     let name = call.model.as_str();
     let group = callees.find(name).ok_or_else(|| {
         CallError::new(
@@ -343,7 +343,7 @@ fn submit(
     let pending = group
         .submit(request)
         .map_err(|e| from_server_error(name, e))?;
-    Ok(Waiting {
+    Ok(OpenCall {
         pending,
         model: group.endpoint().to_owned(),
         for_request,
@@ -403,10 +403,10 @@ impl Wake for Unpark {
 }
 
 /// Blocks this thread until each call is answered, cancelled or past its
-/// deadline (a dropped `Pending` cancels its callee request).
+/// deadline (a dropped `Admitted` cancels its callee request).
 fn wait(
     members: &[Member<Reply>],
-    waiting: &mut [Option<Waiting>],
+    waiting: &mut [Option<OpenCall>],
     results: &mut [Option<CallResultFfi>],
 ) {
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
@@ -469,8 +469,8 @@ mod tests {
         (member, rx)
     }
 
-    fn never(for_request: Option<usize>, deadline: Option<Instant>) -> Option<Waiting> {
-        Some(Waiting {
+    fn never(for_request: Option<usize>, deadline: Option<Instant>) -> Option<OpenCall> {
+        Some(OpenCall {
             pending: Box::pin(std::future::pending()),
             model: "m".into(),
             for_request,

@@ -26,7 +26,8 @@ use crate::observe::request_log::request_ids;
 use crate::observe::stats::{nanos, BatchTiming, ModelStats};
 use crate::observe::trace::BatchTrace;
 use crate::request::answer::{
-    AnswerModel, Answered, BatchOutputs, KeptOutputs, Reply, RunOutput, SequenceLink, Share, Tally,
+    AnswerModel, BatchOutputs, BatchRow, BatchTally, KeptOutputs, OutputsHold, Reply, RunOutput,
+    SequenceLink,
 };
 use crate::request::ordering::{send, Answers, OrderGate};
 
@@ -451,7 +452,7 @@ pub(crate) fn split_outputs(
 
 /// Answers every request of a batch that ran: those the worker failed alone with
 /// their own error, the others with their outputs. The failed ones are counted
-/// here, the answered ones by the batch's [`Tally`] once every answer is let go
+/// here, the answered ones by the batch's [`BatchTally`] once every answer is let go
 /// (see [`crate::request::answer`]); this thread lets go of its share before sending, so a
 /// client that has its answer, and whose batch-mates have theirs, sees it counted.
 /// Returns the batch's outputs for the answering thread to keep ([`KeptOutputs`]).
@@ -482,10 +483,10 @@ pub(crate) fn answer(
         output: ran.elapsed(),
     };
     // The answers share the outputs; each caller builds its own response.
-    let shared = Share::first(BatchOutputs {
+    let shared = OutputsHold::first(BatchOutputs {
         model: Arc::clone(&ctx.answer_model),
         outputs,
-        tally: Tally::new(
+        tally: BatchTally::new(
             Arc::clone(&ctx.metrics),
             Arc::clone(&ctx.stats),
             (requests - failures.len(), rows, answered_queue_ns),
@@ -509,7 +510,7 @@ pub(crate) fn answer(
             replies.push((reply.tx, Err(error)));
             continue;
         }
-        let answered = Answered {
+        let answered = BatchRow {
             batch: shared.clone(),
             index: j,
             output_mask: reply.output_mask,

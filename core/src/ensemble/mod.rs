@@ -10,7 +10,7 @@
 //! - [`bind`]: the steps bound to loaded models, datatypes and shapes checked;
 //! - [`loaded`]: a loaded ensemble ([`Ensemble`]): its plan, its bound steps, its
 //!   statistics, and nothing of a worker's (no queue, pool or thread);
-//! - [`run`]: one request in flight (the future behind its `serve::Pending`).
+//! - [`run`]: one request in flight (the future behind its `serve::Admitted`).
 //!
 //! A name serves a worker group or an ensemble ([`crate::models::Served`]); what
 //! they share (name, version, tensors, readiness, statistics) is

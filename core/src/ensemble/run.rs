@@ -5,7 +5,7 @@
 //! the admission of [`crate::request::serve::submit`]), so it is validated, queued and
 //! batched with every other request to that model. Nothing waits on a thread: the
 //! steps in flight are the future's, polled by whoever awaits the ensemble's
-//! [`crate::request::serve::Pending`]; a step answered during a poll submits the steps it
+//! [`crate::request::serve::Admitted`]; a step answered during a poll submits the steps it
 //! completes, in that poll. Steps whose inputs exist at admission are submitted
 //! there, on the caller's thread.
 //!

@@ -5,7 +5,7 @@
 //! batcher's host all use these types.
 //!
 //! An instance thread answers with its request's row of the batch's outputs
-//! ([`Answered`]: a [`Share`] of them and an index), not with a built
+//! ([`BatchRow`]: an [`OutputsHold`] on them and an index), not with a built
 //! [`InferResponse`]: the response (its names, shape and output list) is built by
 //! whoever awaits it, on its own thread. So the instance thread allocates nothing
 //! per request, and nothing one thread allocates is freed by the other: with
@@ -14,6 +14,22 @@
 //! request's input tensors back to be let go where they were made, and the
 //! instance keeps its batches' outputs ([`KeptOutputs`]) until the last answer
 //! lets go of them, then frees them itself.
+//!
+//! The answer side's names, one per idea (and used for nothing else in kiln):
+//!
+//! | name | the idea | where |
+//! |---|---|---|
+//! | [`Reply`] | the way a queued request is answered: its channel, log id, output mask, span | here |
+//! | [`Answer`] | what comes through that channel: a [`BatchRow`] or the request's error | here |
+//! | [`BatchRow`] | one request's row of a batch's outputs, built into its response by the awaiting thread | here |
+//! | [`BatchOutputs`] | a batch's outputs, shared by its rows | here |
+//! | [`OutputsHold`] | one hold on a batch's outputs that counts for its tally (the instance's, each row's) | here |
+//! | [`BatchTally`] | counts a batch's answers in `/metrics` and `/stats` when the last hold lets go | here |
+//! | [`KeptOutputs`] | an instance's recent batches' outputs, freed on its own thread | here |
+//! | [`Delivery`] | an answer on its way to its client: a success when dropped unless it [`Delivery::failed`] | here |
+//! | `Admitted` | an admitted request's answer to await (dropping it cancels the request) | [`crate::request::serve`] |
+//! | `Call` | one request from admission to the end of its delivery, for every ingress | [`crate::request::serve`] |
+//! | `CallFuture` | a worker's call to a model, its answer to come | [`crate::compute::calls`] |
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -33,7 +49,7 @@ use crate::observe::stats::{nanos, BatchTiming, ModelStats};
 use crate::request::infer::{InferResponse, OutputTensor};
 
 /// What a request is answered with: its row of a batch that ran, or its error.
-pub type Answer = Result<Answered>;
+pub type Answer = Result<BatchRow>;
 
 /// How a request is answered once its batch has run.
 pub struct Reply {
@@ -66,18 +82,18 @@ pub struct RunOutput {
 pub struct BatchOutputs {
     pub model: Arc<AnswerModel>,
     pub outputs: Vec<RunOutput>,
-    pub tally: Tally,
+    pub tally: BatchTally,
 }
 
-/// One hold on a batch's outputs that counts for its [`Tally`]: the instance's
+/// One hold on a batch's outputs that counts for its [`BatchTally`]: the instance's
 /// while it answers, then each answer's. The last let go counts the batch.
-pub struct Share(Arc<BatchOutputs>);
+pub struct OutputsHold(Arc<BatchOutputs>);
 
-impl Share {
+impl OutputsHold {
     /// The first share of a batch's outputs (the answering thread's).
-    pub fn first(outputs: BatchOutputs) -> Share {
+    pub fn first(outputs: BatchOutputs) -> OutputsHold {
         outputs.tally.shares.store(1, Ordering::Relaxed);
-        Share(Arc::new(outputs))
+        OutputsHold(Arc::new(outputs))
     }
 
     /// The outputs themselves, held apart from the shares (see [`KeptOutputs`]).
@@ -86,14 +102,14 @@ impl Share {
     }
 }
 
-impl Clone for Share {
-    fn clone(&self) -> Share {
+impl Clone for OutputsHold {
+    fn clone(&self) -> OutputsHold {
         self.0.tally.shares.fetch_add(1, Ordering::Relaxed);
-        Share(Arc::clone(&self.0))
+        OutputsHold(Arc::clone(&self.0))
     }
 }
 
-impl std::ops::Deref for Share {
+impl std::ops::Deref for OutputsHold {
     type Target = BatchOutputs;
 
     fn deref(&self) -> &BatchOutputs {
@@ -101,7 +117,7 @@ impl std::ops::Deref for Share {
     }
 }
 
-impl Drop for Share {
+impl Drop for OutputsHold {
     fn drop(&mut self) {
         // AcqRel: the last one sees every failure the others reported.
         if self.0.tally.shares.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -163,12 +179,12 @@ impl kiln_batchers::Idle for KeptOutputs {
 }
 
 /// A batch's answered requests, counted in `/metrics` and `/stats` when the last
-/// of their answers is let go (the last [`Share`]): each as a success, unless
+/// of their answers is let go (the last [`OutputsHold`]): each as a success, unless
 /// whoever answered the client reported that it failed on the way out
 /// ([`Delivery::failed`]: a shared-memory output that does not fit its window, an
 /// answer too large to encode). So the hot path counts once per batch, as before,
 /// and a request that failed after its inference is never counted a success.
-pub struct Tally {
+pub struct BatchTally {
     pub metrics: Arc<ModelMetrics>,
     pub stats: Arc<ModelStats>,
     /// The batch's requests answered with outputs, their rows and their waits.
@@ -176,7 +192,7 @@ pub struct Tally {
     pub rows: usize,
     pub queue_ns: u64,
     pub timing: BatchTiming,
-    /// The [`Share`]s not yet let go.
+    /// The [`OutputsHold`]s not yet let go.
     shares: AtomicUsize,
     /// Of those, the ones that failed on the way out (rare: atomics touched only
     /// then).
@@ -187,7 +203,7 @@ pub struct Tally {
     failed_ns: AtomicU64,
 }
 
-impl Tally {
+impl BatchTally {
     /// The tally of `requests` requests (of `rows` rows, waiting `queue_ns` in all)
     /// answered by a batch that ran in `timing`.
     pub fn new(
@@ -195,8 +211,8 @@ impl Tally {
         stats: Arc<ModelStats>,
         (requests, rows, queue_ns): (usize, usize, u64),
         timing: BatchTiming,
-    ) -> Tally {
-        Tally {
+    ) -> BatchTally {
+        BatchTally {
             metrics,
             stats,
             requests,
@@ -213,8 +229,8 @@ impl Tally {
     }
 }
 
-impl Tally {
-    /// Counts the batch's answers, once the last [`Share`] is let go.
+impl BatchTally {
+    /// Counts the batch's answers, once the last [`OutputsHold`] is let go.
     fn settle(&self) {
         let load = |n: &AtomicU64| n.load(Ordering::Relaxed);
         let invalid = load(&self.invalid);
@@ -238,8 +254,8 @@ impl Tally {
 
 /// One request's answer: row `index` of a batch's outputs, the outputs it asked
 /// for, its id, and what its tally needs should it fail on the way out.
-pub struct Answered {
-    pub batch: Share,
+pub struct BatchRow {
+    pub batch: OutputsHold,
     pub index: usize,
     /// Bit `k` set: return output `k`.
     pub output_mask: u64,
@@ -256,12 +272,13 @@ pub struct Answered {
 /// A request answered and on its way to its client: counted a success when
 /// dropped, unless [`Delivery::failed`] says otherwise.
 #[must_use = "dropping a Delivery counts its request a success"]
-pub struct Delivery(Delivered);
+pub struct Delivery(CountedBy);
 
-enum Delivered {
-    /// A row of a batch: its batch's [`Tally`] counts it.
+/// What counts a [`Delivery`] once it is let go.
+enum CountedBy {
+    /// A row of a batch: its batch's [`BatchTally`] counts it.
     Batch {
-        batch: Share,
+        batch: OutputsHold,
         rows: usize,
         arrived: Instant,
         queue_ns: u64,
@@ -299,7 +316,7 @@ impl Delivery {
         rows: usize,
         arrived: Instant,
     ) -> Delivery {
-        Delivery(Delivered::Ensemble(EnsembleAnswer {
+        Delivery(CountedBy::Ensemble(EnsembleAnswer {
             stats,
             metrics,
             rows,
@@ -314,7 +331,7 @@ impl Delivery {
     pub fn failed(self, error: &ServerError) {
         let invalid = matches!(error, ServerError::InvalidRequest(_));
         match self.0 {
-            Delivered::Batch {
+            CountedBy::Batch {
                 batch,
                 rows,
                 arrived,
@@ -333,7 +350,7 @@ impl Delivery {
                     .failed_ns
                     .fetch_add(nanos(arrived.elapsed()), Ordering::Relaxed);
             }
-            Delivered::Ensemble(mut answer) => {
+            CountedBy::Ensemble(mut answer) => {
                 answer.counted = true;
                 answer
                     .stats
@@ -349,9 +366,9 @@ impl Delivery {
     }
 }
 
-impl std::fmt::Debug for Answered {
+impl std::fmt::Debug for BatchRow {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Answered")
+        f.debug_struct("BatchRow")
             .field("model", &self.batch.model.name)
             .field("index", &self.index)
             .field("id", &self.id)
@@ -359,7 +376,7 @@ impl std::fmt::Debug for Answered {
     }
 }
 
-impl Answered {
+impl BatchRow {
     /// The response, built on the caller's thread; the request counts as a
     /// success.
     pub fn into_response(self) -> InferResponse {
@@ -394,7 +411,7 @@ impl Answered {
             id: self.id,
             outputs,
         };
-        let delivery = Delivery(Delivered::Batch {
+        let delivery = Delivery(CountedBy::Batch {
             batch: self.batch,
             rows: self.rows,
             arrived: self.arrived,
@@ -447,7 +464,7 @@ mod tests {
     use super::*;
     use crate::observe::metrics::Metrics;
 
-    fn batch(stats: &Arc<ModelStats>, requests: usize) -> Share {
+    fn batch(stats: &Arc<ModelStats>, requests: usize) -> OutputsHold {
         let info = WorkerInfo {
             inputs: vec![TensorSpec::new("X", DataType::Uint8, &[1])].into(),
             outputs: vec![TensorSpec::new("Y", DataType::Uint8, &[1])].into(),
@@ -455,14 +472,14 @@ mod tests {
             batcher: BatcherKind::Soft,
             allow_ragged_batch: false,
         };
-        Share::first(BatchOutputs {
+        OutputsHold::first(BatchOutputs {
             model: Arc::new(AnswerModel {
                 name: "m".into(),
                 version: "1".into(),
                 info: Arc::new(info),
             }),
             outputs: Vec::new(),
-            tally: Tally::new(
+            tally: BatchTally::new(
                 Arc::new(Metrics::new().model("m", "1")),
                 Arc::clone(stats),
                 (requests, requests, 0),
@@ -515,7 +532,7 @@ mod tests {
     fn kept_outputs_are_bounded_and_let_go_after_idling() {
         let stats = Arc::new(ModelStats::default());
         let mut kept = KeptOutputs::default();
-        let mut answers: Vec<Share> = (0..KeptOutputs::MOST + 3)
+        let mut answers: Vec<OutputsHold> = (0..KeptOutputs::MOST + 3)
             .map(|_| batch(&stats, 1))
             .collect();
         for answer in &answers {

@@ -5,7 +5,7 @@
 //! tonic's decoder reserves a message's declared length as soon as its 5-byte
 //! prefix arrives. [`Gathered`] holds a message back until all of it has arrived,
 //! in a buffer that grows with the bytes that arrive and is charged to the
-//! server-wide [`Budget`], so tonic only ever reserves what is already here. A
+//! server-wide [`MessageBudget`], so tonic only ever reserves what is already here. A
 //! frame that holds whole messages only (the usual small message) goes through
 //! as it is: no copy.
 
@@ -18,7 +18,7 @@ use http_body::{Body, Frame};
 use hyper::body::Incoming;
 use tonic::Status;
 
-use super::message_budget::{Budget, Charge};
+use super::message_budget::{Charge, MessageBudget};
 
 /// The length prefix of a gRPC message.
 const PREFIX: usize = 5;
@@ -32,7 +32,7 @@ pub(super) struct Gathered {
 }
 
 impl Gathered {
-    pub(super) fn new(inner: Incoming, limit: usize, budget: &Arc<Budget>) -> Gathered {
+    pub(super) fn new(inner: Incoming, limit: usize, budget: &Arc<MessageBudget>) -> Gathered {
         Gathered {
             inner,
             held: Held::new(limit, budget),
@@ -49,7 +49,7 @@ struct Held {
 }
 
 impl Held {
-    fn new(limit: usize, budget: &Arc<Budget>) -> Held {
+    fn new(limit: usize, budget: &Arc<MessageBudget>) -> Held {
         Held {
             partial: BytesMut::new(),
             charge: budget.charge(),
@@ -160,7 +160,7 @@ mod tests {
 
     #[test]
     fn messages_are_held_until_whole_and_charged_meanwhile() {
-        let budget = Budget::new(100);
+        let budget = MessageBudget::new(100);
         let mut held = Held::new(50, &budget);
         // Whole messages in one frame go through as they are.
         let one = Bytes::from(message(3));

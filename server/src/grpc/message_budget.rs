@@ -1,4 +1,5 @@
-//! The server-wide budget of bytes held by unfinished gRPC messages.
+//! The server-wide budget of bytes held by unfinished gRPC messages
+//! ([`MessageBudget`]; the jobs' dispatch budget is `kiln_jobs::DispatchBudget`).
 //!
 //! A message that arrives in more than one DATA frame is gathered into a buffer
 //! that grows with the bytes that arrive (never with the length the client
@@ -21,26 +22,26 @@ use tonic::Status;
 
 /// The bytes unfinished messages hold, and their limit.
 #[derive(Debug)]
-pub(crate) struct Budget {
+pub(crate) struct MessageBudget {
     held: AtomicUsize,
     max: usize,
     /// The server-wide budget (none in unit tests of this one alone).
     server: Option<Arc<ClientBytes>>,
 }
 
-/// What one unfinished message holds of the [`Budget`]; given back on drop.
+/// What one unfinished message holds of the [`MessageBudget`]; given back on drop.
 pub(crate) struct Charge {
-    budget: Arc<Budget>,
+    budget: Arc<MessageBudget>,
     amount: usize,
     /// Its bytes in the server-wide budget.
     reserved: Option<Reservation>,
 }
 
-impl Budget {
+impl MessageBudget {
     /// A budget of `max` bytes.
     #[cfg(test)]
-    pub(crate) fn new(max: usize) -> Arc<Budget> {
-        Arc::new(Budget {
+    pub(crate) fn new(max: usize) -> Arc<MessageBudget> {
+        Arc::new(MessageBudget {
             held: AtomicUsize::new(0),
             max,
             server: None,
@@ -48,8 +49,8 @@ impl Budget {
     }
 
     /// A budget of `max` bytes whose charges are also reserved from `server`.
-    pub(crate) fn within(max: usize, server: Arc<ClientBytes>) -> Arc<Budget> {
-        Arc::new(Budget {
+    pub(crate) fn within(max: usize, server: Arc<ClientBytes>) -> Arc<MessageBudget> {
+        Arc::new(MessageBudget {
             held: AtomicUsize::new(0),
             max,
             server: Some(server),
@@ -124,7 +125,7 @@ mod tests {
 
     #[test]
     fn charges_are_bounded_and_given_back() {
-        let budget = Budget::new(100);
+        let budget = MessageBudget::new(100);
         let mut a = budget.charge();
         a.grow_to(60).unwrap();
         let mut b = budget.charge();
@@ -144,7 +145,7 @@ mod tests {
     #[test]
     fn charges_are_reserved_from_the_server_wide_budget() {
         let server = ClientBytes::new(100);
-        let budget = Budget::within(1000, Arc::clone(&server));
+        let budget = MessageBudget::within(1000, Arc::clone(&server));
         let other = server.reserve(Use::DecodedImage, 40).unwrap();
         let mut a = budget.charge();
         a.grow_to(60).unwrap();

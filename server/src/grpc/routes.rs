@@ -33,10 +33,10 @@ use tonic::Status;
 
 use super::connection::{Activity, Call};
 use super::gather::Gathered;
-use super::message_budget::{Budget, Charge};
+use super::message_budget::{Charge, MessageBudget};
 use super::proto::grpc_inference_service_server::GrpcInferenceServiceServer;
 use super::proto::ModelInferRequest;
-use super::service::{KilnGrpc, Pending};
+use super::service::{KilnGrpc, ModelInferCall};
 use super::status::{status, triton_code};
 use super::GrpcLimits;
 use crate::restricted::{Category, Restrictions};
@@ -77,7 +77,7 @@ pub struct GrpcRoutes {
     /// `--grpc-restricted-protocol`; `None` when nothing is restricted.
     restricted: Option<Arc<Restrictions>>,
     /// Bytes held by unfinished messages, server-wide.
-    budget: Arc<Budget>,
+    budget: Arc<MessageBudget>,
     /// The calls of the connection this copy serves ([`GrpcRoutes::on_connection`]).
     activity: Option<Arc<Activity>>,
 }
@@ -95,7 +95,8 @@ impl GrpcRoutes {
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes);
         let restricted = Some(restricted).filter(|r| !r.is_empty());
-        let budget = Budget::within(limits.max_pending_bytes, Arc::clone(server.client_bytes()));
+        let budget =
+            MessageBudget::within(limits.max_pending_bytes, Arc::clone(server.client_bytes()));
         GrpcRoutes {
             tonic,
             server,
@@ -239,15 +240,15 @@ fn compressed(headers: &HeaderMap) -> bool {
 }
 
 /// Decodes a `ModelInfer` request's message and queues it.
-fn start(server: &Server, message: Bytes, trace: Trace) -> Result<Pending, Status> {
+fn start(server: &Server, message: Bytes, trace: Trace) -> Result<ModelInferCall, Status> {
     let request = ModelInferRequest::decode(message)
         .map_err(|e| Status::internal(format!("failed to decode Protobuf message: {e}")))?;
-    Ok(Pending::start(server, request, trace))
+    Ok(ModelInferCall::start(server, request, trace))
 }
 
 /// The answer to a `ModelInfer` call once its inference is done.
 async fn answer(
-    pending: Result<Pending, Status>,
+    pending: Result<ModelInferCall, Status>,
     max_message_bytes: usize,
 ) -> http::Response<TonicBody> {
     let mut call = None;
@@ -347,7 +348,11 @@ fn too_large(what: &str, length: usize, limit: usize) -> Status {
 /// length over `limit` is refused as soon as the prefix is read. A message in
 /// several frames is gathered in a buffer that grows with the bytes that arrive,
 /// charged to `budget` until it is complete.
-async fn read_message<B>(body: B, limit: usize, budget: &Arc<Budget>) -> Result<Bytes, Status>
+async fn read_message<B>(
+    body: B,
+    limit: usize,
+    budget: &Arc<MessageBudget>,
+) -> Result<Bytes, Status>
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<StdError>,
@@ -375,7 +380,12 @@ enum Received {
 impl Received {
     /// Adds a DATA frame; an error when the body now holds more than one message,
     /// or when the budget of unfinished messages has no room for it.
-    fn push(self, data: Bytes, limit: usize, budget: &Arc<Budget>) -> Result<Received, Status> {
+    fn push(
+        self,
+        data: Bytes,
+        limit: usize,
+        budget: &Arc<MessageBudget>,
+    ) -> Result<Received, Status> {
         let received = match self {
             Received::Nothing => Received::One(data),
             Received::One(first) => {

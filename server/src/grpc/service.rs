@@ -77,17 +77,22 @@ fn lookup(server: &Server, name: &str, v: &str) -> Result<Served, Status> {
     server.lookup(name, non_empty(v)).map_err(status)
 }
 
-/// An inference on its way: its [`Call`] (with the shared-memory windows its
-/// outputs go to), or its refusal.
-pub(crate) struct Pending {
+/// One `ModelInfer` (unary or one message of a stream) on its way: its [`Call`]
+/// (with the shared-memory windows its outputs go to), or its refusal. (The
+/// core's [`kiln_core::serve::Admitted`] is what its `Call` awaits.)
+pub(crate) struct ModelInferCall {
     id: String,
     call: Result<(Call, ShmOutputs)>,
 }
 
-impl Pending {
+impl ModelInferCall {
     /// Decodes `request`, checks it against its model and queues it
     /// ([`Call::start`]). `trace` began when the call arrived ([`Trace::receive`]).
-    pub(crate) fn start(server: &Server, request: ModelInferRequest, trace: Trace) -> Pending {
+    pub(crate) fn start(
+        server: &Server,
+        request: ModelInferRequest,
+        trace: Trace,
+    ) -> ModelInferCall {
         let id = request.id.clone();
         let call = server
             .lookup(&request.model_name, non_empty(&request.model_version))
@@ -97,7 +102,7 @@ impl Pending {
                 server.refuse_if_stopping(&group, request)?;
                 Call::start(group, decoded, trace)
             });
-        Pending { id, call }
+        ModelInferCall { id, call }
     }
 
     /// Waits for the answer and converts it to its message (its outputs placed in
@@ -214,7 +219,7 @@ impl GrpcInferenceService for KilnGrpc {
         request: Request<ModelInferRequest>,
     ) -> Result<Response<ModelInferResponse>, Status> {
         let trace = Trace::receive(|| propagated(request.metadata().as_ref()));
-        Pending::start(&self.server, request.into_inner(), trace)
+        ModelInferCall::start(&self.server, request.into_inner(), trace)
             .finish()
             .await
             .and_then(|(message, call)| call.end(Ok(Response::new(message))))
@@ -234,7 +239,7 @@ impl GrpcInferenceService for KilnGrpc {
         let propagated = propagated(request.metadata().as_ref());
         let mut inbound = request.into_inner();
         let (pending_tx, mut pending_rx) =
-            mpsc::channel::<Result<Pending, Status>>(STREAM_IN_FLIGHT);
+            mpsc::channel::<Result<ModelInferCall, Status>>(STREAM_IN_FLIGHT);
         let (out_tx, out_rx) = mpsc::channel(STREAM_IN_FLIGHT);
         let server = self.server.clone();
         tokio::spawn(async move {
@@ -244,7 +249,7 @@ impl GrpcInferenceService for KilnGrpc {
                     Ok(Some(request)) => {
                         // Every request of the stream joins the call's trace context.
                         let trace = Trace::receive(|| propagated.clone());
-                        Ok(Pending::start(&server, request, trace))
+                        Ok(ModelInferCall::start(&server, request, trace))
                     }
                     Ok(None) => break,
                     Err(e) => Err(triton_status(e)),

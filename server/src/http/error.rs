@@ -30,6 +30,10 @@ pub fn status_code(e: &ServerError) -> StatusCode {
 #[derive(Debug)]
 pub struct HttpError(pub ServerError);
 
+/// What a REST handler returns: its response, or the error answered in the
+/// protocol's shape ([`HttpError`]).
+pub type HttpResult = Result<HttpResponse, HttpError>;
+
 impl std::fmt::Display for HttpError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.0.fmt(f)

@@ -38,13 +38,11 @@ use kiln_jobs::{CancelResult, Job, JobId, JobQueue, JobState, JobsError, ListFil
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::{restricted, HttpError, State};
+use super::{restricted, HttpError, HttpResult, State};
 use crate::jobs::{server_error, Jobs};
 use crate::restricted::{Category, Restrictions};
 use kiln_core::error::ServerError;
 use kiln_core::models::Served;
-
-type Reply = Result<HttpResponse, HttpError>;
 
 /// Most jobs one listing page shows.
 pub const MAX_PAGE: usize = 1000;
@@ -117,7 +115,7 @@ pub async fn submit(
     req: &HttpRequest,
     mut payload: web::Payload,
     group: &Served,
-) -> Reply {
+) -> HttpResult {
     let query = web::Query::<SubmitQuery>::from_query(req.query_string())
         .map_err(|e| HttpError(ServerError::invalid(format!("bad query: {e}"))))?;
     let priority = query.priority.unwrap_or(PRIORITY_DEFAULT);
@@ -275,7 +273,7 @@ fn no_job(id: &str) -> HttpError {
 }
 
 /// `GET /v2/jobs/{id}`.
-async fn get(state: web::Data<State>, id: web::Path<String>) -> Reply {
+async fn get(state: web::Data<State>, id: web::Path<String>) -> HttpResult {
     let id = JobId(id.into_inner());
     let Some(queue) = opened(&state, false).await? else {
         return Err(no_job(&id.0));
@@ -311,7 +309,7 @@ async fn get(state: web::Data<State>, id: web::Path<String>) -> Reply {
 }
 
 /// `GET /v2/jobs` while the operator has not opened `jobs-admin`.
-async fn list_closed() -> Reply {
+async fn list_closed() -> HttpResult {
     Err(HttpError(ServerError::Restricted(
         "listing jobs is an operator's act: it needs --http-restricted-api \
          jobs-admin:KEY=VALUE and that header"
@@ -328,7 +326,7 @@ struct ListQuery {
 }
 
 /// `GET /v2/jobs`.
-async fn list(state: web::Data<State>, req: HttpRequest) -> Reply {
+async fn list(state: web::Data<State>, req: HttpRequest) -> HttpResult {
     let query = web::Query::<ListQuery>::from_query(req.query_string())
         .map_err(|e| HttpError(ServerError::invalid(format!("bad query: {e}"))))?
         .into_inner();
@@ -364,7 +362,7 @@ async fn list(state: web::Data<State>, req: HttpRequest) -> Reply {
 }
 
 /// `DELETE /v2/jobs/{id}`, `POST /v2/jobs/{id}/cancel`.
-async fn cancel(state: web::Data<State>, id: web::Path<String>) -> Reply {
+async fn cancel(state: web::Data<State>, id: web::Path<String>) -> HttpResult {
     let id = JobId(id.into_inner());
     let Some(queue) = opened(&state, false).await? else {
         return Err(no_job(&id.0));

@@ -6,18 +6,16 @@ use actix_web::{web, HttpResponse};
 use serde_json::{Map, Value};
 
 use super::body::json_object;
-use super::{HttpError, State};
+use super::{HttpError, HttpResult, State};
 use crate::log_settings::{self, LogSettingValue, LogSettings};
 use kiln_core::error::ServerError;
 
-type Reply = Result<HttpResponse, HttpError>;
-
-pub(super) async fn get() -> Reply {
+pub(super) async fn get() -> HttpResult {
     let settings = log_settings::settings().ok_or_else(unmanaged)?;
     Ok(HttpResponse::Ok().json(as_json(&settings)))
 }
 
-pub(super) async fn post(state: web::Data<State>, payload: web::Payload) -> Reply {
+pub(super) async fn post(state: web::Data<State>, payload: web::Payload) -> HttpResult {
     let body = json_object(payload, &state).await?;
     let changes = body
         .into_iter()

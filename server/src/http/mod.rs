@@ -28,7 +28,7 @@ use actix_web::{web, App, HttpServer};
 
 use kiln_core::server::Server;
 
-pub use error::{status_code, HttpError};
+pub use error::{status_code, HttpError, HttpResult};
 pub use kiln_protocol::http::{
     decode_request, decode_request_binary, decode_request_shm, decode_response,
     decode_response_binary, encode_request, encode_request_binary, encode_response,

@@ -8,7 +8,7 @@ use super::body::{self, json_object, read_body, read_raw_body};
 use super::encoded::EncodedResponse;
 use super::model_routes::{self, Action};
 use super::{
-    jobs, logging, offload, restricted, shm_routes, trace, triton, HttpError, State,
+    jobs, logging, offload, restricted, shm_routes, trace, triton, HttpError, HttpResult, State,
     INFERENCE_HEADER_CONTENT_LENGTH,
 };
 use crate::restricted::{Category, Restrictions};
@@ -17,8 +17,6 @@ use kiln_core::error::ServerError;
 use kiln_core::models::Served;
 use kiln_core::observe::trace::Trace;
 use kiln_core::request::serve::Call;
-
-type Reply = Result<HttpResponse, HttpError>;
 
 /// Registers every route, each in its Triton API category (a restricted category's
 /// routes behind the check of its header, [`super::restricted`]); a known path with
@@ -137,7 +135,7 @@ where
         .default_service(web::to(method_not_allowed))
 }
 
-pub async fn not_found(req: HttpRequest) -> Reply {
+pub async fn not_found(req: HttpRequest) -> HttpResult {
     Err(no_route(&req))
 }
 
@@ -163,7 +161,11 @@ fn wrong_method(req: &HttpRequest) -> HttpResponse {
 /// route; then, as for a route registered with actix-web, 403 when its category
 /// is restricted and the header is missing, 405 for another method; then the
 /// model's lookup (404) and the route's handler.
-async fn model_route(state: web::Data<State>, req: HttpRequest, payload: web::Payload) -> Reply {
+async fn model_route(
+    state: web::Data<State>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> HttpResult {
     let Some(path) = model_routes::parse(req.match_info().as_str()) else {
         return Err(no_route(&req));
     };
@@ -284,7 +286,12 @@ fn model_ready(served: &Served) -> HttpResponse {
 /// An inference: its body read and decoded, then its [`Call`] (admission, answer,
 /// trace, accounting), then its response encoded. The trace begins before the
 /// body is read (see `kiln_core::observe::trace`).
-async fn infer(state: &State, req: &HttpRequest, payload: web::Payload, group: Served) -> Reply {
+async fn infer(
+    state: &State,
+    req: &HttpRequest,
+    payload: web::Payload,
+    group: Served,
+) -> HttpResult {
     let trace = Trace::receive(|| trace::propagated(req));
     // `_held` keeps the body's bytes counted until the answer is built: the
     // decoded request may point into the body.
@@ -326,7 +333,11 @@ async fn infer(state: &State, req: &HttpRequest, payload: web::Payload, group: S
     Ok(call.end(encoded)?)
 }
 
-async fn load(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
+async fn load(
+    state: web::Data<State>,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> HttpResult {
     let body::Body {
         bytes: body,
         held: _held,
@@ -349,13 +360,13 @@ async fn load(state: web::Data<State>, path: web::Path<String>, payload: web::Pa
     Ok(HttpResponse::Ok().json(json!({ "endpoint": endpoint })))
 }
 
-async fn unload(state: web::Data<State>, path: web::Path<String>) -> Reply {
+async fn unload(state: web::Data<State>, path: web::Path<String>) -> HttpResult {
     state.server.unload(&path.into_inner()).await?;
     Ok(HttpResponse::Ok().json(json!({})))
 }
 
 /// Triton's repository index: every model in the repository with its state.
-async fn repository_index(state: web::Data<State>, payload: web::Payload) -> Reply {
+async fn repository_index(state: web::Data<State>, payload: web::Payload) -> HttpResult {
     let body = json_object(payload, &state).await?;
     let only_ready = index_request(&body)?;
     // Reads the repository's folders and files: not on the connection's thread.
@@ -395,7 +406,7 @@ async fn repository_load(
     state: web::Data<State>,
     path: web::Path<String>,
     payload: web::Payload,
-) -> Reply {
+) -> HttpResult {
     state.server.model_control().check_api()?;
     let mut body = json_object(payload, &state).await?;
     let overrides = match body.remove("parameters") {
@@ -433,7 +444,7 @@ async fn repository_unload(
     state: web::Data<State>,
     path: web::Path<String>,
     payload: web::Payload,
-) -> Reply {
+) -> HttpResult {
     state.server.model_control().check_api()?;
     let mut body = json_object(payload, &state).await?;
     let parameters = match body.remove("parameters") {
@@ -461,7 +472,7 @@ async fn repository_scale(
     state: web::Data<State>,
     path: web::Path<String>,
     payload: web::Payload,
-) -> Reply {
+) -> HttpResult {
     let body = json_object(payload, &state).await?;
     if let Some(field) = body.keys().find(|k| k.as_str() != "instances") {
         return Err(HttpError(ServerError::invalid(format!(

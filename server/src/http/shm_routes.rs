@@ -20,17 +20,15 @@ use kiln_protocol::http::byte_count;
 use serde_json::{json, Value};
 
 use super::body::json_object;
-use super::{HttpError, State};
+use super::{HttpResult, State};
 use kiln_core::error::ServerError;
-
-type Reply = Result<HttpResponse, HttpError>;
 
 /// `POST /v2/systemsharedmemory/region/{r}/register`.
 pub(super) async fn register(
     state: web::Data<State>,
     path: web::Path<String>,
     payload: web::Payload,
-) -> Reply {
+) -> HttpResult {
     let body = json_object(payload, &state).await?;
     let key = match body.get("key") {
         Some(Value::String(key)) => key,
@@ -60,16 +58,16 @@ pub(super) async fn unregister_all(state: web::Data<State>) -> HttpResponse {
 }
 
 /// `GET /v2/systemsharedmemory/status`.
-pub(super) async fn status_all(state: web::Data<State>) -> Reply {
+pub(super) async fn status_all(state: web::Data<State>) -> HttpResult {
     status(&state, None)
 }
 
 /// `GET /v2/systemsharedmemory/region/{r}/status` (404 for an unknown region).
-pub(super) async fn status_region(state: web::Data<State>, path: web::Path<String>) -> Reply {
+pub(super) async fn status_region(state: web::Data<State>, path: web::Path<String>) -> HttpResult {
     status(&state, Some(&path))
 }
 
-fn status(state: &State, name: Option<&str>) -> Reply {
+fn status(state: &State, name: Option<&str>) -> HttpResult {
     let regions: Vec<Value> = state
         .server
         .shared_memory()

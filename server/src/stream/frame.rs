@@ -49,11 +49,11 @@ pub(super) struct Incoming {
 pub(super) struct Done {
     pub index: u64,
     pub arrived: Instant,
-    pub outcome: Result<Answered, Failed>,
+    pub outcome: Result<EncodedFrame, Failed>,
 }
 
 /// A frame answered: its encoded outputs and the decoded frame's size.
-pub(super) struct Answered {
+pub(super) struct EncodedFrame {
     pub encoded: EncodedOutputs,
     pub size: Option<(usize, usize)>,
 }
@@ -85,7 +85,7 @@ pub(super) async fn run(ctx: Arc<FrameContext>, frame: Incoming) -> Done {
     }
 }
 
-async fn infer(ctx: Arc<FrameContext>, frame: Incoming) -> Result<Answered, Failed> {
+async fn infer(ctx: Arc<FrameContext>, frame: Incoming) -> Result<EncodedFrame, Failed> {
     let index = frame.index;
     let failed = |e: ServerError| Failed {
         dropped: matches!(e, ServerError::QueueFull { .. } | ServerError::Exhausted(_))
@@ -126,7 +126,7 @@ async fn infer(ctx: Arc<FrameContext>, frame: Incoming) -> Result<Answered, Fail
         Err(e) => Err(e),
     };
     match call.end(encoded) {
-        Ok(encoded) => Ok(Answered { encoded, size }),
+        Ok(encoded) => Ok(EncodedFrame { encoded, size }),
         Err(e) => Err(match exhausted {
             Some(exhausted) => memory(exhausted),
             None => Failed {

@@ -330,7 +330,7 @@ impl Session {
                 };
             }
         };
-        // Stop the source and the frames in flight (dropping their `Pending`s
+        // Stop the source and the frames in flight (dropping their `Admitted`s
         // cancels what is still queued), then let the writer send what is left.
         waiting.close();
         drop(inflight);

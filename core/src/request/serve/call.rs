@@ -41,7 +41,7 @@ use crate::observe::trace::Trace;
 use crate::request::answer::Delivery;
 use crate::request::infer::{InferRequest, InferResponse};
 
-use super::Pending;
+use super::Admitted;
 
 /// One inference in flight, from its admission to its response (see the module
 /// documentation). Dropping it cancels the request.
@@ -55,7 +55,7 @@ pub struct Call {
 /// Where a call is.
 enum Stage {
     /// Admitted: its answer is to come.
-    Waiting(Pending),
+    Waiting(Admitted),
     /// Answered: on its way to the client, counted when it is delivered or not.
     Answered(Delivery, RequestLog),
     /// Answered with an error, or in the middle of awaiting its answer.

@@ -12,7 +12,7 @@
 //!    ensemble's request instead starts its steps ([`crate::ensemble::run`]), each
 //!    admitted by its own model's group the same way. A refusal is logged here
 //!    (or by the group, for its own admission checks);
-//! 3. **answer**: [`Call::answer`], awaiting the [`Pending`] [`submit`] returned.
+//! 3. **answer**: [`Call::answer`], awaiting the [`Admitted`] [`submit`] returned.
 //!    Dropping the call (a client gone, a deadline passed) cancels the request:
 //!    the dynamic batcher sees the closed reply channel and takes it out of its
 //!    queue;
@@ -47,7 +47,7 @@ use crate::group::WorkerGroup;
 use crate::models::{Model, Served};
 use crate::observe::request_log::{self, RequestLog};
 use crate::observe::trace::{SpanIds, Trace};
-use crate::request::answer::{Answer, Answered, Delivery};
+use crate::request::answer::{Answer, BatchRow, Delivery};
 use crate::request::infer::{InferRequest, InferResponse};
 
 pub use call::Call;
@@ -55,50 +55,50 @@ pub use call::Call;
 /// An inference its model's group accepted: awaiting it yields the answer
 /// (a [`ServerError`] when the request failed in its batch); dropping it cancels
 /// the request.
-#[must_use = "dropping a Pending cancels its request"]
-pub struct Pending(Waiting);
+#[must_use = "dropping an Admitted cancels its request"]
+pub struct Admitted(AdmittedBy);
 
-/// What a [`Pending`] waits on.
-enum Waiting {
+/// What an [`Admitted`] waits on.
+enum AdmittedBy {
     /// Its model's group answers it.
     Group(oneshot::Receiver<Answer>),
     /// An ensemble's steps ([`crate::ensemble::run`]), advanced as it is polled.
     Ensemble(Box<Run>),
 }
 
-impl Future for Pending {
+impl Future for Admitted {
     type Output = Result<InferResponse>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut self.0 {
             // The response is built here, on the awaiting thread (see `crate::request::answer`).
-            Waiting::Group(rx) => Pin::new(rx).poll(cx).map(|answer| match answer {
-                Ok(answer) => answer.map(Answered::into_response),
+            AdmittedBy::Group(rx) => Pin::new(rx).poll(cx).map(|answer| match answer {
+                Ok(answer) => answer.map(BatchRow::into_response),
                 Err(_) => Err(ServerError::Internal(
                     "the worker dropped the request".into(),
                 )),
             }),
-            Waiting::Ensemble(run) => Pin::new(run.as_mut())
+            AdmittedBy::Ensemble(run) => Pin::new(run.as_mut())
                 .poll(cx)
                 .map(|answer| answer.map(|(response, _counted_on_drop)| response)),
         }
     }
 }
 
-impl Pending {
+impl Admitted {
     /// The answer and its [`Delivery`], for a [`Call`], which still has to encode
     /// or place the response: it reports a failure there through the delivery, so
     /// the request is counted a failure rather than a success (awaiting the
-    /// `Pending` itself counts it a success).
+    /// `Admitted` itself counts it a success).
     pub(crate) async fn delivered(self) -> Result<(InferResponse, Delivery)> {
         match self.0 {
-            Waiting::Group(rx) => match rx.await {
-                Ok(answer) => answer.map(Answered::into_delivery),
+            AdmittedBy::Group(rx) => match rx.await {
+                Ok(answer) => answer.map(BatchRow::into_delivery),
                 Err(_) => Err(ServerError::Internal(
                     "the worker dropped the request".into(),
                 )),
             },
-            Waiting::Ensemble(run) => run.await,
+            AdmittedBy::Ensemble(run) => run.await,
         }
     }
 }
@@ -113,7 +113,7 @@ pub fn submit<T>(
     served: &Served,
     decoded: Result<(InferRequest, T)>,
     trace: &mut Trace,
-) -> Result<(Pending, T)> {
+) -> Result<(Admitted, T)> {
     match served {
         Served::Group(group) => admit(group.as_ref(), decoded, trace),
         Served::Ensemble(ensemble) => admit(ensemble.as_ref(), decoded, trace),
@@ -123,22 +123,22 @@ pub fn submit<T>(
 /// What takes a decoded request: a worker group queues it, an ensemble starts
 /// its steps.
 trait Admits: Model {
-    fn start(&self, request: InferRequest, link: Option<SpanIds>) -> Result<Waiting>;
+    fn start(&self, request: InferRequest, link: Option<SpanIds>) -> Result<AdmittedBy>;
 }
 
 impl Admits for WorkerGroup {
-    fn start(&self, request: InferRequest, link: Option<SpanIds>) -> Result<Waiting> {
+    fn start(&self, request: InferRequest, link: Option<SpanIds>) -> Result<AdmittedBy> {
         // The group logs its own refusals.
-        Ok(Waiting::Group(self.submit(request, link)?))
+        Ok(AdmittedBy::Group(self.submit(request, link)?))
     }
 }
 
 impl Admits for Ensemble {
-    fn start(&self, request: InferRequest, link: Option<SpanIds>) -> Result<Waiting> {
+    fn start(&self, request: InferRequest, link: Option<SpanIds>) -> Result<AdmittedBy> {
         // An ensemble's steps are requests of their own models (traced apart).
         let log = request_log::when_logged(&request.id, link.map(|l| l.trace_id));
         let run = Run::start(self, request).inspect_err(|e| refused(&log, self, e))?;
-        Ok(Waiting::Ensemble(Box::new(run)))
+        Ok(AdmittedBy::Ensemble(Box::new(run)))
     }
 }
 
@@ -147,7 +147,7 @@ fn admit<T>(
     model: &impl Admits,
     decoded: Result<(InferRequest, T)>,
     trace: &mut Trace,
-) -> Result<(Pending, T)> {
+) -> Result<(Admitted, T)> {
     let link = trace.admit(
         model.endpoint(),
         model.version(),
@@ -158,7 +158,7 @@ fn admit<T>(
         // Undecodable: its id, if it had one, is not known.
         refused(&RequestLog::default(), model, e);
     })?;
-    Ok((Pending(model.start(request, link)?), keep))
+    Ok((Admitted(model.start(request, link)?), keep))
 }
 
 /// The line about a request `model` refused at admission (a worker group writes
@@ -178,7 +178,7 @@ impl crate::compute::calls::Callee for WorkerGroup {
         WorkerGroup::is_caller(self)
     }
 
-    fn submit(&self, request: InferRequest) -> Result<crate::compute::calls::Answer> {
+    fn submit(&self, request: InferRequest) -> Result<crate::compute::calls::CallFuture> {
         let (pending, ()) = admit(self, Ok((request, ())), &mut Trace::default())?;
         Ok(Box::pin(pending))
     }
@@ -194,7 +194,7 @@ impl crate::compute::calls::Callee for Ensemble {
         Ensemble::is_caller(self)
     }
 
-    fn submit(&self, request: InferRequest) -> Result<crate::compute::calls::Answer> {
+    fn submit(&self, request: InferRequest) -> Result<crate::compute::calls::CallFuture> {
         let (pending, ()) = admit(self, Ok((request, ())), &mut Trace::default())?;
         Ok(Box::pin(pending))
     }
