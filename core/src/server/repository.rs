@@ -11,7 +11,7 @@ use crate::error::{Result, ServerError};
 use crate::load::repository::{Entry, Repository, Resolved, Serving};
 use crate::load::triton_config::proto::ModelConfig as ModelConfigProto;
 use crate::models::Served;
-use crate::params::{client_keys, Origin};
+use crate::params::{client_keys, take_version, Origin};
 
 impl Server {
     /// The model repository, auto-completing Triton models unless the model
@@ -86,6 +86,31 @@ impl Server {
     pub fn load_failure(&self, name: &str) -> Option<String> {
         let failures = self.inner.load_failures.lock();
         failures.get(&name.to_ascii_lowercase()).cloned()
+    }
+
+    /// Triton's repository load as a client asks it (REST's and gRPC's
+    /// `repository/models/{m}/load`): `params` override the model's configured
+    /// parameters, checked as a client's, and their `version` picks the version.
+    /// Reads the model's files, so an ingress runs it off its async threads, then
+    /// hands what it returns to [`Server::load_resolved`].
+    pub fn resolve_client_load(
+        &self,
+        name: &str,
+        mut params: Vec<Param>,
+    ) -> Result<(Resolved, Vec<String>)> {
+        let version = take_version(&mut params)?;
+        let keys = client_keys(Origin::Client, &params);
+        Ok((self.resolve_model(name, version, params)?, keys))
+    }
+
+    /// Triton's repository unload as a client asks it: every version of `name`,
+    /// or the one `params`' `version` names (kiln's), the others serving on.
+    /// Other parameters (Triton's `unload_dependents`) change nothing.
+    pub async fn unload_client_model(&self, name: &str, mut params: Vec<Param>) -> Result<()> {
+        match take_version(&mut params)? {
+            None => self.unload(name).await,
+            Some(version) => self.unload_version(name, version).await,
+        }
     }
 
     /// The first half of [`Server::load_model_as`]: reads model `name`'s

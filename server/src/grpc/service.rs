@@ -346,12 +346,11 @@ impl GrpcInferenceService for KilnGrpc {
         let model = triton::repository_model_name(&r.repository_name, &r.model_name)
             .map_err(status)?
             .to_owned();
-        let mut params = repository_params(r.parameters).map_err(status)?;
-        let version = kiln_core::params::take_version(&mut params).map_err(status)?;
-        let keys = kiln_core::params::client_keys(kiln_core::params::Origin::Client, &params);
+        let params = repository_params(r.parameters).map_err(status)?;
         // Reads the model's files: not on the connection's thread.
         let (server, name) = (self.server.clone(), model.clone());
-        let resolved = off_thread(move || server.resolve_model(&name, version, params)).await?;
+        let (resolved, keys) =
+            off_thread(move || server.resolve_client_load(&name, params)).await?;
         self.server
             .load_resolved(&model, resolved, keys)
             .await
@@ -372,12 +371,11 @@ impl GrpcInferenceService for KilnGrpc {
         let model = triton::repository_model_name(&r.repository_name, &r.model_name)
             .map_err(status)?
             .to_owned();
-        let mut params = repository_params(r.parameters).map_err(status)?;
-        let unloaded = match kiln_core::params::take_version(&mut params).map_err(status)? {
-            None => self.server.unload(&model).await,
-            Some(version) => self.server.unload_version(&model, version).await,
-        };
-        unloaded.map_err(status)?;
+        let params = repository_params(r.parameters).map_err(status)?;
+        self.server
+            .unload_client_model(&model, params)
+            .await
+            .map_err(status)?;
         Ok(Response::new(RepositoryModelUnloadResponse {
             model_name: model,
             is_unloaded: true,

@@ -408,8 +408,24 @@ async fn repository_load(
     payload: web::Payload,
 ) -> HttpResult {
     state.server.model_control().check_api()?;
-    let mut body = json_object(payload, &state).await?;
-    let overrides = match body.remove("parameters") {
+    let params = repository_parameters(payload, &state).await?;
+    let name = path.into_inner();
+    // Reads the model's files: not on the connection's thread.
+    let (server, model) = (state.server.clone(), name.clone());
+    let (resolved, keys) = web::block(move || server.resolve_client_load(&model, params))
+        .await
+        .map_err(blocking_failed)??;
+    state.server.load_resolved(&name, resolved, keys).await?;
+    Ok(HttpResponse::Ok().json(json!({})))
+}
+
+/// The `parameters` object of a repository load or unload body, as parameters.
+async fn repository_parameters(
+    payload: web::Payload,
+    state: &State,
+) -> Result<Vec<kiln_core::Param>, HttpError> {
+    let mut body = json_object(payload, state).await?;
+    let parameters = match body.remove("parameters") {
         None => Map::new(),
         Some(Value::Object(map)) => map,
         Some(other) => {
@@ -418,17 +434,7 @@ async fn repository_load(
             ))))
         }
     };
-    let mut params = load_params_from_json(overrides)?;
-    let version = kiln_core::params::take_version(&mut params)?;
-    let name = path.into_inner();
-    let keys = kiln_core::params::client_keys(kiln_core::params::Origin::Client, &params);
-    // Reads the model's files: not on the connection's thread.
-    let (server, model) = (state.server.clone(), name.clone());
-    let resolved = web::block(move || server.resolve_model(&model, version, params))
-        .await
-        .map_err(blocking_failed)??;
-    state.server.load_resolved(&name, resolved, keys).await?;
-    Ok(HttpResponse::Ok().json(json!({})))
+    Ok(load_params_from_json(parameters)?)
 }
 
 fn blocking_failed(e: actix_web::error::BlockingError) -> HttpError {
@@ -446,22 +452,11 @@ async fn repository_unload(
     payload: web::Payload,
 ) -> HttpResult {
     state.server.model_control().check_api()?;
-    let mut body = json_object(payload, &state).await?;
-    let parameters = match body.remove("parameters") {
-        None => Map::new(),
-        Some(Value::Object(map)) => map,
-        Some(other) => {
-            return Err(HttpError(ServerError::invalid(format!(
-                "`parameters` must be an object, got {other}"
-            ))))
-        }
-    };
-    let mut params = load_params_from_json(parameters)?;
-    let name = path.into_inner();
-    match kiln_core::params::take_version(&mut params)? {
-        None => state.server.unload(&name).await?,
-        Some(version) => state.server.unload_version(&name, version).await?,
-    }
+    let params = repository_parameters(payload, &state).await?;
+    state
+        .server
+        .unload_client_model(&path.into_inner(), params)
+        .await?;
     Ok(HttpResponse::Ok().json(json!({})))
 }
 
