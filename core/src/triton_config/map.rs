@@ -7,7 +7,9 @@
 //! | `platform: "ensemble"`                   | an ensemble ([`crate::ensemble`])      |
 //! | `backend: "python"`                      | the `python` worker, `isolation = "process"` |
 //! | `max_batch_size`                         | `max_batch_size` and `batch_size`      |
-//! | `input`/`output` name, data_type, dims   | checked against the model once loaded  |
+//! | `input`/`output` name, data_type, dims   | checked against the model once loaded; `dims.<tensor>` |
+//! | `input`/`output` `reshape`               | `reshape.<tensor>` ([`crate::group::reshape`]) |
+//! | `input.optional: true`                   | refused, saying why                    |
 //! | `dynamic_batching.*`                     | the dynamic batcher's parameters       |
 //! | `sequence_batching.*`                    | the sequence batcher's ([`super::sequence`]) |
 //! | `instance_group` count, kind, gpus       | `instances`, `execution_provider`, `cuda_device` |
