@@ -29,12 +29,14 @@ pub use crate::request::answer::Reply;
 
 mod admit;
 mod dynamic_host;
+pub mod reshape;
 mod scale;
 pub mod sequence;
 mod settings;
 
 use dynamic_host::DynamicGroupHost;
 
+use reshape::Reshape;
 use settings::{batcher_threads, buffer_capacities};
 pub use settings::{demand, pool_bytes, resolve, GroupSettings};
 
@@ -102,6 +104,8 @@ pub struct WorkerGroup {
     sequence: Option<SequenceRuntime>,
     /// The worker's declared request parameters, checked at admission.
     request_params: crate::params::RequestRules,
+    /// The model's shapes of reshaped inputs ([`reshape`]).
+    reshape: Arc<Reshape>,
     /// When the gauges were last refreshed and the instances' busy time then
     /// (`kiln_instance_busy_*`).
     last_scrape: Mutex<(Instant, u64)>,
@@ -141,11 +145,17 @@ impl WorkerGroup {
             _ => None,
         };
         let (events_tx, events_rx) = unbounded::<SequenceEvent<Reply>>();
-        let client_info = Arc::new(
-            sequence_model
-                .as_ref()
-                .map_or_else(|| info.clone(), |m| m.client_info.clone()),
-        );
+        let client_info = sequence_model
+            .as_ref()
+            .map_or_else(|| info.clone(), |m| m.client_info.clone());
+        // Triton's `dims` and `reshape`: what clients see, and the shapes changed
+        // where tensors enter and leave the group.
+        let (client_info, reshape) = settings
+            .shapes
+            .client_view(&client_info, &info)
+            .map_err(|e| ServerError::invalid(format!("model `{endpoint}`: {e}")))?;
+        let client_info = Arc::new(client_info);
+        let reshape = Arc::new(reshape);
         let info = Arc::new(info);
         // The channel never fills: `admission` refuses first (it also counts what
         // the batchers took out and hold).
@@ -175,7 +185,7 @@ impl WorkerGroup {
                 state_outputs: m.state_outputs.clone(),
                 state_bytes: m.state_bytes.clone(),
             }),
-            ..context_of(&endpoint, &version, &info, metrics)
+            ..context_of(&endpoint, &version, &info, &reshape, metrics)
         });
         let config = BatcherConfig {
             kind: settings.batcher,
@@ -258,6 +268,7 @@ impl WorkerGroup {
                 instances: AtomicUsize::new(0),
             }),
             request_params,
+            reshape,
             last_scrape: Mutex::new((Instant::now(), 0)),
         });
         let mut pending = instances.into_iter();
@@ -478,6 +489,7 @@ fn context_of(
     endpoint: &str,
     version: &str,
     info: &Arc<WorkerInfo>,
+    reshape: &Arc<Reshape>,
     metrics: ModelMetrics,
 ) -> InstanceContext {
     InstanceContext {
@@ -485,6 +497,7 @@ fn context_of(
             name: endpoint.to_owned(),
             version: version.to_owned(),
             info: Arc::clone(info),
+            reshape: Arc::clone(reshape),
         }),
         endpoint: endpoint.to_owned(),
         version: version.to_owned(),

@@ -231,6 +231,48 @@ async fn poll_mode_reloads_a_model_rewritten_in_place_and_shows_why_a_load_faile
     assert!(reason.1.contains("eight"), "{}", reason.1);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poll_mode_reloads_a_model_whose_warmup_alone_changed_and_warms_it_again() {
+    // Only `model_warmup` differs between the two files (the same size, written
+    // in place): the poll must build the model again and run the new warmup.
+    let warmed = |count: u32| {
+        format!(
+            "{}model_warmup [ {{ name: \"zeros\" batch_size: 1 count: {count} inputs {{ \
+             key: \"x\" value: {{ data_type: TYPE_FP32 dims: [ 3, 48, 192 ] zero_data: true }} }} }} ]\n",
+            ocr_cls(8)
+        )
+    };
+    let repo = TempRepository::new(&[]);
+    repo.write_triton("warm", &warmed(1), &[1]);
+    let kiln = Kiln::start(&[
+        "--model-store",
+        &repo.arg(),
+        "--model-control-mode",
+        "poll",
+        "--repository-poll-secs",
+        "0.1",
+    ]);
+    // Each build's group counts its own inferences: its warmup's, as no client
+    // has asked anything.
+    let inferences = || async {
+        let stats: Value = reqwest::get(format!("{}/v2/models/warm/stats", kiln.url))
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        stats["model_stats"][0]["inference_count"].as_u64()
+    };
+    assert_eq!(inferences().await, Some(1));
+    std::fs::write(repo.path().join("warm/config.pbtxt"), warmed(3)).unwrap();
+    until(
+        "the poll reloads `warm` and runs its new warmup",
+        || async { (inferences().await? == 3).then_some(()) },
+    )
+    .await;
+    kiln.log_with("`warm` changed: loaded");
+}
+
 /// The refusal Triton answers in `none` and `poll` modes.
 const REFUSED: &str = "explicit model load / unload is not allowed if polling is enabled";
 

@@ -84,6 +84,8 @@ impl WorkerGroup {
             validate(&self.info, self.settings.batch_size, tensors).inspect_err(|_| {
                 metrics.invalid.inc();
             })?;
+        self.reshape
+            .inputs(&mut valid.inputs, self.info.max_batch_size > 0);
         let sequence = match &self.sequence {
             None => None,
             Some(seq) => {

@@ -34,6 +34,8 @@ pub struct GroupSettings {
     pub dynamic: DynamicConfig,
     /// The sequence batcher's settings (used when `batcher` is sequence).
     pub sequence: SequenceParams,
+    /// Client dims and reshapes of tensors ([`super::reshape`]).
+    pub shapes: super::reshape::TensorShapes,
 }
 
 /// Resolves the group's settings against what the worker accepts (`asynchronous`:
@@ -104,6 +106,7 @@ pub fn resolve(
             ..params.dynamic.clone()
         },
         sequence: params.sequence.clone(),
+        shapes: params.shapes.clone(),
     })
 }
 

@@ -315,8 +315,10 @@ impl<'de, 'a> de::Deserializer<'de> for Node<'a> {
     /// A list: the value's comma-separated text.
     fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, ValueError> {
         let list = self.value()?.to_string();
+        // `""`: the empty list (a scalar's dims, `reshape.<tensor> = []`).
         let items: Vec<ListItem> = list
             .split(',')
+            .filter(|_| !list.trim().is_empty())
             .map(|item| ListItem {
                 path: self.path.clone(),
                 item: item.to_owned(),

@@ -4,6 +4,7 @@
 //! (the server's included) are also handed to the worker's `init`. The batchers'
 //! settings are checked in [`super::batching`].
 
+use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ use super::error::SettingError;
 use super::shapes::{Levels, Names, Rest, Spelled};
 use crate::compute::isolation::Isolation;
 use crate::error::Result;
+use crate::group::reshape::TensorShapes;
 use crate::group::sequence::SequenceParams;
 
 /// Group settings read from load-time parameters, validated.
@@ -52,6 +54,9 @@ pub struct GroupParams {
     /// The most private memory each worker host may map (`max_host_memory`,
     /// bytes; its `RLIMIT_DATA`).
     pub max_host_memory: Option<NonZeroUsize>,
+    /// The dims clients use for tensors and the model's reshapes of them
+    /// (`dims.<tensor>`, `reshape.<tensor>`: a `config.pbtxt`'s `dims`, `reshape`).
+    pub shapes: TensorShapes,
 }
 
 /// The load-time parameters the server reads, as they arrive: one field per
@@ -99,6 +104,12 @@ pub struct LoadParams {
     /// `state_dims.<input> = [2, 1, 128]`: the state's shape where the model's
     /// has dynamic dims (Triton's `state.dims`).
     pub(super) state_dims: Names<Spelled<Vec<i64>>>,
+    /// `dims.<tensor> = [2, 2]`: the dims clients see and send for a tensor,
+    /// without the batch dimension (Triton's `dims`, [`TensorShapes`]).
+    pub(super) dims: Names<Spelled<Vec<i64>>>,
+    /// `reshape.<tensor> = [4]`: the model's shape of a tensor whose `dims`
+    /// clients use (Triton's `reshape`).
+    pub(super) reshape: Names<Spelled<Vec<i64>>>,
     /// The keys no field takes: the worker's own parameters.
     #[serde(rename = "*")]
     worker: Rest,
@@ -214,6 +225,15 @@ pub(super) fn count(key: &str, value: i64, max: usize) -> Result<NonZeroUsize, S
         })
 }
 
+/// A [`Names`] map's values.
+fn values(names: &Names<Spelled<Vec<i64>>>) -> BTreeMap<String, Vec<i64>> {
+    names
+        .0
+        .iter()
+        .map(|(name, v)| (name.clone(), v.value.clone()))
+        .collect()
+}
+
 /// `NonZeroUsize::new(n)` for a constant `n` > 0.
 const fn nonzero(n: usize) -> NonZeroUsize {
     match NonZeroUsize::new(n) {
@@ -261,6 +281,10 @@ impl LoadParams {
                 Some(IsolationName::Process) => Isolation::Process,
             },
             max_host_memory: counted("max_host_memory", self.max_host_memory, usize::MAX)?,
+            shapes: TensorShapes {
+                dims: values(&self.dims),
+                reshape: values(&self.reshape),
+            },
         })
     }
 }

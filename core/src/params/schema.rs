@@ -267,14 +267,22 @@ mod tests {
             assert!(names.contains(&want), "{want} in {names:?}");
         }
         // Every field of every struct in `LoadParams`, the worker's `*` not one.
-        assert_eq!(names.len(), 38, "{names:?}");
+        assert_eq!(names.len(), 40, "{names:?}");
         assert!(!names.iter().any(|n| n.contains('*')), "{names:?}");
         let lists: Vec<&str> = keys
             .iter()
             .filter(|k| k.list)
             .map(|k| k.pattern.as_str())
             .collect();
-        assert_eq!(lists, ["preferred_batch_size", "state_dims.<input>"]);
+        assert_eq!(
+            lists,
+            [
+                "preferred_batch_size",
+                "state_dims.<input>",
+                "dims.<input>",
+                "reshape.<input>"
+            ]
+        );
     }
 
     #[test]

@@ -68,6 +68,8 @@ pub struct AnswerModel {
     pub name: String,
     pub version: String,
     pub info: Arc<WorkerInfo>,
+    /// Outputs whose shape clients get reshaped (Triton's `reshape`).
+    pub reshape: Arc<crate::group::reshape::Reshape>,
 }
 
 /// One output of a batch that ran: each request's slice (sharing one allocation)
@@ -395,13 +397,16 @@ impl BatchRow {
             .zip(&self.batch.outputs)
             .enumerate()
             .filter(|(k, _)| self.output_mask & (1 << k) != 0)
-            .map(|(_, (spec, out))| OutputTensor {
+            .map(|(k, (spec, out))| OutputTensor {
                 name: spec.name.to_string(),
                 dtype: spec.dtype,
-                shape: out
-                    .shapes
-                    .get(j)
-                    .map_or_else(Vec::new, |s| s.dims().to_vec()),
+                shape: out.shapes.get(j).map_or_else(Vec::new, |s| {
+                    let batching = model.info.max_batch_size > 0;
+                    match model.reshape.output_dims(k, s, batching) {
+                        Some(client) => client.dims().to_vec(),
+                        None => s.dims().to_vec(),
+                    }
+                }),
                 data: out.parts.get(j).cloned().unwrap_or_default(),
             })
             .collect();
@@ -477,6 +482,7 @@ mod tests {
                 name: "m".into(),
                 version: "1".into(),
                 info: Arc::new(info),
+                reshape: Arc::default(),
             }),
             outputs: Vec::new(),
             tally: BatchTally::new(

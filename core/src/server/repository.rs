@@ -212,8 +212,11 @@ impl Server {
             let models = self.inner.models.load();
             let mut groups = models.versions(&loaded).filter_map(|(_, s)| s.group());
             let wrong = groups.find_map(|g| {
+                // The model's tensors as the worker has them (a reshaped tensor's
+                // clients see the file's `dims`; its `reshape` is the model's).
+                let worker = &g.worker_info;
+                let mut checked = declared.check(&worker.inputs, &worker.outputs, &worker.inputs);
                 let (inputs, outputs) = (&g.info.inputs, &g.info.outputs);
-                let mut checked = declared.check(inputs, outputs, &g.worker_info.inputs);
                 // Without auto-completion (Triton's strict model configuration) the
                 // file must declare every tensor of the model.
                 if checked.is_ok() && strict {

@@ -309,6 +309,7 @@ mod tests {
             queue_size: 4096,
             dynamic: kiln_batchers::dynamic::DynamicConfig::new(batch_size, Duration::ZERO),
             sequence: Default::default(),
+            shapes: Default::default(),
         }
     }
 

@@ -7,7 +7,9 @@
 //! | `platform: "ensemble"`                   | an ensemble ([`crate::ensemble`])      |
 //! | `backend: "python"`                      | the `python` worker, `isolation = "process"` |
 //! | `max_batch_size`                         | `max_batch_size` and `batch_size`      |
-//! | `input`/`output` name, data_type, dims   | checked against the model once loaded  |
+//! | `input`/`output` name, data_type, dims   | checked against the model once loaded; `dims.<tensor>` |
+//! | `input`/`output` `reshape`               | `reshape.<tensor>` ([`crate::group::reshape`]) |
+//! | `input.optional: true`                   | refused, saying why                    |
 //! | `dynamic_batching.*`                     | the dynamic batcher's parameters       |
 //! | `sequence_batching.*`                    | the sequence batcher's ([`super::sequence`]) |
 //! | `instance_group` count, kind, gpus       | `instances`, `execution_provider`, `cuda_device` |
@@ -67,6 +69,13 @@ const HONOURED_WORKER: &[&str] = &[
     "instance_group.kind",
     "instance_group.gpus",
     "parameters",
+    // Triton's `reshape` (`reshape {}`: a scalar), kiln's `reshape.<tensor>`.
+    "input.reshape",
+    "input.reshape.shape",
+    "output.reshape",
+    "output.reshape.shape",
+    // Refused with the reason in `map` (`optional: true`).
+    "input.optional",
 ];
 
 /// Honoured for an ensemble only.
@@ -154,7 +163,7 @@ pub enum Mapped {
 /// Maps a parsed config of model `name` (its folder); `complete`: auto-complete
 /// what the file leaves out from the model, as Triton does unless
 /// `--disable-auto-complete-config` ([`super::complete`]).
-pub fn map(name: &str, parsed: &Parsed, complete: bool) -> Result<Mapped, String> {
+pub fn map<'a>(name: &str, parsed: &'a Parsed, complete: bool) -> Result<Mapped, String> {
     let c = &parsed.config;
     if !c.name.is_empty() && c.name != name {
         return Err(format!(
@@ -179,14 +188,31 @@ pub fn map(name: &str, parsed: &Parsed, complete: bool) -> Result<Mapped, String
     }) {
         return Err(format!("field `{field}` is not supported by kiln"));
     }
+    if let Some(t) = c.input.iter().find(|t| t.optional) {
+        // kiln's workers take every input of each batch (the onnx worker binds
+        // each input the model declares), so a request cannot leave one out.
+        return Err(format!(
+            "input `{}`: `optional: true` is not supported by kiln: its workers take \
+             every input the model declares in each request",
+            t.name
+        ));
+    }
     let policy = version_policy(c.version_policy.as_ref());
+    // The model's view: `reshape.shape` where the file reshapes a tensor.
+    let model_dims = |dims: &'a Vec<i64>, reshape: &'a Option<proto::ModelTensorReshape>| {
+        reshape.as_ref().map_or(dims, |r| &r.shape)
+    };
     let inputs = tensors(
         "input",
-        c.input.iter().map(|t| (&t.name, t.data_type(), &t.dims)),
+        c.input
+            .iter()
+            .map(|t| (&t.name, t.data_type(), model_dims(&t.dims, &t.reshape))),
     )?;
     let outputs = tensors(
         "output",
-        c.output.iter().map(|t| (&t.name, t.data_type(), &t.dims)),
+        c.output
+            .iter()
+            .map(|t| (&t.name, t.data_type(), model_dims(&t.dims, &t.reshape))),
     )?;
     if ensemble {
         let steps = match &c.scheduling_choice {
@@ -260,6 +286,14 @@ pub fn map(name: &str, parsed: &Parsed, complete: bool) -> Result<Mapped, String
         // Triton's default scheduler runs what has arrived without waiting.
         _ => set("timeout", ParamValue::Int(0)),
     }
+    let declared = c
+        .input
+        .iter()
+        .map(|t| (&t.name, &t.dims, &t.reshape))
+        .chain(c.output.iter().map(|t| (&t.name, &t.dims, &t.reshape)));
+    for (name, dims, reshape) in declared {
+        client_dims(name, dims, reshape.as_ref(), &mut set);
+    }
     instance_group(&c.instance_group, worker, &mut set)?;
     super::accelerators::map(c, worker, &mut set)?;
     if worker == "python" {
@@ -278,6 +312,28 @@ pub fn map(name: &str, parsed: &Parsed, complete: bool) -> Result<Mapped, String
             complete,
         },
     })
+}
+
+/// A declared tensor's `dims` as clients use them (`dims.<tensor>`: Triton's
+/// metadata shows and its requests take the file's dims, which may be more
+/// precise than the model's), and its `reshape` (`reshape.<tensor>`).
+fn client_dims(
+    name: &str,
+    dims: &[i64],
+    reshape: Option<&proto::ModelTensorReshape>,
+    set: &mut impl FnMut(&str, ParamValue),
+) {
+    let list = |dims: &[i64]| {
+        let list: Vec<String> = dims.iter().map(i64::to_string).collect();
+        ParamValue::Str(list.join(",").as_str().into())
+    };
+    if dims.is_empty() && reshape.is_none() {
+        return;
+    }
+    set(&format!("dims.{name}"), list(dims));
+    if let Some(r) = reshape {
+        set(&format!("reshape.{name}"), list(&r.shape));
+    }
 }
 
 /// Triton's ONNX Runtime backend parameters → the onnx worker's.
@@ -513,12 +569,12 @@ mod tests {
     fn fields_kiln_does_not_honour_are_refused_by_name() {
         for (text, field) in [
             (
-                "backend: \"onnxruntime\" input [{ name: \"x\" reshape { shape: [ 1 ] } }]",
-                "input.reshape.shape",
+                "backend: \"onnxruntime\" input [{ name: \"x\" optional: true }]",
+                "input `x`: `optional: true` is not supported by kiln",
             ),
             (
-                "backend: \"onnxruntime\" input [{ name: \"x\" optional: true }]",
-                "input.optional",
+                "platform: \"ensemble\" input [{ name: \"x\" reshape { shape: [ 1 ] } }]",
+                "input.reshape.shape",
             ),
             (
                 "backend: \"onnxruntime\" input [{ name: \"x\" is_shape_tensor: true }]",
@@ -545,6 +601,38 @@ mod tests {
             let e = mapped(text).unwrap_err();
             assert!(e.contains(field), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn declared_dims_and_reshapes_become_the_groups_and_the_model_sees_the_reshape() {
+        let m = mapped(
+            r#"backend: "onnxruntime" max_batch_size: 4
+               input [{ name: "x" data_type: TYPE_FP32 dims: [ 2, 2 ] reshape { shape: [ 4 ] } }]
+               output [{ name: "y" data_type: TYPE_FP32 dims: [ 1 ] reshape { } },
+                       { name: "z" data_type: TYPE_FP32 dims: [ 3 ] }]"#,
+        )
+        .unwrap();
+        let Mapped::Worker {
+            params, declared, ..
+        } = m
+        else {
+            panic!("not a worker")
+        };
+        let get = |k: &str| {
+            params
+                .iter()
+                .find(|p| p.key.as_str() == k)
+                .map(|p| format!("{:?}", p.value))
+        };
+        assert!(get("dims.x").unwrap().contains("\"2,2\""));
+        assert!(get("reshape.x").unwrap().contains("\"4\""));
+        assert!(get("reshape.y").unwrap().contains("\"\""));
+        assert!(get("dims.z").unwrap().contains("\"3\""));
+        assert_eq!(get("reshape.z"), None);
+        // Checked against the model: the shapes it sees.
+        assert_eq!(declared.inputs[0].dims, vec![4]);
+        assert_eq!(declared.outputs[0].dims, Vec::<i64>::new());
+        assert_eq!(declared.outputs[1].dims, vec![3]);
     }
 
     #[test]

@@ -41,9 +41,10 @@ pub const HONOURED: &[&str] = &[
     "model_warmup.count",
 ];
 
-/// The most bytes one warmup input may take: a typo in the operator's dims must
-/// fail the load, not abort the server on an allocation.
-const MAX_INPUT_BYTES: u64 = 1 << 30;
+/// The most bytes a model's warmup samples take, all inputs of all samples
+/// together, checked before each is allocated: a typo in the operator's dims (or
+/// many samples) must fail the load, not abort the server on an allocation.
+const MAX_WARMUP_BYTES: u64 = 1 << 30;
 
 /// One warmup request and how many times it runs.
 #[derive(Debug, Clone)]
@@ -57,6 +58,8 @@ pub struct Sample {
 /// sample and the input.
 pub fn samples(config: &ModelConfig, folder: &Path) -> std::result::Result<Vec<Sample>, String> {
     let batching = config.max_batch_size > 0;
+    // What the samples read so far hold: every input counts against one bound.
+    let mut held = 0u64;
     config
         .model_warmup
         .iter()
@@ -74,34 +77,42 @@ pub fn samples(config: &ModelConfig, folder: &Path) -> std::result::Result<Vec<S
             let mut inputs: Vec<InputTensor> = w
                 .inputs
                 .iter()
-                .map(|(name, input)| {
-                    let at = |m: String| at(format!("input `{name}`: {m}"));
-                    let dtype = proto_type(input.data_type)
-                        .filter(|t| t.size().is_some())
-                        .ok_or_else(|| at("its data_type is not supported in warmup".into()))?;
-                    if input.dims.iter().any(|d| *d < 0) {
-                        return Err(at("`dims` must be fixed (no -1)".into()));
-                    }
-                    let mut shape = input.dims.clone();
-                    if batching {
-                        shape.insert(0, rows);
-                    }
-                    let size = byte_size(&shape, dtype)
-                        .ok_or_else(|| at(format!("{shape:?} is larger than 1 GiB")))?;
-                    let data = match &input.input_data_type {
-                        Some(InputDataType::ZeroData(_)) | None => vec![0; size],
-                        Some(InputDataType::RandomData(_)) => random(dtype, size),
-                        Some(InputDataType::InputDataFile(file)) => {
-                            from_file(folder, file, size).map_err(at)?
+                .map(
+                    |(name, input)| -> std::result::Result<InputTensor, String> {
+                        let at = |m: String| at(format!("input `{name}`: {m}"));
+                        let dtype = proto_type(input.data_type)
+                            .filter(|t| t.size().is_some())
+                            .ok_or_else(|| at("its data_type is not supported in warmup".into()))?;
+                        if input.dims.iter().any(|d| *d < 0) {
+                            return Err(at("`dims` must be fixed (no -1)".into()));
                         }
-                    };
-                    Ok(InputTensor {
-                        name: name.clone(),
-                        dtype,
-                        shape,
-                        data: Bytes::from(data),
-                    })
-                })
+                        let mut shape = input.dims.clone();
+                        if batching {
+                            shape.insert(0, rows);
+                        }
+                        let size = byte_size(&shape, dtype)
+                            .filter(|size| held + *size as u64 <= MAX_WARMUP_BYTES)
+                            .ok_or_else(|| {
+                                at(format!(
+                                    "{shape:?} takes the model's warmup samples over 1 GiB in all"
+                                ))
+                            })?;
+                        held += size as u64;
+                        let data = match &input.input_data_type {
+                            Some(InputDataType::ZeroData(_)) | None => vec![0; size],
+                            Some(InputDataType::RandomData(_)) => random(dtype, size),
+                            Some(InputDataType::InputDataFile(file)) => {
+                                from_file(folder, file, size).map_err(at)?
+                            }
+                        };
+                        Ok(InputTensor {
+                            name: name.clone(),
+                            dtype,
+                            shape,
+                            data: Bytes::from(data),
+                        })
+                    },
+                )
                 .collect::<std::result::Result<_, String>>()?;
             // A map in the file: sorted, so a failure names the same input each time.
             inputs.sort_by(|a, b| a.name.cmp(&b.name));
@@ -170,7 +181,7 @@ fn byte_size(shape: &[i64], dtype: DataType) -> Option<usize> {
     for d in shape {
         bytes = bytes.checked_mul(u64::try_from(*d).ok()?)?;
     }
-    (bytes <= MAX_INPUT_BYTES)
+    (bytes <= MAX_WARMUP_BYTES)
         .then(|| usize::try_from(bytes).ok())
         .flatten()
 }
@@ -287,7 +298,16 @@ mod tests {
             (
                 r#"max_batch_size: 8 model_warmup [{ name: "w" batch_size: 1
                    inputs { key: "a" value: { data_type: TYPE_FP32 dims: [ 100000, 100000 ] zero_data: true } } }]"#,
-                "larger than 1 GiB",
+                "over 1 GiB in all",
+            ),
+            (
+                // 600 MiB twice: each fits, both do not (nothing is allocated).
+                r#"max_batch_size: 8 model_warmup [
+                   { name: "v" batch_size: 1 inputs { key: "a" value: { data_type: TYPE_UINT8
+                     dims: [ 629145600 ] zero_data: true } } },
+                   { name: "w" batch_size: 1 inputs { key: "a" value: { data_type: TYPE_UINT8
+                     dims: [ 629145600 ] zero_data: true } } } ]"#,
+                "over 1 GiB in all",
             ),
             (
                 r#"max_batch_size: 0 model_warmup [{ name: "w" batch_size: 2 }]"#,
@@ -299,7 +319,11 @@ mod tests {
                 "data_type",
             ),
         ] {
-            let e = samples(&parsed(text), &dir).unwrap_err();
+            // Not `unwrap_err`: it would print the samples read, a GiB of bytes.
+            let e = match samples(&parsed(text), &dir) {
+                Err(e) => e,
+                Ok(read) => panic!("{text}: {} samples read", read.len()),
+            };
             assert!(e.contains(named) && e.contains("`w`"), "{text}: {e}");
         }
     }
