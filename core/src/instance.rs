@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use crossbeam_channel::Receiver;
+use kiln_batchers::dynamic::Pulls;
 use kiln_batchers::{wait_for_first_or_stop, Batch, BatchFormer, Idle, Member};
 use kiln_buffers::BufferSet;
 use kiln_worker_sdk::reexports::RStr;
@@ -82,8 +83,11 @@ pub struct BatchSource {
 
 /// What forms an instance's batches.
 pub enum From {
-    /// A batcher thread (dynamic, sequence), which hands them over.
+    /// A batcher thread that hands them over (sequence: one queue per instance).
     Queue(Receiver<Batch<Reply>>),
+    /// The dynamic batcher's thread, which forms a batch when an instance asks
+    /// (`kiln_batchers::dynamic::pull`).
+    Pulled(Receiver<Batch<Reply>>, Arc<Pulls>),
     /// The instance itself, in its turn (hard, soft).
     Former(Arc<BatchFormer<Reply>>),
 }
@@ -100,6 +104,26 @@ impl BatchSource {
                     return None;
                 }
                 wait_for_first_or_stop(batches, idle, leave)
+            }
+            From::Pulled(batches, pulls) => {
+                if leave.is_some_and(|leave| leave.try_recv().is_ok()) {
+                    return None;
+                }
+                // One formed while this instance ran (a queue that closed, an ask
+                // withdrawn too late) goes first.
+                match batches.try_recv() {
+                    Ok(batch) => return Some(batch),
+                    Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
+                    Err(crossbeam_channel::TryRecvError::Empty) => {}
+                }
+                pulls.ask();
+                let batch = wait_for_first_or_stop(batches, idle, leave);
+                if batch.is_none() {
+                    // Leaving: unanswered, the ask would have the batcher send a
+                    // batch early forever after.
+                    pulls.withdraw();
+                }
+                batch
             }
             From::Former(former) => former.next_batch(idle, leave),
         }
