@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 
 use crate::async_instance::run_async_instance;
 use crate::error::{Result, ServerError};
-use crate::instance::{run_instance, BatchSource, From, InstanceContext};
+use crate::instance::{run_instance, BatchSource, From, InstanceContext, Pulled};
 use crate::limits::Demand;
 use crate::metrics::ModelMetrics;
 pub use crate::reply::Reply;
@@ -306,7 +306,9 @@ impl WorkerGroup {
                 let from = match self.formers.get(n % self.formers.len().max(1)) {
                     Some(former) => From::Former(Arc::clone(former)),
                     None => match &self.pulls {
-                        Some(pulls) => From::Pulled(self.batches.clone(), Arc::clone(pulls)),
+                        Some(pulls) => {
+                            From::Pulled(Pulled::new(self.batches.clone(), Arc::clone(pulls)))
+                        }
                         None => From::Queue(self.batches.clone()),
                     },
                 };
