@@ -11,9 +11,8 @@
 //!   request has waited `max_queue_delay`, or when waiting longer would make one of
 //!   its requests miss its deadline given the current compute-time estimate.
 //! - A request whose deadline passes while queued is taken out at that moment:
-//!   answered (REJECT) or moved behind the others (DELAY); one that came while
-//!   every instance was busy, within 50 ms of it. It never reaches a worker after
-//!   its REJECT deadline.
+//!   answered (REJECT) or moved behind the others (DELAY). It never reaches a worker
+//!   after its REJECT deadline.
 //! - The batcher thread ([`run_dynamic_batcher`]) sends a batch only when an
 //!   instance asks for one ([`pull`]): while every instance is busy the queue
 //!   grows, and the instance that frees up gets everything queued, as Triton's.
@@ -369,9 +368,9 @@ const CANCEL_CHECK: Duration = Duration::from_millis(50);
 /// Runs a dynamic batcher until `requests` is disconnected and every request taken
 /// has been batched or answered. One thread per group: the queue's order and
 /// priorities are one scheduler's. A batch goes out when an instance has asked for
-/// one (`pulls`); until the queue closes, requests that come while none has wait,
-/// admitted (and timed out, cancelled, refused for a full level) when one asks or
-/// within 50 ms (`CANCEL_CHECK`): the thread sleeps once per batch, not per request.
+/// one (`pulls`), or once the queue has closed. While every instance is busy the
+/// thread sleeps until one asks (with no queue policy that needs arrivals seen at
+/// once: then one wake-up per batch, not per request).
 pub fn run_dynamic_batcher<R>(
     config: DynamicConfig,
     inputs: usize,
@@ -383,6 +382,13 @@ pub fn run_dynamic_batcher<R>(
     ),
     host: impl DynamicHost<R>,
 ) {
+    // Whether a request's place in the queue can end before it is batched (a
+    // timeout, a full level): then requests are taken in as they come even while
+    // every instance is busy, so those end on time.
+    let watch = config
+        .policies
+        .iter()
+        .any(|p| p.max_queue_size > 0 || p.default_timeout.is_some() || p.allow_timeout_override);
     let mut queue = DynamicQueue::new(config);
     let mut open = true;
     // Batches formed so far: each batch's number in formation order.
@@ -431,7 +437,7 @@ pub fn run_dynamic_batcher<R>(
         // Every instance busy: the batch grows until one frees up (once the queue
         // is closed, everything left is sent, asked for or not).
         if open && !pulls.asked() {
-            pulls.wait(wake);
+            open = pull::wait_for_ask(&pulls, &mut queue, &requests, wake, &host, watch);
             continue;
         }
         if spare.is_none() {
@@ -476,13 +482,18 @@ fn receive<R>(
 ) -> bool {
     match requests.recv_deadline(wake) {
         Ok(request) => {
-            if let Err((request, why)) = queue.admit(request, Instant::now()) {
-                host.rejected(request, why);
-            }
+            admit(queue, request, host);
             true
         }
         Err(crossbeam_channel::RecvTimeoutError::Timeout) => true,
         Err(crossbeam_channel::RecvTimeoutError::Disconnected) => false,
+    }
+}
+
+/// Queues `request`, or answers it when the queue refuses it.
+fn admit<R>(queue: &mut DynamicQueue<R>, request: Request<R>, host: &impl DynamicHost<R>) {
+    if let Err((request, why)) = queue.admit(request, Instant::now()) {
+        host.rejected(request, why);
     }
 }
 

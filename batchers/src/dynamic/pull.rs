@@ -78,6 +78,43 @@ impl Pulls {
     }
 }
 
+/// The batcher, every instance busy, waits until one asks or `until`; with `watch`
+/// it also takes requests in as they come (a queue policy that ends a queued
+/// request's place needs them seen). `false` once the request queue closed.
+pub(super) fn wait_for_ask<R>(
+    pulls: &Pulls,
+    queue: &mut super::DynamicQueue<R>,
+    requests: &Receiver<crate::Request<R>>,
+    until: Instant,
+    host: &impl super::DynamicHost<R>,
+    watch: bool,
+) -> bool {
+    if !watch {
+        pulls.wait(until);
+        return true;
+    }
+    if pulls.asked() {
+        return true;
+    }
+    let mut select = crossbeam_channel::Select::new();
+    let arrivals = select.recv(requests);
+    select.recv(&pulls.wake_rx);
+    match select.select_deadline(until) {
+        Err(_) => true,
+        Ok(op) if op.index() == arrivals => match op.recv(requests) {
+            Ok(request) => {
+                super::admit(queue, request, host);
+                true
+            }
+            Err(_) => false,
+        },
+        Ok(op) => {
+            let _ = op.recv(&pulls.wake_rx);
+            true
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
