@@ -13,11 +13,17 @@
 //! - A request whose deadline passes while queued is taken out at that moment:
 //!   answered (REJECT) or moved behind the others (DELAY). It never reaches a worker
 //!   after its REJECT deadline.
+//! - The batcher thread ([`run_dynamic_batcher`]) sends a batch only when an
+//!   instance asks for one ([`pull`]): while every instance is busy the queue
+//!   grows, and the instance that frees up gets everything queued, as Triton's.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::request::Request;
+
+pub mod pull;
+pub use pull::Pulls;
 
 /// What happens to a request whose queue timeout expires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -361,15 +367,28 @@ const CANCEL_CHECK: Duration = Duration::from_millis(50);
 
 /// Runs a dynamic batcher until `requests` is disconnected and every request taken
 /// has been batched or answered. One thread per group: the queue's order and
-/// priorities are one scheduler's.
+/// priorities are one scheduler's. A batch goes out when an instance has asked for
+/// one (`pulls`), or once the queue has closed. While every instance is busy the
+/// thread sleeps until one asks (with no queue policy that needs arrivals seen at
+/// once: then one wake-up per batch, not per request).
 pub fn run_dynamic_batcher<R>(
     config: DynamicConfig,
     inputs: usize,
     requests: crossbeam_channel::Receiver<Request<R>>,
     pool: std::sync::Arc<kiln_buffers::Pool<kiln_buffers::BufferSet>>,
-    batches: crossbeam_channel::Sender<crate::batch::Batch<R>>,
+    (batches, pulls): (
+        crossbeam_channel::Sender<crate::batch::Batch<R>>,
+        std::sync::Arc<Pulls>,
+    ),
     host: impl DynamicHost<R>,
 ) {
+    // Whether a request's place in the queue can end before it is batched (a
+    // timeout, a full level): then requests are taken in as they come even while
+    // every instance is busy, so those end on time.
+    let watch = config
+        .policies
+        .iter()
+        .any(|p| p.max_queue_size > 0 || p.default_timeout.is_some() || p.allow_timeout_override);
     let mut queue = DynamicQueue::new(config);
     let mut open = true;
     // Batches formed so far: each batch's number in formation order.
@@ -379,9 +398,20 @@ pub fn run_dynamic_batcher<R>(
     let mut spare = None;
     loop {
         let now = Instant::now();
-        for request in requests.try_iter() {
-            if let Err((request, why)) = queue.admit(request, now) {
-                host.rejected(request, why);
+        // Until the channel is empty, or closed (an unload: seen here too, as the
+        // thread may wait on the instances rather than on the channel).
+        loop {
+            match requests.try_recv() {
+                Ok(request) => {
+                    if let Err((request, why)) = queue.admit(request, now) {
+                        host.rejected(request, why);
+                    }
+                }
+                Err(crossbeam_channel::TryRecvError::Empty) => break,
+                Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                    open = false;
+                    break;
+                }
             }
         }
         if open {
@@ -404,6 +434,12 @@ pub fn run_dynamic_batcher<R>(
             open = receive(&mut queue, &requests, wake, &host);
             continue;
         }
+        // Every instance busy: the batch grows until one frees up (once the queue
+        // is closed, everything left is sent, asked for or not).
+        if open && !pulls.asked() {
+            open = pull::wait_for_ask(&pulls, &mut queue, &requests, wake, &host, watch);
+            continue;
+        }
         if spare.is_none() {
             spare = pool.try_acquire();
             if spare.is_none() {
@@ -424,6 +460,7 @@ pub fn run_dynamic_batcher<R>(
                 batch.order = formed;
                 formed += 1;
                 batch.push_all(taken);
+                pulls.answer();
                 if batches.send(batch).is_err() {
                     return;
                 }
@@ -445,13 +482,18 @@ fn receive<R>(
 ) -> bool {
     match requests.recv_deadline(wake) {
         Ok(request) => {
-            if let Err((request, why)) = queue.admit(request, Instant::now()) {
-                host.rejected(request, why);
-            }
+            admit(queue, request, host);
             true
         }
         Err(crossbeam_channel::RecvTimeoutError::Timeout) => true,
         Err(crossbeam_channel::RecvTimeoutError::Disconnected) => false,
+    }
+}
+
+/// Queues `request`, or answers it when the queue refuses it.
+fn admit<R>(queue: &mut DynamicQueue<R>, request: Request<R>, host: &impl DynamicHost<R>) {
+    if let Err((request, why)) = queue.admit(request, Instant::now()) {
+        host.rejected(request, why);
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use arc_swap::ArcSwapOption;
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
-use kiln_batchers::dynamic::run_dynamic_batcher;
+use kiln_batchers::dynamic::{run_dynamic_batcher, Pulls};
 use kiln_batchers::sequence::{run_sequence_batcher, SequenceEvent};
 use kiln_batchers::{Admission, Batch, BatchFormer, BatcherConfig, Request};
 use kiln_buffers::{BufferSet, Pool};
@@ -19,7 +19,7 @@ use kiln_worker_sdk::{BatcherKind, WorkerBox, WorkerInfo};
 use parking_lot::Mutex;
 
 use crate::compute::async_instance::run_async_instance;
-use crate::compute::instance::{run_instance, BatchSource, From, InstanceContext};
+use crate::compute::instance::{run_instance, BatchSource, From, InstanceContext, Pulled};
 use crate::error::{Result, ServerError};
 use crate::group::sequence::{SequenceGroupHost, SequenceLink, SequenceModel};
 use crate::load::limits::Demand;
@@ -92,6 +92,8 @@ pub struct WorkerGroup {
     /// they wait (the channel, a batcher's own queues, a batcher's hands).
     admission: Arc<Admission>,
     batches: Receiver<Batch<Reply>>,
+    /// Dynamic: the instances' asks for a batch (the batcher forms one per ask).
+    pulls: Option<Arc<Pulls>>,
     /// Hard and soft: the `batchers` formers the instances take turns on (empty for
     /// dynamic and sequence, whose scheduler thread fills `batches`).
     formers: Vec<Arc<BatchFormer<Reply>>>,
@@ -197,6 +199,7 @@ impl WorkerGroup {
         };
         let mut threads = Vec::new();
         let mut formers = Vec::new();
+        let mut pulls = None;
         if let Some(model) = &sequence_model {
             let config = model.config(
                 &settings.sequence,
@@ -225,9 +228,11 @@ impl WorkerGroup {
                 levels: dynamic.priority_levels,
             };
             let (rx, tx, pool) = (queue_rx.clone(), batch_tx.clone(), Arc::clone(&pool));
+            let asks = Arc::<Pulls>::default();
+            pulls = Some(Arc::clone(&asks));
             let inputs = info.inputs.len();
             threads.push(spawn(format!("dynamic-{endpoint}"), move || {
-                run_dynamic_batcher(dynamic, inputs, rx, pool, tx, host)
+                run_dynamic_batcher(dynamic, inputs, rx, pool, (tx, asks), host)
             })?);
         } else {
             // No batcher thread: the instances form their own batches (BatchFormer).
@@ -256,6 +261,7 @@ impl WorkerGroup {
             successor: ArcSwapOption::empty(),
             admission,
             batches: batch_rx,
+            pulls,
             formers,
             pool,
             context,
@@ -311,7 +317,12 @@ impl WorkerGroup {
                 // Instance `n` takes its turns on former `n % batchers`.
                 let from = match self.formers.get(n % self.formers.len().max(1)) {
                     Some(former) => From::Former(Arc::clone(former)),
-                    None => From::Queue(self.batches.clone()),
+                    None => match &self.pulls {
+                        Some(pulls) => {
+                            From::Pulled(Pulled::new(self.batches.clone(), Arc::clone(pulls)))
+                        }
+                        None => From::Queue(self.batches.clone()),
+                    },
                 };
                 let leave = Some(self.scaling.leave_rx.clone());
                 (BatchSource { from, leave }, None, 0)

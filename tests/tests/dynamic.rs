@@ -71,6 +71,42 @@ async fn preferred_size_goes_at_once_and_a_lone_request_after_the_delay() {
     assert_eq!(db["priority_levels"], 0);
 }
 
+/// #30: requests that come while the only instance runs a batch leave together,
+/// in one batch, when it frees up (Triton's dynamic batcher), not in batches formed
+/// ahead of it while buffer sets were free. Counted by the server's batch-size
+/// histogram and the statistics' executions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_queued_behind_a_busy_instance_run_as_one_batch() {
+    let kiln = Kiln::start(&[]);
+    let c = kiln.client.clone();
+    c.load("faulty", &json!({"batcher": "dynamic", "batch_size": 8}))
+        .await
+        .unwrap();
+    let infer = |values: Vec<i32>| {
+        let c = c.clone();
+        tokio::spawn(async move { c.infer(&request("faulty", &values, None)).await.unwrap() })
+    };
+    let slow = infer(vec![-3]); // 1 s
+    wait_metric(&c, "kiln_batch_size_count", "faulty", 1.0).await;
+    let queued: Vec<_> = (0..5).map(|i| infer(vec![i])).collect();
+    wait_pending(&c, "faulty", 6.0).await;
+    slow.await.unwrap();
+    for t in queued {
+        t.await.unwrap();
+    }
+    let text = c.metrics().await.unwrap();
+    let m = |name| metric(&text, name, &[("model", "faulty")]).unwrap();
+    assert_eq!(
+        (m("kiln_batch_size_count"), m("kiln_batch_size_sum")),
+        (2.0, 6.0),
+        "the slow batch, then the five queued behind it as one"
+    );
+    let (_, stats) = kiln_tests::ensembles::get(&kiln, "/v2/models/faulty/stats").await;
+    let s = &stats["model_stats"][0];
+    assert_eq!(s["execution_count"], 2, "{s}");
+    assert_eq!(s["inference_count"], 6, "{s}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeouts_queue_limits_priority_and_cancellation() {
     let kiln = Kiln::start(&[]);

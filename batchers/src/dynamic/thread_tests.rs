@@ -55,9 +55,13 @@ fn a_queued_request_times_out_at_its_deadline_while_the_worker_is_busy() {
     }];
     let host = Host::default();
     let (p, h) = (Arc::clone(&pool), host.clone());
-    let thread = std::thread::spawn(move || run_dynamic_batcher(config, 1, rx, p, btx, h));
+    let pulls = Arc::new(Pulls::default());
+    let outlet = (btx, Arc::clone(&pulls));
+    let thread = std::thread::spawn(move || run_dynamic_batcher(config, 1, rx, p, outlet, h));
+    pulls.ask();
     tx.send(req(1)).unwrap();
     let first = brx.recv_timeout(Duration::from_secs(5)).unwrap(); // holds the only set
+    pulls.ask(); // the instance is free again, but the set is not
     tx.send(req(2)).unwrap();
     tx.send(req(3)).unwrap();
     // No set is free: 2 and 3 stay queued and must be rejected at their deadline
@@ -105,7 +109,8 @@ fn places_in_the_queue_bound_are_given_back_when_batched_or_rejected() {
     let config = DynamicConfig::new(8, Duration::from_secs(3600));
     let (p, h) = (Arc::clone(&pool), host.clone());
     drop(tx);
-    run_dynamic_batcher(config, 1, rx, p, btx, h);
+    // Closed: everything goes, asked for or not.
+    run_dynamic_batcher(config, 1, rx, p, (btx, Arc::default()), h);
     // The batch is still in flight: its requests hold no place any more, nor
     // does the cancelled one.
     let batches: Vec<_> = brx.try_iter().collect();
@@ -127,7 +132,10 @@ fn cancelled_requests_never_reach_a_batch_and_unload_drains_the_rest() {
     for id in 1..=3 {
         tx.send(req(id)).unwrap();
     }
-    let thread = std::thread::spawn(move || run_dynamic_batcher(config, 1, rx, p, btx, h));
+    let pulls = Arc::new(Pulls::default());
+    pulls.ask();
+    let outlet = (btx, Arc::clone(&pulls));
+    let thread = std::thread::spawn(move || run_dynamic_batcher(config, 1, rx, p, outlet, h));
     std::thread::sleep(Duration::from_millis(20));
     assert!(brx.try_recv().is_err(), "sent before its delay");
     drop(tx);
@@ -141,4 +149,56 @@ fn cancelled_requests_never_reach_a_batch_and_unload_drains_the_rest() {
         host.rejected.lock().unwrap().clone(),
         vec![(2, Rejection::Cancelled)]
     );
+}
+
+/// Waits (at most 5 s) until the batcher has taken everything sent on `tx`.
+fn taken(tx: &crossbeam_channel::Sender<Request<u32>>) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !tx.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(tx.is_empty(), "the batcher never took the requests");
+}
+
+/// #30: Triton's dynamic batcher forms a batch from everything queued when an
+/// instance frees up. Requests that come while the only instance runs a batch
+/// (each taken into the batcher's queue before the next is sent) leave together
+/// when it asks again, not as batches of one formed ahead of it while buffer sets
+/// were free (the pool has the 3 sets of a one-instance group).
+#[test]
+fn requests_queued_while_the_instance_is_busy_leave_as_one_batch() {
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let (btx, brx) = crossbeam_channel::unbounded();
+    let pool =
+        kiln_buffers::Pool::new(3, || kiln_buffers::BufferSet::with_capacities(&[64], &[64]));
+    let pulls = Arc::new(Pulls::default());
+    let (p, h, outlet) = (
+        Arc::clone(&pool),
+        Host::default(),
+        (btx, Arc::clone(&pulls)),
+    );
+    let config = DynamicConfig::new(8, Duration::ZERO);
+    let thread = std::thread::spawn(move || run_dynamic_batcher(config, 1, rx, p, outlet, h));
+    // The instance waits: a lone request goes at once.
+    pulls.ask();
+    tx.send(req(1)).unwrap();
+    let first = brx.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(first.len(), 1);
+    // It runs `first`; five requests come, one after another.
+    for id in 2..=6 {
+        tx.send(req(id)).unwrap();
+        taken(&tx);
+    }
+    assert!(
+        brx.try_recv().is_err(),
+        "a batch was formed while the instance was busy"
+    );
+    drop(first);
+    pulls.ask();
+    let second = brx.recv_timeout(Duration::from_secs(5)).unwrap();
+    let ids: Vec<u32> = second.members.into_iter().map(|m| m.reply).collect();
+    assert_eq!(ids, vec![2, 3, 4, 5, 6], "one batch of everything queued");
+    drop(tx);
+    thread.join().unwrap();
+    assert!(brx.try_recv().is_err());
 }

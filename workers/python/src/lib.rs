@@ -54,6 +54,8 @@ pub struct PythonWorker {
     utils: Py<PyModule>,
     /// `[(name, datatype)]` of the outputs, as `_kiln_execute` takes them.
     outputs: Py<PyAny>,
+    /// The output names, as each request's `requested_output_names` (a tuple).
+    output_names: Py<PyAny>,
 }
 
 impl Worker for PythonWorker {
@@ -206,6 +208,8 @@ fn load(
         .iter()
         .map(|t| (t.name.to_string(), t.dtype.as_str()))
         .collect();
+    let output_names =
+        PyTuple::new(py, outputs.iter().map(|(name, _)| name)).map_err(|e| failed("outputs", e))?;
     let outputs = outputs
         .into_pyobject(py)
         .map_err(|e| failed("outputs", e))?;
@@ -214,6 +218,7 @@ fn load(
         model: model.unbind(),
         utils: utils.unbind(),
         outputs: outputs.into_any().unbind(),
+        output_names: output_names.into_any().unbind(),
     })
 }
 
@@ -284,51 +289,45 @@ impl PythonWorker {
     }
 
     /// One `InferenceRequest` per client request, its inputs numpy views of the
-    /// batch's memory.
+    /// batch's memory: one call of `_kiln_requests` for the batch.
     fn requests<'py>(
         &self,
         py: Python<'py>,
         batch: &Batch<'_, '_>,
-    ) -> Result<Bound<'py, PyList>, WorkerError> {
-        let utils = self.utils.bind(py);
-        let count = batch.request_count();
-        let mut inputs: Vec<Vec<Bound<'py, PyAny>>> = (0..count).map(|_| Vec::new()).collect();
+    ) -> Result<Bound<'py, PyAny>, WorkerError> {
+        let failed = |e| batch_error(py, e);
+        let inputs = PyList::empty(py);
         for index in 0..batch.input_count() {
             let input = batch.input(index)?;
             let (bytes, dtype) = (input.bytes(), input.dtype());
+            let (memories, shapes) = (PyList::empty(py), PyList::empty(py));
             let mut at = 0;
-            for (request, shape) in input.shapes().iter().enumerate() {
+            for shape in input.shapes().iter() {
                 let len = match dtype.size() {
                     Some(size) => shape.element_count() * size,
                     None => tensor_byte_len(DataType::Bytes, shape.element_count(), &bytes[at..])?,
                 };
                 let data = &bytes[at..at + len];
                 at += len;
-                let memory = read_only_view(py, data).map_err(|e| batch_error(py, e))?;
-                let dims = PyTuple::new(py, shape.dims()).map_err(|e| batch_error(py, e))?;
-                let tensor = utils
-                    .getattr("_kiln_input")
-                    .and_then(|f| f.call1((input.name(), dtype.as_str(), memory, dims)))
-                    .map_err(|e| batch_error(py, e))?;
-                inputs[request].push(tensor);
+                memories
+                    .append(read_only_view(py, data).map_err(failed)?)
+                    .map_err(failed)?;
+                shapes
+                    .append(PyTuple::new(py, shape.dims()).map_err(failed)?)
+                    .map_err(failed)?;
             }
+            inputs
+                .append((input.name(), dtype.as_str(), memories, shapes))
+                .map_err(failed)?;
         }
-        let names: Vec<&str> = self
-            .signature
-            .outputs
-            .iter()
-            .map(|t| t.name.as_str())
+        let parameters: Vec<String> = (0..batch.request_count())
+            .map(|request| parameters_json(batch.params(request)))
             .collect();
-        let requests = PyList::empty(py);
-        for (request, tensors) in inputs.into_iter().enumerate() {
-            let parameters = parameters_json(batch.params(request));
-            utils
-                .getattr("_kiln_request")
-                .and_then(|f| f.call1((tensors, names.clone(), parameters)))
-                .and_then(|r| requests.append(r))
-                .map_err(|e| batch_error(py, e))?;
-        }
-        Ok(requests)
+        self.utils
+            .bind(py)
+            .getattr("_kiln_requests")
+            .and_then(|f| f.call1((inputs, self.output_names.bind(py), parameters)))
+            .map_err(failed)
     }
 }
 

@@ -36,6 +36,10 @@ _NUMPY = {
     "BYTES": np.object_,
 }
 
+# The same as numpy dtypes, looked up once (per tensor, `np.dtype(...)` showed in
+# the python echo's profile).
+_DTYPES = {name: np.dtype(numpy_type) for name, numpy_type in _NUMPY.items()}
+
 
 def triton_string_to_numpy(triton_type_string):
     """`TYPE_FP32` (a model config's data_type) to `numpy.float32`."""
@@ -339,14 +343,26 @@ def _kiln_call(model, inputs, outputs, timeout_us):
 # ---- the worker's side --------------------------------------------------------
 
 
-def _kiln_input(name, datatype, memory, shape):
-    """An input tensor over the batch's memory: a read-only numpy view (no copy),
-    or for BYTES an object array of bytes."""
-    if datatype == "BYTES":
-        array = deserialize_bytes_tensor(memory).reshape(shape)
-    else:
-        array = np.frombuffer(memory, dtype=_NUMPY[datatype]).reshape(shape)
-    return Tensor(name, array)
+def _kiln_requests(inputs, requested, parameters):
+    """The batch's `InferenceRequest`s, one per client request, from one call per
+    batch (not one per tensor: each call from the worker costs more than the loop
+    here). `inputs`: per input, (name, datatype, [memory], [shape]) with one memory
+    and shape per request; `parameters`: per request, its parameters' JSON. Each
+    input is a read-only numpy view of the batch's memory (no copy), BYTES an
+    object array of bytes."""
+    tensors = [[] for _ in parameters]
+    for name, datatype, memories, shapes in inputs:
+        if datatype == "BYTES":
+            for held, memory, shape in zip(tensors, memories, shapes):
+                held.append(Tensor(name, deserialize_bytes_tensor(memory).reshape(shape)))
+        else:
+            dtype = _DTYPES[datatype]
+            for held, memory, shape in zip(tensors, memories, shapes):
+                held.append(Tensor(name, np.frombuffer(memory, dtype=dtype).reshape(shape)))
+    return [
+        InferenceRequest(inputs=held, requested_output_names=requested, parameters=p)
+        for held, p in zip(tensors, parameters)
+    ]
 
 
 def _kiln_auto_complete(model_class, model_config):
@@ -405,10 +421,6 @@ def _kiln_run(coroutine):
     return _loop.run_until_complete(coroutine)
 
 
-def _kiln_request(inputs, requested, parameters):
-    return InferenceRequest(inputs=inputs, requested_output_names=requested, parameters=parameters)
-
-
 class _ResponseError(Exception):
     pass
 
@@ -422,7 +434,7 @@ def _kiln_output(response, name, datatype):
         if array.dtype.kind not in "OSU":
             raise _ResponseError(f"output `{name}` is BYTES: expected an object or bytes array, got {array.dtype}")
         return tuple(array.shape), memoryview(serialize_byte_tensor(array))
-    want = np.dtype(_NUMPY[datatype])
+    want = _DTYPES[datatype]
     if array.dtype != want:
         raise _ResponseError(f"output `{name}` is {datatype} ({want}), the model gave {array.dtype}")
     return tuple(array.shape), memoryview(np.ascontiguousarray(array)).cast("B")
