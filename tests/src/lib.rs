@@ -95,6 +95,17 @@ impl Kiln {
         Kiln::start_with_env(args, &[])
     }
 
+    /// [`Kiln::start`] on the example repository ([`model_repository`]) with
+    /// `models` loaded (`--load-model` each).
+    pub fn serve_examples(models: &[&str]) -> Kiln {
+        let repo = model_repository();
+        let mut args = vec!["--model-repository", repo.to_str().unwrap_or_default()];
+        for model in models {
+            args.extend(["--load-model", model]);
+        }
+        Kiln::start(&args)
+    }
+
     /// [`Kiln::start`] with `env` added to the server's environment.
     pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Kiln {
         Kiln::start_on(0, args, env)

@@ -13,28 +13,14 @@ use std::process::Command;
 use kiln_client::{DataType, InferRequest, InputTensor};
 use kiln_tests::golden::bytemuck_f32;
 use kiln_tests::ocr::{lines_of, reference, Line, RefImage};
-use kiln_tests::{model_repository, repo_root, Kiln};
+use kiln_tests::{repo_root, Kiln};
 use serde_json::json;
 
 const CORNER_PX: f32 = 3.0;
 const SCORE: f32 = 0.02;
 
 fn start() -> Kiln {
-    let repo = model_repository();
-    Kiln::start(&[
-        "--model-repository",
-        repo.to_str().unwrap(),
-        "--load-model",
-        "ocr-det",
-        "--load-model",
-        "ocr-cls",
-        "--load-model",
-        "ocr-rec",
-        "--load-model",
-        "ocr",
-        "--load-model",
-        "ocr-rgb",
-    ])
+    Kiln::serve_examples(&["ocr-det", "ocr-cls", "ocr-rec", "ocr", "ocr-rgb"])
 }
 
 fn check(image: &RefImage, got: &[Line], how: &str) {

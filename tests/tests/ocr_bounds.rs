@@ -12,7 +12,7 @@
 #![allow(clippy::unwrap_used)]
 
 use kiln_client::{DataType, InferRequest, InputTensor};
-use kiln_tests::{model_repository, Kiln};
+use kiln_tests::Kiln;
 
 /// A white 8-bit grayscale PNG (`w` × `h`): a few dozen bytes.
 fn white_png(w: u32, h: u32) -> Vec<u8> {
@@ -81,19 +81,7 @@ fn limit_address_space(pid: u32, bytes: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn degenerate_images_are_answered_in_bounded_memory() {
-    let repo = model_repository();
-    let mut kiln = Kiln::start(&[
-        "--model-repository",
-        repo.to_str().unwrap(),
-        "--load-model",
-        "ocr-det",
-        "--load-model",
-        "ocr-cls",
-        "--load-model",
-        "ocr-rec",
-        "--load-model",
-        "ocr",
-    ]);
+    let mut kiln = Kiln::serve_examples(&["ocr-det", "ocr-cls", "ocr-rec", "ocr"]);
     let pid = kiln.pid();
     // Warm: an ordinary photo's size (its detector input 2016×1504), so the
     // peak below measures what the degenerate shapes add beyond any photo.

@@ -418,17 +418,7 @@ async fn allow_spinning_is_a_load_parameter() {
 /// #32).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pp_ocr_models_never_hold_a_lone_request() {
-    let repo = model_repository();
-    let kiln = Kiln::start(&[
-        "--model-repository",
-        repo.to_str().unwrap(),
-        "--load-model",
-        "ocr-det",
-        "--load-model",
-        "ocr-cls",
-        "--load-model",
-        "ocr-rec",
-    ]);
+    let kiln = Kiln::serve_examples(&["ocr-det", "ocr-cls", "ocr-rec"]);
     for model in ["ocr-det", "ocr-cls", "ocr-rec"] {
         let config = kiln_tests::triton_config(&kiln.url, model).await;
         let parameters = &config["parameters"];
