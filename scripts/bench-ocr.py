@@ -17,14 +17,10 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 
-def kiln_client(url, images, stop, counts, i):
+def kiln_client(url, take):
     u = urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port)
-    n = 0
-    k = i
-    while not stop.is_set():
-        png = images[k % len(images)]
-        k += 1
+    while (png := take()) is not None:
         header = json.dumps({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1],
                                          "parameters": {"binary_data_size": len(png) + 4}}],
                              "outputs": [{"name": "texts"}, {"name": "boxes"}, {"name": "scores"}]}).encode()
@@ -36,33 +32,43 @@ def kiln_client(url, images, stop, counts, i):
         data = r.read()
         if r.status != 200:
             raise RuntimeError(f"kiln answered {r.status}: {data[:200]!r}")
-        n += 1
-    counts[i] = n
 
 
-def rapid_client(images, stop, counts, i, engines):
-    engine = engines[i]
-    n = 0
-    k = i
-    while not stop.is_set():
-        engine(images[k % len(images)])
-        k += 1
-        n += 1
-    counts[i] = n
+def rapid_client(engine, take):
+    while (png := take()) is not None:
+        engine(png)
 
 
-def run(target, clients, seconds):
-    stop = threading.Event()
-    counts = [0] * clients
-    threads = [threading.Thread(target=target, args=(stop, counts, i)) for i in range(clients)]
+def run(clients, images, passes):
+    """Images per second for `clients` threads that share one work list: the image
+    set `passes` times over, each image taken once by whichever client is free.
+    Both sides do the same work: the set's images differ in cost by 100x (a label
+    against an A4 page), so a timed window would count a different mix on each."""
+    work = iter([png for _ in range(passes) for png in images])
+    lock = threading.Lock()
+    failures = []
+
+    def take():
+        with lock:
+            return None if failures else next(work, None)
+
+    def guarded(client):
+        def body():
+            try:
+                client(take)
+            except Exception as e:  # noqa: BLE001 - reported, and the run fails
+                failures.append(e)
+        return body
+
+    threads = [threading.Thread(target=guarded(c)) for c in clients]
     start = time.perf_counter()
     for t in threads:
         t.start()
-    time.sleep(seconds)
-    stop.set()
     for t in threads:
         t.join()
-    return sum(counts) / (time.perf_counter() - start)
+    if failures:
+        raise failures[0]
+    return passes * len(images) / (time.perf_counter() - start)
 
 
 def batch_sizes(url):
@@ -72,8 +78,8 @@ def batch_sizes(url):
     text = conn.getresponse().read().decode()
     out = {}
     for model in ("ocr-det", "ocr-cls", "ocr-rec", "ocr"):
-        s = re.search(rf'kiln_batch_size_sum{{model="{model}"}} (\S+)', text)
-        c = re.search(rf'kiln_batch_size_count{{model="{model}"}} (\S+)', text)
+        s = re.search(rf'kiln_batch_size_sum{{[^}}]*model="{model}"[^}}]*}} (\S+)', text)
+        c = re.search(rf'kiln_batch_size_count{{[^}}]*model="{model}"[^}}]*}} (\S+)', text)
         if s and c and float(c.group(1)) > 0:
             out[model] = (float(c.group(1)), float(s.group(1)) / float(c.group(1)))
     return out
@@ -111,8 +117,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("images")
     ap.add_argument("--url", required=True)
-    ap.add_argument("--seconds", type=float, default=20)
+    ap.add_argument("--passes", type=int, default=1, help="times over the set per run")
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--kiln-only", action="store_true", help="skip rapidocr (A/B runs of kiln's configs)")
     args = ap.parse_args()
     images = [p.read_bytes() for p in sorted(Path(args.images).glob("bench-*.png"))]
     rows = []
@@ -122,7 +129,7 @@ def main():
             kiln_client_once(args.url, png)
         before = batch_sizes(args.url)
         times = seconds_sums(args.url)
-        kiln = run(lambda stop, counts, i: kiln_client(args.url, images, stop, counts, i), clients, args.seconds)
+        kiln = run([lambda take: kiln_client(args.url, take)] * clients, images, args.passes)
         after = batch_sizes(args.url)
         rows.append(("kiln", clients, kiln))
         if clients == 1:
@@ -134,13 +141,17 @@ def main():
                 n = count - c0
                 if n > 0:
                     print(f"  {model}: {n:.0f} batches, mean {(mean * count - m0 * c0) / n:.2f}")
+    if args.kiln_only:
+        for name, clients, rate in rows:
+            print(f"{name:<22}{clients:>8}{rate:>10.2f}")
+        return
     from rapidocr_onnxruntime import RapidOCR
 
     for clients in args.clients:
         engines = [RapidOCR() for _ in range(clients)]
         for png in images:
             engines[0](png)
-        rapid = run(lambda stop, counts, i: rapid_client(images, stop, counts, i, engines), clients, args.seconds)
+        rapid = run([lambda take, e=e: rapid_client(e, take) for e in engines], images, args.passes)
         rows.append(("rapidocr_onnxruntime", clients, rapid))
     print(f"{'server':<22}{'clients':>8}{'images/s':>10}")
     for name, clients, rate in rows:
