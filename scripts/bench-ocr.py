@@ -17,21 +17,30 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 
-def kiln_client(url, take):
+def connect(url):
     u = urlparse(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port)
+    return http.client.HTTPConnection(u.hostname, u.port)
+
+
+def ocr_infer(conn, png):
+    """One image to kiln's `ocr` over `conn`: the PNG as a binary BYTES tensor."""
+    header = json.dumps({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1],
+                                     "parameters": {"binary_data_size": len(png) + 4}}],
+                         "outputs": [{"name": "texts"}, {"name": "boxes"}, {"name": "scores"}]}).encode()
+    body = header + struct.pack("<I", len(png)) + png
+    conn.request("POST", "/v2/models/ocr/infer", body,
+                 {"Inference-Header-Content-Length": str(len(header)),
+                  "Content-Type": "application/octet-stream"})
+    r = conn.getresponse()
+    data = r.read()
+    if r.status != 200:
+        raise RuntimeError(f"kiln answered {r.status}: {data[:200]!r}")
+
+
+def kiln_client(url, take):
+    conn = connect(url)
     while (png := take()) is not None:
-        header = json.dumps({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1],
-                                         "parameters": {"binary_data_size": len(png) + 4}}],
-                             "outputs": [{"name": "texts"}, {"name": "boxes"}, {"name": "scores"}]}).encode()
-        body = header + struct.pack("<I", len(png)) + png
-        conn.request("POST", "/v2/models/ocr/infer", body,
-                     {"Inference-Header-Content-Length": str(len(header)),
-                      "Content-Type": "application/octet-stream"})
-        r = conn.getresponse()
-        data = r.read()
-        if r.status != 200:
-            raise RuntimeError(f"kiln answered {r.status}: {data[:200]!r}")
+        ocr_infer(conn, png)
 
 
 def rapid_client(engine, take):
@@ -44,23 +53,21 @@ def run(clients, images, passes):
     set `passes` times over, each image taken once by whichever client is free.
     Both sides do the same work: the set's images differ in cost by 100x (a label
     against an A4 page), so a timed window would count a different mix on each."""
-    work = iter([png for _ in range(passes) for png in images])
+    queue = iter([png for _ in range(passes) for png in images])
     lock = threading.Lock()
     failures = []
 
     def take():
         with lock:
-            return None if failures else next(work, None)
+            return None if failures else next(queue, None)
 
-    def guarded(client):
-        def body():
-            try:
-                client(take)
-            except Exception as e:  # noqa: BLE001 - reported, and the run fails
-                failures.append(e)
-        return body
+    def work_with(client):
+        try:
+            client(take)
+        except Exception as e:  # noqa: BLE001 - reported, and the run fails
+            failures.append(e)
 
-    threads = [threading.Thread(target=guarded(c)) for c in clients]
+    threads = [threading.Thread(target=work_with, args=(c,)) for c in clients]
     start = time.perf_counter()
     for t in threads:
         t.start()
@@ -71,11 +78,14 @@ def run(clients, images, passes):
     return passes * len(images) / (time.perf_counter() - start)
 
 
-def batch_sizes(url):
-    u = urlparse(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port)
+def metrics(url):
+    """kiln's /metrics text, read once for both parsers below."""
+    conn = connect(url)
     conn.request("GET", "/metrics")
-    text = conn.getresponse().read().decode()
+    return conn.getresponse().read().decode()
+
+
+def batch_sizes(text):
     out = {}
     for model in ("ocr-det", "ocr-cls", "ocr-rec", "ocr"):
         s = re.search(rf'kiln_batch_size_sum{{[^}}]*model="{model}"[^}}]*}} (\S+)', text)
@@ -85,11 +95,7 @@ def batch_sizes(url):
     return out
 
 
-def seconds_sums(url):
-    u = urlparse(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port)
-    conn.request("GET", "/metrics")
-    text = conn.getresponse().read().decode()
+def seconds_sums(text):
     out = {}
     for model in ("ocr-det", "ocr-cls", "ocr-rec", "ocr"):
         for kind in ("compute", "queue"):
@@ -125,15 +131,18 @@ def main():
     rows = []
     for clients in args.clients:
         # One warm-up pass over the images, then the measured run.
+        warm = connect(args.url)
         for png in images:
-            kiln_client_once(args.url, png)
-        before = batch_sizes(args.url)
-        times = seconds_sums(args.url)
+            ocr_infer(warm, png)
+        warm.close()
+        text = metrics(args.url)
+        before, times = batch_sizes(text), seconds_sums(text)
         kiln = run([lambda take: kiln_client(args.url, take)] * clients, images, args.passes)
-        after = batch_sizes(args.url)
+        text = metrics(args.url)
+        after = batch_sizes(text)
         rows.append(("kiln", clients, kiln))
         if clients == 1:
-            print_time_split(times, seconds_sums(args.url))
+            print_time_split(times, seconds_sums(text))
         if clients == max(args.clients):
             print(f"kiln batch sizes in the {clients}-client run (requests per batch, mean):")
             for model, (count, mean) in after.items():
@@ -141,37 +150,22 @@ def main():
                 n = count - c0
                 if n > 0:
                     print(f"  {model}: {n:.0f} batches, mean {(mean * count - m0 * c0) / n:.2f}")
-    if args.kiln_only:
-        for name, clients, rate in rows:
-            print(f"{name:<22}{clients:>8}{rate:>10.2f}")
-        return
-    from rapidocr_onnxruntime import RapidOCR
+    if not args.kiln_only:
+        from rapidocr_onnxruntime import RapidOCR
 
-    for clients in args.clients:
-        engines = [RapidOCR() for _ in range(clients)]
-        for png in images:
-            engines[0](png)
-        rapid = run([lambda take, e=e: rapid_client(e, take) for e in engines], images, args.passes)
-        rows.append(("rapidocr_onnxruntime", clients, rapid))
+        for clients in args.clients:
+            engines = [RapidOCR() for _ in range(clients)]
+            for png in images:
+                engines[0](png)
+            rapid = run([lambda take, e=e: rapid_client(e, take) for e in engines], images, args.passes)
+            rows.append(("rapidocr_onnxruntime", clients, rapid))
     print(f"{'server':<22}{'clients':>8}{'images/s':>10}")
     for name, clients, rate in rows:
         print(f"{name:<22}{clients:>8}{rate:>10.2f}")
     by = {(n, c): r for n, c, r in rows}
     for c in args.clients:
-        print(f"kiln / rapidocr at {c} client(s): {by[('kiln', c)] / by[('rapidocr_onnxruntime', c)]:.2f}x")
-
-
-def kiln_client_once(url, png):
-    u = urlparse(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port)
-    header = json.dumps({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1],
-                                     "parameters": {"binary_data_size": len(png) + 4}}]}).encode()
-    conn.request("POST", "/v2/models/ocr/infer", header + struct.pack("<I", len(png)) + png,
-                 {"Inference-Header-Content-Length": str(len(header))})
-    r = conn.getresponse()
-    r.read()
-    if r.status != 200:
-        raise RuntimeError(f"kiln answered {r.status}")
+        if ("rapidocr_onnxruntime", c) in by:
+            print(f"kiln / rapidocr at {c} client(s): {by[('kiln', c)] / by[('rapidocr_onnxruntime', c)]:.2f}x")
 
 
 if __name__ == "__main__":
