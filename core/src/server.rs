@@ -107,7 +107,11 @@ impl Server {
             Arc::clone(&client_bytes),
         )?;
         let housekeeping = match config.trim_interval {
-            Some(interval) => Some(Housekeeping::start(Arc::clone(&models), interval)?),
+            Some(interval) => Some(Housekeeping::start(
+                Arc::clone(&models),
+                Arc::clone(&client_bytes),
+                interval,
+            )?),
             None => None,
         };
         Ok(Server {
