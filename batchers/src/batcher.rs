@@ -59,11 +59,17 @@ pub fn form_batch<R>(
     carried: &mut Option<Request<R>>,
     idle: &mut dyn Idle,
 ) -> Option<Batch<R>> {
-    form_batch_or_stop(config, requests, pool, carried, idle, None)
+    form_batch_or_stop(config, requests, pool, carried, idle, None, None)
 }
 
+/// Looks at each request as it is taken into a batch: gives it back to be batched,
+/// or keeps it (having answered it) to leave it out. A dynamic batcher formed on
+/// the instances' turns leaves out requests whose client went away.
+pub type Screen<R> = Box<dyn Fn(Request<R>) -> Option<Request<R>> + Send + Sync>;
+
 /// [`form_batch`], also ending (`None`, nothing taken) when a message or the
-/// disconnection of `stop` comes while it waits for a first request.
+/// disconnection of `stop` comes while it waits for a first request, and leaving
+/// out the requests `screen` keeps.
 fn form_batch_or_stop<R>(
     config: &BatcherConfig,
     requests: &Receiver<Request<R>>,
@@ -71,24 +77,39 @@ fn form_batch_or_stop<R>(
     carried: &mut Option<Request<R>>,
     idle: &mut dyn Idle,
     stop: Option<&Receiver<()>>,
+    screen: Option<&Screen<R>>,
 ) -> Option<Batch<R>> {
     let batch_size = config.batch_size.max(1);
-    // Busy: a request was waiting already (none had to be waited for).
-    let (first, busy) = match carried.take() {
-        Some(request) => (request, true),
-        None => match requests.try_recv() {
-            Ok(request) => (request, true),
-            Err(TryRecvError::Disconnected) => return None,
-            Err(TryRecvError::Empty) => (wait_for_first_or_stop(requests, idle, stop)?, false),
-        },
+    let pass = |request: Request<R>| match screen {
+        Some(screen) => screen(request),
+        None => Some(request),
     };
-    if busy && config.gather && config.kind == BatcherKind::Soft && config.timeout.is_zero() {
-        if let Some(target) = gather_target(idle.held(2 * batch_size), batch_size) {
-            gather(requests, target);
+    let (first, mut batch) = loop {
+        // Busy: a request was waiting already (none had to be waited for).
+        let (first, busy) = match carried.take() {
+            Some(request) => (request, true),
+            None => match requests.try_recv() {
+                Ok(request) => (request, true),
+                Err(TryRecvError::Disconnected) => return None,
+                Err(TryRecvError::Empty) => (wait_for_first_or_stop(requests, idle, stop)?, false),
+            },
+        };
+        if busy && config.gather && config.kind == BatcherKind::Soft && config.timeout.is_zero() {
+            if let Some(target) = gather_target(idle.held(2 * batch_size), batch_size) {
+                gather(requests, target);
+            }
         }
-    }
+        let buffers = pool.acquire();
+        // Screened once its buffer set is secured: a client that leaves while the
+        // request waits for one is still seen. One left out gives the set back.
+        if let Some(first) = pass(first) {
+            break (
+                first,
+                Batch::new(buffers, config.inputs, batch_size.min(256)),
+            );
+        }
+    };
     let deadline = first.arrived + config.timeout;
-    let mut batch = Batch::new(pool.acquire(), config.inputs, batch_size.min(256));
     batch.push(first);
     while batch.rows < batch_size {
         let next = match requests.try_recv() {
@@ -110,7 +131,9 @@ fn form_batch_or_stop<R>(
         };
         match next {
             Ok(request) if batch.accepts(&request, batch_size, config.allow_ragged) => {
-                batch.push(request)
+                if let Some(request) = pass(request) {
+                    batch.push(request)
+                }
             }
             Ok(request) => {
                 *carried = Some(request);
@@ -123,8 +146,8 @@ fn form_batch_or_stop<R>(
     Some(batch)
 }
 
-/// A hard or soft batcher without a thread of its own: the instance threads that
-/// share it take turns forming batches, each for itself
+/// A hard or soft batcher, or a plain dynamic one, without a thread of its own:
+/// the instance threads that share it take turns forming batches, each for itself
 /// ([`BatchFormer::next_batch`]). One batch is in formation at a time, as with
 /// one batcher thread, so the policy and the order of requests are the same; what
 /// goes away is the hand-off of each batch to an instance thread (a wake-up per
@@ -134,6 +157,8 @@ pub struct BatchFormer<R> {
     config: BatcherConfig,
     requests: Receiver<Request<R>>,
     pool: Arc<Pool<BufferSet>>,
+    /// What leaves out requests as they are taken ([`Screen`]).
+    screen: Option<Screen<R>>,
     /// The turn to form a batch, with the request a previous batch could not take.
     turn: Mutex<Option<Request<R>>>,
 }
@@ -149,7 +174,16 @@ impl<R> BatchFormer<R> {
             config,
             requests,
             pool,
+            screen: None,
             turn: Mutex::new(None),
+        }
+    }
+
+    /// This former, leaving out the requests `screen` keeps as it takes them.
+    pub fn with_screen(self, screen: Screen<R>) -> BatchFormer<R> {
+        BatchFormer {
+            screen: Some(screen),
+            ..self
         }
     }
 
@@ -179,6 +213,7 @@ impl<R> BatchFormer<R> {
             &mut carried,
             idle,
             stop,
+            self.screen.as_ref(),
         )
     }
 }

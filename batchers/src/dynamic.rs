@@ -98,6 +98,24 @@ impl DynamicConfig {
         }
     }
 
+    /// Whether nothing in this config needs a scheduler thread: no delay, no
+    /// preferred sizes, no byte limit, one level and no queue policy that can end a
+    /// request's place (a timeout, a level's own bound), and no answers held in
+    /// order. Then a batch is what is queued when an instance is free, up to
+    /// `max_batch_size` rows of one shape: what an instance forming its own batch
+    /// does ([`crate::BatchFormer`]), with the requests whose client went away
+    /// left out.
+    pub fn is_plain(&self) -> bool {
+        self.max_queue_delay.is_zero()
+            && self.preferred_batch_sizes.is_empty()
+            && self.max_batch_bytes.is_none()
+            && self.priority_levels <= 1
+            && !self.preserve_ordering
+            && self.policies.iter().all(|p| {
+                p.max_queue_size == 0 && p.default_timeout.is_none() && !p.allow_timeout_override
+            })
+    }
+
     fn policy(&self, level: usize) -> &QueuePolicy {
         static DEFAULT: std::sync::OnceLock<QueuePolicy> = std::sync::OnceLock::new();
         self.policies

@@ -31,6 +31,7 @@ pub use admission::{Admission, Ticket};
 pub use batch::{Batch, Member, KEEP_INPUTS_UP_TO};
 pub use batcher::{
     form_batch, gather_target, run_batcher, wait_for_first, wait_for_first_or_stop, BatchFormer,
-    BatcherConfig, Idle, GATHER_FROM_HELD, GATHER_GAP, GATHER_MOST, IDLE_LINGER, LEAVE_POLL,
+    BatcherConfig, Idle, Screen, GATHER_FROM_HELD, GATHER_GAP, GATHER_MOST, IDLE_LINGER,
+    LEAVE_POLL,
 };
 pub use request::{Request, Tensor};

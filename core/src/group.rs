@@ -1,13 +1,14 @@
 //! A worker group: the endpoint clients address. It owns a bounded request queue,
 //! its batching (hard and soft: `batchers` formers on which the instance threads
-//! take turns forming their own batches; dynamic and sequence: a scheduler thread
-//! handing batches over), a pool of buffer sets bounding the batches in flight, and
+//! take turns forming their own batches; a plain dynamic batcher, one with nothing
+//! to schedule, the same with one former; the other dynamic batchers and sequence:
+//! a scheduler thread handing batches over), a pool of buffer sets bounding the batches in flight, and
 //! one thread per worker instance.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
@@ -219,6 +220,23 @@ impl WorkerGroup {
             threads.push(spawn(format!("sequence-{endpoint}"), move || {
                 run_sequence_batcher(config, inputs, rx, events_rx, pool, host)
             })?);
+        } else if settings.batcher == BatcherKind::Dynamic && settings.dynamic.is_plain() {
+            // Nothing needs a scheduler: one former, on which the instances take
+            // turns, batching what is queued (no gathering: the delay is 0) and
+            // leaving out requests whose client went away.
+            let host = DynamicGroupHost {
+                ctx: Arc::clone(&context),
+                policies: settings.dynamic.policies.clone(),
+                levels: settings.dynamic.priority_levels,
+            };
+            let config = BatcherConfig {
+                timeout: Duration::ZERO,
+                gather: false,
+                ..config
+            };
+            let former = BatchFormer::new(config, queue_rx.clone(), Arc::clone(&pool))
+                .with_screen(Box::new(move |request| host.screen(request)));
+            formers = vec![Arc::new(former)];
         } else if settings.batcher == BatcherKind::Dynamic {
             // One scheduler: the queue's order and priorities are one thread's.
             let dynamic = settings.dynamic.clone();

@@ -316,3 +316,66 @@ async fn preserve_ordering_holds_later_answers_until_earlier_ones_leave() {
         c.unload(&model).await.unwrap();
     }
 }
+
+/// The threads of process `pid`, by name.
+fn threads(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .map(|name| name.trim().to_owned())
+        .collect()
+}
+
+/// A plain dynamic config (nothing to schedule: no delay, one level, no queue
+/// policy) is batched on the instances' turns, with no `dynamic-` thread, and still
+/// answers as the dynamic batcher does; anything to schedule brings the thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_dynamic_batcher_needs_no_thread_of_its_own() {
+    let kiln = Kiln::start(&[]);
+    let c = kiln.client.clone();
+    let plain = c
+        .load("faulty", &json!({"batcher": "dynamic", "batch_size": 8}))
+        .await
+        .unwrap();
+    let answer = c.infer(&request(&plain, &[1, 2, 3], None)).await.unwrap();
+    assert_eq!(answer.outputs[0].values::<i32>(), [1, 2, 3]);
+    // Read once a request was answered: each thread has named itself by then.
+    let names = threads(kiln.pid());
+    assert!(
+        names.contains(&format!("worker-{plain}-0")),
+        "the instance runs: {names:?}"
+    );
+    assert!(
+        !names.iter().any(|n| n.starts_with("dynamic-")),
+        "no scheduler thread: {names:?}"
+    );
+    let config = triton_config(&kiln.url, &plain).await;
+    assert_eq!(
+        config["dynamic_batching"]["max_queue_delay_microseconds"], 0,
+        "still reported as dynamic batching: {config}"
+    );
+    // A priority that is not one of its levels is refused as the queue refuses it.
+    let err = c.infer(&request(&plain, &[1], Some(2))).await.unwrap_err();
+    assert_eq!(err.status(), Some(400), "{err}");
+    assert!(err.to_string().contains("not a level"), "{err}");
+    assert_eq!(outcome(&c, &plain, "invalid").await, 1.0);
+    // Each of these needs the scheduler.
+    for scheduled in [
+        json!({"batcher": "dynamic", "max_queue_delay_microseconds": 100}),
+        json!({"batcher": "dynamic", "preferred_batch_size": [4]}),
+        json!({"batcher": "dynamic", "priority_levels": 2}),
+        json!({"batcher": "dynamic", "preserve_ordering": true}),
+        json!({"batcher": "dynamic", "default_queue_policy.allow_timeout_override": true}),
+        json!({"batcher": "dynamic", "default_queue_policy.default_timeout_microseconds": 1000}),
+        json!({"batcher": "dynamic", "default_queue_policy.max_queue_size": 4}),
+    ] {
+        let model = c.load("faulty", &scheduled).await.unwrap();
+        c.infer(&request(&model, &[1], None)).await.unwrap();
+        let names = threads(kiln.pid());
+        // Linux keeps 15 bytes of a thread's name.
+        let mut thread = format!("dynamic-{model}");
+        thread.truncate(15);
+        assert!(names.contains(&thread), "{scheduled}: {names:?}");
+        c.unload(&model).await.unwrap();
+    }
+}

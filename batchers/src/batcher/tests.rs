@@ -209,6 +209,32 @@ fn former_carries_a_misfit_into_the_next_batch() {
 }
 
 #[test]
+fn a_screen_leaves_requests_out_of_the_batch_and_gives_their_set_back() {
+    let (tx, rx) = unbounded();
+    // One set: the first request left out must give it back for the batch.
+    let pool = Pool::new(1, || BufferSet::with_capacities(&[64], &[64]));
+    let left_out = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Arc::clone(&left_out);
+    let former = BatchFormer::new(config(BatcherKind::Dynamic, 8, 0, false), rx, pool).with_screen(
+        Box::new(move |r: Request<u32>| {
+            if r.reply % 2 == 1 {
+                seen.lock().unwrap().push(r.reply);
+                return None;
+            }
+            Some(r)
+        }),
+    );
+    for id in 1..=5 {
+        tx.send(request(id, &[1, 2])).unwrap();
+    }
+    drop(tx);
+    let ids = |b: Batch<u32>| b.members.iter().map(|m| m.reply).collect::<Vec<_>>();
+    assert_eq!(former.next_batch(&mut (), None).map(ids), Some(vec![2, 4]));
+    assert!(former.next_batch(&mut (), None).is_none());
+    assert_eq!(*left_out.lock().unwrap(), [1, 3, 5]);
+}
+
+#[test]
 fn a_stop_ends_the_wait_and_is_seen_between_batches() {
     let (tx, rx) = unbounded();
     let (stop_tx, stop_rx) = unbounded::<()>();

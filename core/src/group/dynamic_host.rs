@@ -69,3 +69,19 @@ impl DynamicHost<Reply> for DynamicGroupHost {
         Duration::from_nanos(self.ctx.compute_estimate_ns.load(Ordering::Relaxed))
     }
 }
+
+impl DynamicGroupHost {
+    /// A plain dynamic batcher's [`kiln_batchers::Screen`] (the instances form its
+    /// batches): what its queue would take out as an instance takes `request` —
+    /// a priority that is not a level, a client that went away — is answered so
+    /// and left out; the rest is batched.
+    pub(super) fn screen(&self, request: Request<Reply>) -> Option<Request<Reply>> {
+        let why = match request.priority {
+            Some(p) if p as usize > self.levels.max(1) => Rejection::BadPriority,
+            _ if self.is_cancelled(&request.reply) => Rejection::Cancelled,
+            _ => return Some(request),
+        };
+        self.rejected(request, why);
+        None
+    }
+}
