@@ -24,6 +24,12 @@ impl HttpClient {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(1024)
+            // Well below the server's keep-alive (actix-web's 5 s; kiln closed an
+            // idle connection 4.6–4.8 s after its last answer): a connection idle
+            // that long is dropped here before the server closes it, so a request
+            // is never written on one the server is closing ("error sending
+            // request", as the worker-host memory test once failed in CI).
+            .pool_idle_timeout(Duration::from_secs(3))
             .build()
             .map_err(|e| ClientError::Transport(e.to_string()))?;
         Ok(HttpClient {

@@ -333,7 +333,9 @@ async fn a_worker_host_gives_its_memory_back_after_a_burst() {
                 kiln.client.clone(),
                 request("faulty", DataType::Int32, &values),
             );
-            tokio::spawn(async move { client.infer(&request).await })
+            // Binary: 32 MiB as JSON took a debug build ~30 s, near the client's
+            // 60 s timeout on a loaded machine.
+            tokio::spawn(async move { client.infer_binary(&request).await })
         })
         .collect();
     for answer in burst {
@@ -358,7 +360,7 @@ async fn a_worker_host_gives_its_memory_back_after_a_burst() {
     ]);
     match small
         .client
-        .infer(&request("faulty", DataType::Int32, &values))
+        .infer_binary(&request("faulty", DataType::Int32, &values))
         .await
     {
         Ok(_) => panic!("a batch past the model's buffer limit was run"),
