@@ -2,8 +2,8 @@
 //! its batching (hard and soft: `batchers` formers on which the instance threads
 //! take turns forming their own batches; a plain dynamic batcher, one with nothing
 //! to schedule, the same with one former; the other dynamic batchers and sequence:
-//! a scheduler thread handing batches over), a pool of buffer sets bounding the batches in flight, and
-//! one thread per worker instance.
+//! a scheduler thread handing batches over), a pool of buffer sets bounding the
+//! batches in flight, and one thread per worker instance.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
