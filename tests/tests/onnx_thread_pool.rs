@@ -21,18 +21,26 @@ fn start() -> Kiln {
     Kiln::start(&["--model-repository", repo.to_str().unwrap()])
 }
 
-/// Threads of the process named `kiln-manager`: the Manager and every thread
-/// started on it, which ONNX Runtime's pools are (sessions and the environment are
-/// made while a model loads, and their threads take the creator's name). Other
-/// threads come and go with the load of the machine (actix's blocking pool), so
-/// the whole process's count would be noise.
+/// Threads of the process that ONNX Runtime may have started: the global pools'
+/// (`onnx-pool-<n>`) and those named `kiln-manager` — the Manager and every thread
+/// started on it, which a session's own pool is (sessions are made while a model
+/// loads, and their threads take the creator's name). Other threads come and go
+/// with the load of the machine (actix's blocking pool), so the whole process's
+/// count would be noise.
 fn threads(pid: u32) -> usize {
+    named(pid, |comm| {
+        comm == "kiln-manager" || comm.starts_with("onnx-pool-")
+    })
+}
+
+/// Threads of process `pid` whose name `keep` keeps.
+fn named(pid: u32, keep: impl Fn(&str) -> bool) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
         .flatten()
         .filter(|task| {
             std::fs::read_to_string(task.path().join("comm"))
-                .is_ok_and(|comm| comm.trim_end() == "kiln-manager")
+                .is_ok_and(|comm| keep(comm.trim_end()))
         })
         .count()
 }
@@ -63,11 +71,16 @@ async fn threads_per_load(params: &Value) -> Vec<usize> {
 
 /// [`threads`] once three reads 100 ms apart agree (at most 5 s of reads).
 async fn settled_threads(pid: u32) -> usize {
-    let mut last = threads(pid);
+    settled(|| threads(pid)).await
+}
+
+/// `count()` once three reads 100 ms apart agree (at most 5 s of reads).
+async fn settled(count: impl Fn() -> usize) -> usize {
+    let mut last = count();
     let mut same = 0;
     for _ in 0..50 {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let now = threads(pid);
+        let now = count();
         same = if now == last { same + 1 } else { 0 };
         last = now;
         if same == 2 {
@@ -116,6 +129,20 @@ async fn loading_more_models_adds_no_onnx_runtime_threads() {
 /// work), then nothing: over the idle second that follows the server uses at most
 /// a few clock ticks of CPU. One thread spinning would use all 100 (at the usual
 /// 100 ticks a second).
+/// The global pools' threads carry a name of their own, so `top -H` and `perf` tell
+/// the pool's work from the Manager's: one per core beyond the calling thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shared_pool_threads_are_named() {
+    let kiln = start();
+    kiln.client.load_model("ocr-cls", &json!({})).await.unwrap();
+    let pool = settled(|| named(kiln.pid(), |comm| comm.starts_with("onnx-pool-"))).await;
+    let cores = std::thread::available_parallelism().unwrap().get();
+    assert!(
+        (1..=cores).contains(&pool),
+        "{pool} onnx-pool threads on {cores} cores"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn models_loaded_and_idle_cost_no_cpu() {
     let golden = golden();

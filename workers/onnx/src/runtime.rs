@@ -5,10 +5,12 @@
 //! pool (the OCR worker runs no ONNX Runtime itself: it calls these models).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
+use std::thread::JoinHandle;
 
 use kiln_worker_sdk::WorkerError;
-use ort::environment::{Environment, GlobalThreadPoolOptions};
+use ort::environment::{Environment, GlobalThreadPoolOptions, ThreadManager};
 
 /// The runtime file the project's `scripts/fetch-models` provides.
 pub const RUNTIME_FILE: &str = "libonnxruntime.so.1.31.1";
@@ -30,7 +32,35 @@ fn global_pools(intra: usize) -> ort::Result<GlobalThreadPoolOptions> {
     GlobalThreadPoolOptions::default()
         .with_intra_threads(intra)?
         .with_inter_threads(1)?
-        .with_spin_control(true)
+        .with_spin_control(true)?
+        .with_thread_manager(NamedThreads::default())
+}
+
+/// Starts the global pools' threads with names of their own, `onnx-pool-<n>`: left
+/// to ONNX Runtime they took the name of the thread that loaded the first model
+/// (`kiln-manager`), and `top -H` or `perf` showed the pool's work and spinning as
+/// the Manager's.
+#[derive(Default)]
+struct NamedThreads {
+    started: AtomicUsize,
+}
+
+impl ThreadManager for NamedThreads {
+    type Thread = JoinHandle<()>;
+
+    fn create(&self, work: impl FnOnce() + Send + 'static) -> ort::Result<Self::Thread> {
+        let n = self.started.fetch_add(1, Ordering::Relaxed);
+        std::thread::Builder::new()
+            .name(format!("onnx-pool-{n}"))
+            .spawn(work)
+            .map_err(|e| ort::Error::new(format!("cannot start an ONNX Runtime pool thread: {e}")))
+    }
+
+    fn join(thread: Self::Thread) -> ort::Result<()> {
+        thread
+            .join()
+            .map_err(|_| ort::Error::new("an ONNX Runtime pool thread panicked"))
+    }
 }
 
 /// Where the runtime is looked for, in order: the `runtime` load-time parameter,
