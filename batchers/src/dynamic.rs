@@ -116,6 +116,16 @@ impl DynamicConfig {
             })
     }
 
+    /// The level a request naming `priority` queues at (`None` or 0: the default);
+    /// `None` when that is not one of the levels.
+    pub fn level(&self, priority: Option<u32>) -> Option<usize> {
+        let level = match priority {
+            None | Some(0) => self.default_priority_level,
+            Some(p) => p as usize,
+        };
+        (1..=self.priority_levels).contains(&level).then_some(level)
+    }
+
     fn policy(&self, level: usize) -> &QueuePolicy {
         static DEFAULT: std::sync::OnceLock<QueuePolicy> = std::sync::OnceLock::new();
         self.policies
@@ -205,13 +215,9 @@ impl<R> DynamicQueue<R> {
         request: Request<R>,
         _now: Instant,
     ) -> Result<(), (Request<R>, Rejection)> {
-        let level = match request.priority {
-            None | Some(0) => self.config.default_priority_level,
-            Some(p) => p as usize,
-        };
-        if level == 0 || level > self.config.priority_levels {
+        let Some(level) = self.config.level(request.priority) else {
             return Err((request, Rejection::BadPriority));
-        }
+        };
         let policy = self.config.policy(level);
         let queue = &self.levels[level - 1];
         if policy.max_queue_size > 0 && queue.len() >= policy.max_queue_size {

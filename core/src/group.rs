@@ -234,8 +234,9 @@ impl WorkerGroup {
                 gather: false,
                 ..config
             };
+            let dynamic = settings.dynamic.clone();
             let former = BatchFormer::new(config, queue_rx.clone(), Arc::clone(&pool))
-                .with_screen(Box::new(move |request| host.screen(request)));
+                .with_screen(Box::new(move |request| host.screen(&dynamic, request)));
             formers = vec![Arc::new(former)];
         } else if settings.batcher == BatcherKind::Dynamic {
             // One scheduler: the queue's order and priorities are one thread's.

@@ -415,6 +415,16 @@ fn complete_answer(answer: &[u8]) -> bool {
         .is_some_and(|len| body.len() >= len)
 }
 
+/// The names of process `pid`'s threads (`/proc/PID/task/*/comm`; Linux keeps 15
+/// bytes of a name).
+pub fn thread_names(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("proc tasks")
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .map(|name| name.trim().to_owned())
+        .collect()
+}
+
 /// The resident memory of process `pid` in bytes (`/proc/PID/status`, VmRSS).
 pub fn rss_bytes(pid: u32) -> u64 {
     status_bytes(pid, "VmRSS:")

@@ -10,7 +10,9 @@
 use std::time::Duration;
 
 use kiln_client::{DataType, HttpClient, InferRequest, InputTensor, Param, ParamValue};
-use kiln_tests::{metric, requests_outcome, triton_config, wait_metric, wait_pending, Kiln};
+use kiln_tests::{
+    metric, requests_outcome, thread_names, triton_config, wait_metric, wait_pending, Kiln,
+};
 use serde_json::json;
 
 fn request(model: &str, values: &[i32], priority: Option<i64>) -> InferRequest {
@@ -317,15 +319,6 @@ async fn preserve_ordering_holds_later_answers_until_earlier_ones_leave() {
     }
 }
 
-/// The threads of process `pid`, by name.
-fn threads(pid: u32) -> Vec<String> {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
-        .map(|name| name.trim().to_owned())
-        .collect()
-}
-
 /// A plain dynamic config (nothing to schedule: no delay, one level, no queue
 /// policy) is batched on the instances' turns, with no `dynamic-` thread, and still
 /// answers as the dynamic batcher does; anything to schedule brings the thread.
@@ -340,7 +333,7 @@ async fn a_plain_dynamic_batcher_needs_no_thread_of_its_own() {
     let answer = c.infer(&request(&plain, &[1, 2, 3], None)).await.unwrap();
     assert_eq!(answer.outputs[0].values::<i32>(), [1, 2, 3]);
     // Read once a request was answered: each thread has named itself by then.
-    let names = threads(kiln.pid());
+    let names = thread_names(kiln.pid());
     assert!(
         names.contains(&format!("worker-{plain}-0")),
         "the instance runs: {names:?}"
@@ -371,7 +364,7 @@ async fn a_plain_dynamic_batcher_needs_no_thread_of_its_own() {
     ] {
         let model = c.load("faulty", &scheduled).await.unwrap();
         c.infer(&request(&model, &[1], None)).await.unwrap();
-        let names = threads(kiln.pid());
+        let names = thread_names(kiln.pid());
         // Linux keeps 15 bytes of a thread's name.
         let mut thread = format!("dynamic-{model}");
         thread.truncate(15);

@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use h2::client::SendRequest;
 use kiln_client::{DataType, InferRequest, InputTensor};
-use kiln_tests::{GrpcClient, Kiln};
+use kiln_tests::{thread_names, GrpcClient, Kiln};
 use tokio::net::TcpStream;
 use tonic::codegen::http;
 
@@ -202,15 +202,6 @@ async fn past_the_pending_bytes_budget_a_call_is_resource_exhausted() {
     let client = GrpcClient::connect(&kiln.grpc_url).await.unwrap();
     let answer = client.infer(&echo_request(150 << 10)).await.unwrap();
     assert_eq!(answer.outputs.len(), 1);
-}
-
-/// Names of the kiln process's threads.
-fn thread_names(pid: u32) -> Vec<String> {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
-        .map(|name| name.trim().to_owned())
-        .collect()
 }
 
 fn echo_request(values: usize) -> InferRequest {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use kiln_client::InferRequest;
 use kiln_tests::golden::golden;
-use kiln_tests::{model_repository, Kiln};
+use kiln_tests::{model_repository, thread_names, Kiln};
 use serde_json::{json, Value};
 
 const MODELS: [&str; 4] = ["ocr-det", "ocr-cls", "ocr-rec", "silero-vad"];
@@ -35,14 +35,7 @@ fn threads(pid: u32) -> usize {
 
 /// Threads of process `pid` whose name `keep` keeps.
 fn named(pid: u32, keep: impl Fn(&str) -> bool) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .flatten()
-        .filter(|task| {
-            std::fs::read_to_string(task.path().join("comm"))
-                .is_ok_and(|comm| keep(comm.trim_end()))
-        })
-        .count()
+    thread_names(pid).iter().filter(|name| keep(name)).count()
 }
 
 /// CPU time the process has used, user + system, in clock ticks (fields 14 and 15
@@ -125,10 +118,6 @@ async fn loading_more_models_adds_no_onnx_runtime_threads() {
     );
 }
 
-/// Four models loaded, three of them run (the pool's threads spin while there is
-/// work), then nothing: over the idle second that follows the server uses at most
-/// a few clock ticks of CPU. One thread spinning would use all 100 (at the usual
-/// 100 ticks a second).
 /// The global pools' threads carry a name of their own, so `top -H` and `perf` tell
 /// the pool's work from the Manager's: one per core beyond the calling thread.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -143,6 +132,10 @@ async fn the_shared_pool_threads_are_named() {
     );
 }
 
+/// Four models loaded, three of them run (the pool's threads spin while there is
+/// work), then nothing: over the idle second that follows the server uses at most
+/// a few clock ticks of CPU. One thread spinning would use all 100 (at the usual
+/// 100 ticks a second).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn models_loaded_and_idle_cost_no_cpu() {
     let golden = golden();

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kiln_batchers::dynamic::{DynamicHost, Rejection};
+use kiln_batchers::dynamic::{DynamicConfig, DynamicHost, Rejection};
 use kiln_batchers::Request;
 
 use super::Reply;
@@ -75,11 +75,17 @@ impl DynamicGroupHost {
     /// batches): what its queue would take out as an instance takes `request` —
     /// a priority that is not a level, a client that went away — is answered so
     /// and left out; the rest is batched.
-    pub(super) fn screen(&self, request: Request<Reply>) -> Option<Request<Reply>> {
-        let why = match request.priority {
-            Some(p) if p as usize > self.levels.max(1) => Rejection::BadPriority,
-            _ if self.is_cancelled(&request.reply) => Rejection::Cancelled,
-            _ => return Some(request),
+    pub(super) fn screen(
+        &self,
+        config: &DynamicConfig,
+        request: Request<Reply>,
+    ) -> Option<Request<Reply>> {
+        let why = if config.level(request.priority).is_none() {
+            Rejection::BadPriority
+        } else if self.is_cancelled(&request.reply) {
+            Rejection::Cancelled
+        } else {
+            return Some(request);
         };
         self.rejected(request, why);
         None

@@ -107,11 +107,9 @@ struct Quiet {
 impl Quiet {
     /// One tick seeing `now`; `true`: trim.
     fn tick(&mut self, now: Activity) -> bool {
-        let still = Activity { pending: 0, ..now }
-            == Activity {
-                pending: 0,
-                ..self.last
-            };
+        // Quiet: nothing pending now, and nothing else moved since the last tick.
+        let moved = |a: &Activity| (a.answered, a.client_bytes, a.models);
+        let still = moved(&now) == moved(&self.last);
         self.last = now;
         if now.pending != 0 || !still {
             self.trims = TRIMS_AFTER_ACTIVITY;
