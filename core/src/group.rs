@@ -1,9 +1,10 @@
 //! A worker group: the endpoint clients address. It owns a bounded request queue,
 //! its batching (hard and soft: `batchers` formers on which the instance threads
 //! take turns forming their own batches; a plain dynamic batcher, one with nothing
-//! to schedule, the same with one former; the other dynamic batchers and sequence:
-//! a scheduler thread handing batches over), a pool of buffer sets bounding the
-//! batches in flight, and one thread per worker instance.
+//! to schedule, the same with one former; sequence: the instances take turns on
+//! the sequence batcher, each forming batches of the sequences pinned to it; the
+//! other dynamic batchers: a scheduler thread handing batches over), a pool of
+//! buffer sets bounding the batches in flight, and one thread per worker instance.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwapOption;
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use kiln_batchers::dynamic::{run_dynamic_batcher, Pulls};
-use kiln_batchers::sequence::{run_sequence_batcher, SequenceEvent};
+use kiln_batchers::sequence::SequenceFormer;
 use kiln_batchers::{Admission, Batch, BatchFormer, BatcherConfig, Request};
 use kiln_buffers::{BufferSet, Pool};
 use kiln_worker_sdk::{BatcherKind, WorkerBox, WorkerInfo};
@@ -117,9 +118,8 @@ pub struct WorkerGroup {
 /// A stateful group's link to its sequence batcher.
 struct SequenceRuntime {
     model: SequenceModel,
-    events: Sender<SequenceEvent<Reply>>,
-    /// Instances started so far (the next one's index).
-    instances: AtomicUsize,
+    /// The sequence batcher its instances take turns on.
+    former: Arc<SequenceFormer<Reply>>,
     /// Whether requests carry a batch dimension.
     batched: bool,
 }
@@ -147,7 +147,6 @@ impl WorkerGroup {
             BatcherKind::Sequence => Some(SequenceModel::new(&info, &settings.sequence)?),
             _ => None,
         };
-        let (events_tx, events_rx) = unbounded::<SequenceEvent<Reply>>();
         let client_info = sequence_model
             .as_ref()
             .map_or_else(|| info.clone(), |m| m.client_info.clone());
@@ -176,6 +175,21 @@ impl WorkerGroup {
             make,
         );
         metrics.pool_size.set(settings.max_buffers as i64);
+        let metrics = Arc::new(metrics);
+        // A stateful group's instances take turns on its sequence batcher.
+        let sequence_former = sequence_model.as_ref().map(|model| {
+            let config = model.config(
+                &settings.sequence,
+                &settings.dynamic,
+                settings.batch_size,
+                instances.len(),
+                settings.queue_size,
+            );
+            let host = SequenceGroupHost::new(&config, &endpoint, Arc::clone(&metrics));
+            let (inputs, pool) = (info.inputs.len(), Arc::clone(&pool));
+            let former = SequenceFormer::new(config, inputs, queue_rx.clone(), pool, host);
+            Arc::new(former)
+        });
         let context = Arc::new(InstanceContext {
             outstanding: settings
                 .max_outstanding
@@ -183,11 +197,14 @@ impl WorkerGroup {
             ordering: (settings.batcher == BatcherKind::Dynamic
                 && settings.dynamic.preserve_ordering)
                 .then(crate::request::ordering::OrderGate::default),
-            sequence: sequence_model.as_ref().map(|m| SequenceLink {
-                events: events_tx.clone(),
-                state_outputs: m.state_outputs.clone(),
-                state_bytes: m.state_bytes.clone(),
-            }),
+            sequence: sequence_model
+                .as_ref()
+                .zip(sequence_former.as_ref())
+                .map(|(m, former)| SequenceLink {
+                    former: Arc::clone(former),
+                    state_outputs: m.state_outputs.clone(),
+                    state_bytes: m.state_bytes.clone(),
+                }),
             ..context_of(&endpoint, &version, &info, &reshape, metrics)
         });
         let config = BatcherConfig {
@@ -201,25 +218,9 @@ impl WorkerGroup {
         let mut threads = Vec::new();
         let mut formers = Vec::new();
         let mut pulls = None;
-        if let Some(model) = &sequence_model {
-            let config = model.config(
-                &settings.sequence,
-                &settings.dynamic,
-                settings.batch_size,
-                instances.len(),
-                settings.queue_size,
-            );
-            let host = SequenceGroupHost {
-                ctx: Arc::clone(&context),
-                max_sequences: config.max_sequences,
-                max_queued: config.max_queued,
-                max_idle: config.max_idle,
-            };
-            let (rx, pool) = (queue_rx.clone(), Arc::clone(&pool));
-            let inputs = info.inputs.len();
-            threads.push(spawn(format!("sequence-{endpoint}"), move || {
-                run_sequence_batcher(config, inputs, rx, events_rx, pool, host)
-            })?);
+        if sequence_model.is_some() {
+            // No thread, no former: the instances take turns on the sequence
+            // batcher (above).
         } else if settings.batcher == BatcherKind::Dynamic && settings.dynamic.is_plain() {
             // Nothing needs a scheduler: one former, on which the instances take
             // turns, batching what is queued (no gathering: the delay is 0) and
@@ -286,12 +287,13 @@ impl WorkerGroup {
             context,
             threads: Mutex::new(threads),
             scaling: scale::Scaling::new(pool_bytes),
-            sequence: sequence_model.map(|model| SequenceRuntime {
-                batched: model.layout.batched,
-                model,
-                events: events_tx,
-                instances: AtomicUsize::new(0),
-            }),
+            sequence: sequence_model
+                .zip(sequence_former)
+                .map(|(model, former)| SequenceRuntime {
+                    batched: model.layout.batched,
+                    model,
+                    former,
+                }),
             request_params,
             reshape,
             last_scrape: Mutex::new((Instant::now(), 0)),
@@ -321,16 +323,15 @@ impl WorkerGroup {
         // A stateful group's instances each get their own batches (sequences are
         // pinned to one instance); the others share the group's batch queue.
         let n = self.scaling.started.fetch_add(1, Ordering::SeqCst);
-        let (rx, outlet, index) = match &self.sequence {
+        let (rx, index) = match &self.sequence {
             Some(seq) => {
-                let (tx, rx) = unbounded();
-                // The Manager adds instances one at a time: the index is the count.
-                let index = seq.instances.load(Ordering::SeqCst);
-                let source = BatchSource {
-                    from: From::Queue(rx),
-                    leave: None,
+                let turn = seq.former.join();
+                let index = turn.index;
+                let from = From::Sequence {
+                    former: Arc::clone(&seq.former),
+                    turn,
                 };
-                (source, Some(tx), index)
+                (BatchSource { from, leave: None }, index)
             }
             None => {
                 // Instance `n` takes its turns on former `n % batchers`.
@@ -344,7 +345,7 @@ impl WorkerGroup {
                     },
                 };
                 let leave = Some(self.scaling.leave_rx.clone());
-                (BatchSource { from, leave }, None, 0)
+                (BatchSource { from, leave }, 0)
             }
         };
         let ctx = Arc::clone(&self.context);
@@ -376,14 +377,6 @@ impl WorkerGroup {
         };
         self.threads.lock().push(handle);
         self.scaling.instances.fetch_add(1, Ordering::SeqCst);
-        if let (Some(seq), Some(batches)) = (&self.sequence, outlet) {
-            seq.instances.fetch_add(1, Ordering::SeqCst);
-            // Should the batcher be gone, the batch queue's sender goes with this
-            // event: the thread sees the queue closed and ends the instance.
-            seq.events
-                .send(SequenceEvent::Instance { index, batches })
-                .map_err(|_| ServerError::Internal("the sequence batcher is gone".into()))?;
-        }
         self.context
             .metrics
             .instances
@@ -520,7 +513,7 @@ fn context_of(
     version: &str,
     info: &Arc<WorkerInfo>,
     reshape: &Arc<Reshape>,
-    metrics: ModelMetrics,
+    metrics: Arc<ModelMetrics>,
 ) -> InstanceContext {
     InstanceContext {
         answer_model: Arc::new(crate::request::answer::AnswerModel {
@@ -532,7 +525,7 @@ fn context_of(
         endpoint: endpoint.to_owned(),
         version: version.to_owned(),
         info: Arc::clone(info),
-        metrics: Arc::new(metrics),
+        metrics,
         stats: Arc::default(),
         healthy: AtomicUsize::new(0),
         busy_ns: std::sync::atomic::AtomicU64::new(0),

@@ -1,6 +1,7 @@
 //! The sequence batcher end to end with the `accumulate` worker (a running sum kept
 //! as implicit state, reporting the control inputs it was given): the client view
-//! and `/config`, state carried and reset, control values, ordering and exclusivity
+//! and `/config`, no batcher thread (the instances form their batches), state
+//! carried and reset, control values, ordering and exclusivity
 //! with many concurrent sequences over HTTP and gRPC streaming, 64-bit ids over
 //! HTTP and gRPC, and the errors
 //! (no id, not started, ended, expired, too many sequences).
@@ -11,7 +12,7 @@
 use kiln_client::{
     DataType, GrpcClient, HttpClient, InferRequest, InferResponse, InputTensor, Param, ParamValue,
 };
-use kiln_tests::{metric, requests_outcome, wait_metric, Kiln};
+use kiln_tests::{metric, requests_outcome, thread_names, wait_metric, Kiln};
 use serde_json::{json, Value};
 
 /// Load-time parameters serving `accumulate` as a stateful model.
@@ -109,6 +110,16 @@ async fn state_controls_and_the_client_view() {
     assert_eq!(output(&r, "CONTROLS").values::<i32>(), vec![1, 0, 1]);
     assert_eq!(output(&r, "CORRID_OUT").values::<u64>(), vec![77]);
     assert!(r.outputs.iter().all(|o| o.name != "STATE_OUT"));
+    // The instance forms its own batches: the group has no batcher thread.
+    let names = thread_names(kiln.pid());
+    // Linux keeps 15 bytes of a thread's name.
+    let mut instance = format!("worker-{model}-0");
+    instance.truncate(15);
+    assert!(names.contains(&instance), "the instance runs: {names:?}");
+    assert!(
+        !names.iter().any(|n| n.starts_with("sequence-")),
+        "no sequence batcher thread: {names:?}"
+    );
     let r = c
         .infer(&step(&model, id(), 2.0, false, false))
         .await
@@ -239,6 +250,55 @@ async fn concurrent_sequences_over_http_and_grpc_streams() {
         metric(&text, "kiln_sequences_active", &[("model", &model)]),
         Some(0.0)
     );
+}
+
+/// Two instances, each forming the batches of the sequences pinned to it (eight
+/// slots each, so the sixteen sequences fill both): 20 steps each over HTTP keep
+/// their sums (no step lost, repeated or reordered across the instances).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequences_on_two_instances_keep_their_state() {
+    let kiln = Kiln::start(&[]);
+    let c = kiln.client.clone();
+    let model = c
+        .load(
+            "accumulate",
+            &stateful(json!({"batch_size": 8, "instances": 2})),
+        )
+        .await
+        .unwrap();
+    let steps = 20u64;
+    let mut tasks = Vec::new();
+    for s in 0..16u64 {
+        let (c, model) = (c.clone(), model.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut expected = 0.0f32;
+            for k in 0..steps {
+                let value = (s * 100 + k) as f32;
+                expected += value;
+                let request = step(
+                    &model,
+                    ParamValue::Int(500 + s as i64),
+                    value,
+                    k == 0,
+                    k == steps - 1,
+                );
+                let r = c.infer(&request).await.unwrap();
+                assert_eq!(sum(&r), expected, "sequence {s} step {k}");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let text = c.metrics().await.unwrap();
+    let requests = metric(&text, "kiln_batch_size_sum", &[("model", &model)]).unwrap();
+    assert_eq!(requests, 16.0 * steps as f64);
+    let names = thread_names(kiln.pid());
+    for n in 0..2 {
+        let mut instance = format!("worker-{model}-{n}");
+        instance.truncate(15);
+        assert!(names.contains(&instance), "{instance}: {names:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

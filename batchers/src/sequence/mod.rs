@@ -10,15 +10,16 @@
 //! CORRID) are filled in for workers that declare them.
 //!
 //! [`SequenceScheduler`] is the policy as a pure structure (every decision takes
-//! `now`); [`run_sequence_batcher`] is the thread that feeds it.
+//! `now`); [`SequenceFormer`] runs it on the instances' own turns (no thread of
+//! its own).
 
 mod layout;
-mod run;
 mod scheduler;
+mod turn;
 
 pub use layout::{repeat, scalar_bytes, Control, InputLayout, InputSource, StateSpec};
-pub use run::{run_sequence_batcher, SequenceEvent, SequenceHost};
 pub use scheduler::{SequencePoll, SequenceRejection, SequenceScheduler};
+pub use turn::{SequenceFormer, SequenceHost, SequenceTurn};
 
 use std::fmt;
 use std::time::Duration;

@@ -412,25 +412,39 @@ impl<R> SequenceScheduler<R> {
         self.next_expiry
     }
 
-    /// Forms the next batch for an idle instance, if one is due.
+    /// Forms the next batch for an idle instance, if one is due (instances in turn).
     pub fn poll(&mut self, now: Instant) -> SequencePoll<R> {
         let mut wake: Option<Instant> = None;
         let count = self.instances.len();
         for step in 0..count {
             let index = (self.cursor + step) % count;
-            match self.due(index, now) {
-                Ok(chosen) => {
-                    self.cursor = (index + 1) % count;
-                    return SequencePoll::Batch {
-                        instance: index,
-                        requests: self.take(index, chosen),
-                    };
+            match self.poll_instance(index, now) {
+                SequencePoll::Wait(at) => {
+                    wake = [wake, at].into_iter().flatten().min();
                 }
-                Err(Some(at)) => wake = Some(wake.map_or(at, |w: Instant| w.min(at))),
-                Err(None) => {}
+                batch => {
+                    self.cursor = (index + 1) % count;
+                    return batch;
+                }
             }
         }
         SequencePoll::Wait(wake)
+    }
+
+    /// Forms instance `index`'s next batch, if it is idle and one is due.
+    pub fn poll_instance(&mut self, index: usize, now: Instant) -> SequencePoll<R> {
+        match self.due(index, now) {
+            Ok(chosen) => SequencePoll::Batch {
+                instance: index,
+                requests: self.take(index, chosen),
+            },
+            Err(at) => SequencePoll::Wait(at),
+        }
+    }
+
+    /// Whether instance `index` is idle with a batch due now.
+    pub fn is_due(&self, index: usize, now: Instant) -> bool {
+        self.due(index, now).is_ok()
     }
 
     /// The sequences whose next requests form `instance`'s batch now, in row order;

@@ -211,13 +211,7 @@ pub(crate) fn report_states(
         };
         sequences.push((handle, state));
     }
-    // The batcher is gone only when the group is unloaded.
-    let _ = link
-        .events
-        .send(kiln_batchers::sequence::SequenceEvent::Done {
-            instance: index,
-            sequences,
-        });
+    link.former.complete(index, sequences);
     Ok(())
 }
 

@@ -12,8 +12,8 @@ use kiln_batchers::sequence::{
 use kiln_batchers::Request;
 use kiln_worker_sdk::{DataType, Shape, TensorSpec, WorkerInfo};
 
-use crate::compute::instance::InstanceContext;
 use crate::error::{Result, ServerError};
+use crate::observe::metrics::ModelMetrics;
 use crate::request::answer::Reply;
 pub use crate::request::answer::SequenceLink;
 use crate::request::infer::names;
@@ -274,18 +274,37 @@ impl SequenceModel {
     }
 }
 
-/// Answers the requests the sequence batcher refuses and keeps its gauges.
+/// Answers the requests the sequence batcher refuses and keeps its gauges. It holds
+/// the group's metrics, not its instances' context: that context holds the batcher.
 pub struct SequenceGroupHost {
-    pub ctx: Arc<InstanceContext>,
+    pub metrics: Arc<ModelMetrics>,
+    pub endpoint: String,
     pub max_sequences: usize,
     pub max_queued: usize,
     pub max_idle: Duration,
 }
 
+impl SequenceGroupHost {
+    /// The host of a sequence batcher with `config`, for model `endpoint`.
+    pub fn new(
+        config: &SequenceConfig,
+        endpoint: &str,
+        metrics: Arc<ModelMetrics>,
+    ) -> Box<SequenceGroupHost> {
+        Box::new(SequenceGroupHost {
+            metrics,
+            endpoint: endpoint.to_owned(),
+            max_sequences: config.max_sequences,
+            max_queued: config.max_queued,
+            max_idle: config.max_idle,
+        })
+    }
+}
+
 impl SequenceHost<Reply> for SequenceGroupHost {
     fn rejected(&self, request: Request<Reply>, why: SequenceRejection) {
-        let m = &self.ctx.metrics;
-        let model = &self.ctx.endpoint;
+        let m = &self.metrics;
+        let model = &self.endpoint;
         m.pending.dec();
         let id = request
             .sequence
@@ -342,8 +361,8 @@ impl SequenceHost<Reply> for SequenceGroupHost {
     }
 
     fn sequences(&self, live: usize, backlog: usize) {
-        self.ctx.metrics.sequences.set(live as i64);
-        self.ctx.metrics.sequence_backlog.set(backlog as i64);
+        self.metrics.sequences.set(live as i64);
+        self.metrics.sequence_backlog.set(backlog as i64);
     }
 }
 

@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use kiln_batchers::sequence::SequenceEvent;
+use kiln_batchers::sequence::SequenceFormer;
 use kiln_batchers::Tensor;
 use kiln_worker_sdk::{Shape, WorkerInfo};
 use tokio::sync::oneshot;
@@ -428,7 +428,8 @@ impl BatchRow {
 
 /// What an instance of a stateful model reports back after each batch.
 pub struct SequenceLink {
-    pub events: crossbeam_channel::Sender<SequenceEvent<Reply>>,
+    /// The group's sequence batcher, told of each batch's new states.
+    pub former: Arc<SequenceFormer<Reply>>,
     pub state_outputs: Vec<usize>,
     pub state_bytes: Vec<usize>,
 }

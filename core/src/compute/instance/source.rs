@@ -1,11 +1,12 @@
 //! Where an instance's batches come from: a batcher thread's queue, the dynamic
 //! batcher's pull (a batch formed when the instance asks), or the instance's own
-//! turn on a batch former.
+//! turn on a batch former or the sequence batcher.
 
 use std::sync::Arc;
 
 use crossbeam_channel::Receiver;
 use kiln_batchers::dynamic::Pulls;
+use kiln_batchers::sequence::{SequenceFormer, SequenceTurn};
 use kiln_batchers::{wait_for_first_or_stop, Batch, BatchFormer, Idle};
 
 use crate::request::answer::Reply;
@@ -20,12 +21,17 @@ pub struct BatchSource {
 
 /// What forms an instance's batches.
 pub enum From {
-    /// A batcher thread that hands them over (sequence: one queue per instance).
+    /// A batcher thread that hands them over.
     Queue(Receiver<Batch<Reply>>),
     /// The dynamic batcher's thread, which forms a batch when an instance asks.
     Pulled(Pulled),
-    /// The instance itself, in its turn (hard, soft).
+    /// The instance itself, in its turn (hard, soft, plain dynamic).
     Former(Arc<BatchFormer<Reply>>),
+    /// The instance itself, forming batches of the sequences pinned to it.
+    Sequence {
+        former: Arc<SequenceFormer<Reply>>,
+        turn: SequenceTurn,
+    },
 }
 
 /// An instance's side of the dynamic batcher's pull (`kiln_batchers::dynamic::pull`):
@@ -80,6 +86,8 @@ impl BatchSource {
             }
             From::Pulled(pulled) => pulled.next(idle, leave),
             From::Former(former) => former.next_batch(idle, leave),
+            // A stateful group does not scale down (its sequences are pinned).
+            From::Sequence { former, turn } => former.next_batch(turn, idle),
         }
     }
 }
