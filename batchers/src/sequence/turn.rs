@@ -87,14 +87,13 @@ impl<R> SequenceFormer<R> {
         }
     }
 
-    /// Adds an instance; backlogged sequences may move to it.
+    /// Adds an instance; backlogged sequences may move to it (it looks at them in
+    /// its first [`SequenceFormer::next_batch`]).
     pub fn join(&self) -> SequenceTurn {
         let (ring, bell) = bounded(1);
         let mut shared = self.shared.lock();
         let index = shared.scheduler.add_instance(Instant::now());
         shared.bells.push(ring);
-        // The sequences it took from the backlog may have requests queued.
-        let _ = shared.bells.get(index).map(|ring| ring.try_send(()));
         SequenceTurn { index, bell }
     }
 

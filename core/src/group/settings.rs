@@ -120,8 +120,9 @@ pub fn demand(info: &WorkerInfo, settings: &GroupSettings, instances: usize) -> 
 }
 
 /// Batcher threads a group counts against the limits: `batchers` for hard and soft
-/// (its formers: the instances form the batches, no thread of its own), one
-/// scheduler for dynamic and sequence.
+/// (its formers: the instances form the batches, no thread of its own), one for
+/// dynamic (its scheduler thread, or its one former when the config is plain) and
+/// one for sequence (its former).
 pub(super) fn batcher_threads(settings: &GroupSettings) -> usize {
     match settings.batcher {
         BatcherKind::Dynamic | BatcherKind::Sequence => 1,

@@ -13,7 +13,8 @@ use crate::error::{Result, ServerError};
 pub struct Demand {
     /// Worker instances (one thread each).
     pub instances: usize,
-    /// Batcher threads (`batchers` for hard and soft; one for dynamic and sequence).
+    /// Batcher threads, or formers where the instances form the batches (`batchers`
+    /// for hard and soft; one for dynamic and sequence).
     pub batcher_threads: usize,
     /// The buffer pool's memory at load: `max_buffers` sets of their initial sizes.
     pub buffer_bytes: u64,
