@@ -379,9 +379,10 @@ async fn sessions_share_one_pool_unless_threads_are_set() {
 }
 
 /// The shared pool needs no spinning setting; an operator may still give a model
-/// its own pool without spinning, and a value that is not a boolean is refused.
+/// its own pool without spinning, or one that stops spinning between runs, and a
+/// value that is not a boolean is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn allow_spinning_is_a_load_parameter() {
+async fn spinning_settings_are_load_parameters() {
     let repo = model_repository();
     let kiln = Kiln::start(&["--model-repository", repo.to_str().unwrap()]);
     let c = &kiln.client;
@@ -404,12 +405,26 @@ async fn allow_spinning_is_a_load_parameter() {
             && logged.last().unwrap().contains("(no spinning)"),
         "{logged:?}"
     );
-    let err = c
-        .load_model("ocr-rec", &json!({"allow_spinning": "sometimes"}))
+    c.load_model("ocr-rec", &json!({"force_spinning_stop": true}))
         .await
-        .unwrap_err();
-    assert_eq!(err.status(), Some(400), "{err}");
-    assert!(err.to_string().contains("allow_spinning"), "{err}");
+        .unwrap();
+    let logged = inits(&kiln);
+    assert!(
+        logged.last().unwrap().contains("own pool")
+            && logged
+                .last()
+                .unwrap()
+                .contains("(spinning stops between runs)"),
+        "{logged:?}"
+    );
+    for key in ["allow_spinning", "force_spinning_stop"] {
+        let err = c
+            .load_model("ocr-rec", &json!({ key: "sometimes" }))
+            .await
+            .unwrap_err();
+        assert_eq!(err.status(), Some(400), "{err}");
+        assert!(err.to_string().contains(key), "{err}");
+    }
 }
 
 /// The example repository's PP-OCR models send what is queued when an instance is

@@ -17,7 +17,8 @@
 //! `model.onnx`), `model_dir` (set by the server's model repository), `runtime` (the
 //! `libonnxruntime.so`; else `$KILN_ONNXRUNTIME`, else
 //! `$KILN_CACHE/onnxruntime/libonnxruntime.so.1.31.1`, else `./.cache/onnxruntime/…`),
-//! `intra_op_threads`, `inter_op_threads`, `allow_spinning` (by default none: the
+//! `intra_op_threads`, `inter_op_threads`, `allow_spinning`, `force_spinning_stop`
+//! (ONNX Runtime's `session.force_spinning_stop`) (by default none: the
 //! session runs on the process's one ONNX Runtime thread pool, one thread per
 //! physical core, shared by every model; setting any of them gives the session a
 //! pool of its own: intra-op threads default to the physical cores divided among
@@ -151,6 +152,7 @@ impl Onnx {
                 intra,
                 inter,
                 spinning,
+                stop_between_runs,
             } => builder
                 .with_independent_thread_pool()
                 .map_err(|e| WorkerError::new(format!("own thread pool: {e}")))?
@@ -159,7 +161,12 @@ impl Onnx {
                 .with_inter_threads(inter)
                 .map_err(|e| WorkerError::new(format!("inter-op threads: {e}")))?
                 .with_intra_op_spinning(spinning)
-                .map_err(|e| WorkerError::new(format!("allow_spinning: {e}")))?,
+                .map_err(|e| WorkerError::new(format!("allow_spinning: {e}")))?
+                .with_config_entry(
+                    "session.force_spinning_stop",
+                    if stop_between_runs { "1" } else { "0" },
+                )
+                .map_err(|e| WorkerError::new(format!("force_spinning_stop: {e}")))?,
         };
         self.provider
             .register(builder)?
@@ -364,6 +371,7 @@ impl Worker for Onnx {
         ParamSpec::load("intra_op_threads", ParamKind::Int { min: 1, max: 256 }),
         ParamSpec::load("inter_op_threads", ParamKind::Int { min: 1, max: 256 }),
         ParamSpec::load("allow_spinning", ParamKind::Bool),
+        ParamSpec::load("force_spinning_stop", ParamKind::Bool),
         ParamSpec::load("optimization_level", ParamKind::Any),
         ParamSpec::load("max_batch_size", ParamKind::Int { min: 0, max: 4096 }),
         ParamSpec::load(

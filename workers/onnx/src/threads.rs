@@ -5,13 +5,20 @@
 //! against another's work (the reason the PP-OCR configs once turned spinning off,
 //! which cost each model alone: ocr-det 0.67× Python), and a pool that is idle
 //! parks (no CPU: tests/tests/onnx_thread_pool.rs). An operator who sets
-//! `intra_op_threads`, `inter_op_threads` or `allow_spinning` gets a pool of the
-//! session's own with those settings (the others at their former defaults).
+//! `intra_op_threads`, `inter_op_threads`, `allow_spinning` or
+//! `force_spinning_stop` gets a pool of the session's own with those settings
+//! (the others at their former defaults); only such a pool can stop spinning as a
+//! run returns (ONNX Runtime's `session.force_spinning_stop`).
 
 use kiln_worker_sdk::{Params, WorkerError, INSTANCES_PARAM};
 
 /// The load parameters that ask for a session's own pool.
-const OWN_POOL_PARAMS: [&str; 3] = ["intra_op_threads", "inter_op_threads", "allow_spinning"];
+const OWN_POOL_PARAMS: [&str; 4] = [
+    "intra_op_threads",
+    "inter_op_threads",
+    "allow_spinning",
+    "force_spinning_stop",
+];
 
 /// A session's threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +30,9 @@ pub enum Threads {
         intra: usize,
         inter: usize,
         spinning: bool,
+        /// ONNX Runtime's `session.force_spinning_stop`: the pool stops spinning
+        /// when the session's last run returns (only a session's own pool can).
+        stop_between_runs: bool,
     },
 }
 
@@ -48,6 +58,10 @@ impl Threads {
                 .bool("allow_spinning")
                 .map_err(WorkerError::new)?
                 .unwrap_or(true),
+            stop_between_runs: params
+                .bool("force_spinning_stop")
+                .map_err(WorkerError::new)?
+                .unwrap_or(false),
         })
     }
 }
@@ -64,11 +78,19 @@ impl std::fmt::Display for Threads {
                     .unwrap_or(0)
             ),
             Threads::Own {
-                intra, spinning, ..
+                intra,
+                spinning,
+                stop_between_runs,
+                ..
             } => write!(
                 f,
-                "its own pool of {intra} intra-op thread(s){}",
-                if *spinning { "" } else { " (no spinning)" }
+                "its own pool of {intra} intra-op thread(s){}{}",
+                if *spinning { "" } else { " (no spinning)" },
+                if *stop_between_runs {
+                    " (spinning stops between runs)"
+                } else {
+                    ""
+                }
             ),
         }
     }
@@ -157,6 +179,7 @@ processor\t: 7\nphysical id\t: 1\ncore id\t\t: 1\n";
                 intra,
                 inter: 1,
                 spinning,
+                stop_between_runs: false,
             })
         };
         assert_eq!(threads(&[]), Ok(Threads::Shared));
@@ -169,6 +192,15 @@ processor\t: 7\nphysical id\t: 1\ncore id\t\t: 1\n";
         assert_eq!(
             threads(&[("instances", "2"), ("allow_spinning", "false")]),
             own(4, false)
+        );
+        assert_eq!(
+            threads(&[("force_spinning_stop", "true")]),
+            Ok(Threads::Own {
+                intra: 8,
+                inter: 1,
+                spinning: true,
+                stop_between_runs: true,
+            })
         );
         assert!(threads(&[("intra_op_threads", "0")]).is_err());
         assert!(threads(&[("intra_op_threads", "many")]).is_err());
