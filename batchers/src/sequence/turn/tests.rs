@@ -143,3 +143,48 @@ fn a_waiting_instance_is_woken_for_its_own_sequences() {
         w.join().unwrap();
     }
 }
+
+/// A request whose client goes away while its instance runs a batch is answered
+/// `Cancelled` when the instance next looks, and never runs; its sequence goes on
+/// with the state it had.
+#[test]
+fn a_request_cancelled_while_the_instance_runs_never_runs() {
+    #[derive(Clone, Default)]
+    struct Leaving {
+        rejected: Arc<StdMutex<Vec<(u32, SequenceRejection)>>>,
+    }
+    impl SequenceHost<u32> for Leaving {
+        fn rejected(&self, request: Request<u32>, why: SequenceRejection) {
+            self.rejected.lock().unwrap().push((request.reply, why));
+        }
+        // The client of request 11 went away.
+        fn is_cancelled(&self, reply: &u32) -> bool {
+            *reply == 11
+        }
+    }
+    let config = super::super::test_config(Strategy::Direct, 1);
+    let (tx, rx) = bounded(16);
+    let pool = Pool::new(3, || BufferSet::with_capacities(&[64, 64], &[64]));
+    let host = Leaving::default();
+    let former = SequenceFormer::new(config, 2, rx, pool, Box::new(host.clone()));
+    let turn = former.join();
+    tx.send(req(1, 10, true, false)).unwrap();
+    let first = former.next_batch(&turn, &mut ()).unwrap();
+    assert_eq!(first.members[0].reply, 10);
+    // While 10 runs: 11 (its client gone) and 12 arrive.
+    tx.send(req(1, 11, false, false)).unwrap();
+    tx.send(req(1, 12, false, true)).unwrap();
+    let state = |batch: &Batch<u32>| {
+        u32::from_le_bytes(batch.buffers.inputs[1].as_slice()[..4].try_into().unwrap())
+    };
+    let handle = first.members[0].sequence.unwrap();
+    let next = Bytes::copy_from_slice(&(state(&first) + 1).to_le_bytes());
+    former.complete(turn.index, vec![(handle, Some(vec![next]))]);
+    let second = former.next_batch(&turn, &mut ()).unwrap();
+    assert_eq!(second.members[0].reply, 12, "11 never runs");
+    assert_eq!(state(&second), 1, "12 sees the state 10 left");
+    assert_eq!(
+        *host.rejected.lock().unwrap(),
+        vec![(11, SequenceRejection::Cancelled)]
+    );
+}
