@@ -3,17 +3,19 @@ use super::*;
 use crossbeam_channel::bounded;
 use std::sync::Mutex as StdMutex;
 
+/// Records what the batcher refuses; the client of request `gone` went away.
 #[derive(Clone, Default)]
 struct Host {
     rejected: Arc<StdMutex<Vec<(u32, SequenceRejection)>>>,
+    gone: Option<u32>,
 }
 
 impl SequenceHost<u32> for Host {
     fn rejected(&self, request: Request<u32>, why: SequenceRejection) {
         self.rejected.lock().unwrap().push((request.reply, why));
     }
-    fn is_cancelled(&self, _reply: &u32) -> bool {
-        false
+    fn is_cancelled(&self, reply: &u32) -> bool {
+        self.gone == Some(*reply)
     }
 }
 
@@ -149,23 +151,13 @@ fn a_waiting_instance_is_woken_for_its_own_sequences() {
 /// with the state it had.
 #[test]
 fn a_request_cancelled_while_the_instance_runs_never_runs() {
-    #[derive(Clone, Default)]
-    struct Leaving {
-        rejected: Arc<StdMutex<Vec<(u32, SequenceRejection)>>>,
-    }
-    impl SequenceHost<u32> for Leaving {
-        fn rejected(&self, request: Request<u32>, why: SequenceRejection) {
-            self.rejected.lock().unwrap().push((request.reply, why));
-        }
-        // The client of request 11 went away.
-        fn is_cancelled(&self, reply: &u32) -> bool {
-            *reply == 11
-        }
-    }
     let config = super::super::test_config(Strategy::Direct, 1);
     let (tx, rx) = bounded(16);
     let pool = Pool::new(3, || BufferSet::with_capacities(&[64, 64], &[64]));
-    let host = Leaving::default();
+    let host = Host {
+        gone: Some(11),
+        ..Host::default()
+    };
     let former = SequenceFormer::new(config, 2, rx, pool, Box::new(host.clone()));
     let turn = former.join();
     tx.send(req(1, 10, true, false)).unwrap();
