@@ -177,7 +177,7 @@ impl WorkerGroup {
         metrics.pool_size.set(settings.max_buffers as i64);
         let metrics = Arc::new(metrics);
         // A stateful group's instances take turns on its sequence batcher.
-        let sequence_former = sequence_model.as_ref().map(|model| {
+        let sequence = sequence_model.map(|model| {
             let config = model.config(
                 &settings.sequence,
                 &settings.dynamic,
@@ -187,8 +187,9 @@ impl WorkerGroup {
             );
             let host = SequenceGroupHost::new(&config, &endpoint, Arc::clone(&metrics));
             let (inputs, pool) = (info.inputs.len(), Arc::clone(&pool));
-            let former = SequenceFormer::new(config, inputs, queue_rx.clone(), pool, host);
-            Arc::new(former)
+            let former =
+                SequenceFormer::new(config, inputs, queue_rx.clone(), pool, Box::new(host));
+            (model, Arc::new(former))
         });
         let context = Arc::new(InstanceContext {
             outstanding: settings
@@ -197,14 +198,11 @@ impl WorkerGroup {
             ordering: (settings.batcher == BatcherKind::Dynamic
                 && settings.dynamic.preserve_ordering)
                 .then(crate::request::ordering::OrderGate::default),
-            sequence: sequence_model
-                .as_ref()
-                .zip(sequence_former.as_ref())
-                .map(|(m, former)| SequenceLink {
-                    former: Arc::clone(former),
-                    state_outputs: m.state_outputs.clone(),
-                    state_bytes: m.state_bytes.clone(),
-                }),
+            sequence: sequence.as_ref().map(|(m, former)| SequenceLink {
+                former: Arc::clone(former),
+                state_outputs: m.state_outputs.clone(),
+                state_bytes: m.state_bytes.clone(),
+            }),
             ..context_of(&endpoint, &version, &info, &reshape, metrics)
         });
         let config = BatcherConfig {
@@ -218,7 +216,7 @@ impl WorkerGroup {
         let mut threads = Vec::new();
         let mut formers = Vec::new();
         let mut pulls = None;
-        if sequence_model.is_some() {
+        if sequence.is_some() {
             // No thread, no former: the instances take turns on the sequence
             // batcher (above).
         } else if settings.batcher == BatcherKind::Dynamic && settings.dynamic.is_plain() {
@@ -287,13 +285,11 @@ impl WorkerGroup {
             context,
             threads: Mutex::new(threads),
             scaling: scale::Scaling::new(pool_bytes),
-            sequence: sequence_model
-                .zip(sequence_former)
-                .map(|(model, former)| SequenceRuntime {
-                    batched: model.layout.batched,
-                    model,
-                    former,
-                }),
+            sequence: sequence.map(|(model, former)| SequenceRuntime {
+                batched: model.layout.batched,
+                model,
+                former,
+            }),
             request_params,
             reshape,
             last_scrape: Mutex::new((Instant::now(), 0)),

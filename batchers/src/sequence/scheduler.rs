@@ -85,8 +85,6 @@ pub struct SequenceScheduler<R> {
     expired_set: HashSet<SequenceId>,
     /// No idle sequence expires before this (a lower bound; `None`: none is idle).
     next_expiry: Option<Instant>,
-    /// The instance looked at first by the next poll (round robin).
-    cursor: usize,
     closed: bool,
 }
 
@@ -105,7 +103,6 @@ impl<R> SequenceScheduler<R> {
             expired: VecDeque::new(),
             expired_set: HashSet::new(),
             next_expiry: None,
-            cursor: 0,
             closed: false,
         }
     }
@@ -410,25 +407,6 @@ impl<R> SequenceScheduler<R> {
     /// The next instant something is due: a partial batch's delay or an expiry.
     pub fn next_deadline(&self) -> Option<Instant> {
         self.next_expiry
-    }
-
-    /// Forms the next batch for an idle instance, if one is due (instances in turn).
-    pub fn poll(&mut self, now: Instant) -> SequencePoll<R> {
-        let mut wake: Option<Instant> = None;
-        let count = self.instances.len();
-        for step in 0..count {
-            let index = (self.cursor + step) % count;
-            match self.poll_instance(index, now) {
-                SequencePoll::Wait(at) => {
-                    wake = [wake, at].into_iter().flatten().min();
-                }
-                batch => {
-                    self.cursor = (index + 1) % count;
-                    return batch;
-                }
-            }
-        }
-        SequencePoll::Wait(wake)
     }
 
     /// Forms instance `index`'s next batch, if it is idle and one is due.

@@ -125,11 +125,10 @@ impl<R> SequenceFormer<R> {
             let next = shared.scheduler.next_deadline();
             let open = shared.open;
             drop(shared);
-            let wake = [until, next, Some(now + CHECK)]
+            let wake = [until, next]
                 .into_iter()
                 .flatten()
-                .min()
-                .unwrap_or(now + CHECK);
+                .fold(now + CHECK, Instant::min);
             // Holding answers' outputs: let them go if nothing comes for a while.
             let linger = idle.idle();
             let wait_until = if linger {

@@ -277,11 +277,11 @@ impl SequenceModel {
 /// Answers the requests the sequence batcher refuses and keeps its gauges. It holds
 /// the group's metrics, not its instances' context: that context holds the batcher.
 pub struct SequenceGroupHost {
-    pub metrics: Arc<ModelMetrics>,
-    pub endpoint: String,
-    pub max_sequences: usize,
-    pub max_queued: usize,
-    pub max_idle: Duration,
+    metrics: Arc<ModelMetrics>,
+    endpoint: String,
+    max_sequences: usize,
+    max_queued: usize,
+    max_idle: Duration,
 }
 
 impl SequenceGroupHost {
@@ -290,14 +290,14 @@ impl SequenceGroupHost {
         config: &SequenceConfig,
         endpoint: &str,
         metrics: Arc<ModelMetrics>,
-    ) -> Box<SequenceGroupHost> {
-        Box::new(SequenceGroupHost {
+    ) -> SequenceGroupHost {
+        SequenceGroupHost {
             metrics,
             endpoint: endpoint.to_owned(),
             max_sequences: config.max_sequences,
             max_queued: config.max_queued,
             max_idle: config.max_idle,
-        })
+        }
     }
 }
 

@@ -27,6 +27,19 @@ fn scheduler(
     s
 }
 
+/// The next batch of the first idle instance with one due (the instances' turns,
+/// one at a time); else the earliest instant to look again.
+fn poll(s: &mut SequenceScheduler<u32>, now: Instant) -> SequencePoll<u32> {
+    let mut wake = None;
+    for index in 0..s.instances.len() {
+        match s.poll_instance(index, now) {
+            SequencePoll::Wait(at) => wake = [wake, at].into_iter().flatten().min(),
+            batch => return batch,
+        }
+    }
+    SequencePoll::Wait(wake)
+}
+
 fn batch(poll: SequencePoll<u32>) -> (usize, Vec<u32>, Vec<u64>) {
     match poll {
         SequencePoll::Batch { instance, requests } => (
@@ -59,12 +72,12 @@ fn one_request_per_sequence_per_batch_in_order() {
     s.admit(req(1, 10, true, false, t0), t0).unwrap();
     s.admit(req(1, 11, false, false, t0), t0).unwrap();
     s.admit(req(2, 20, true, false, t0), t0).unwrap();
-    let (i, tags, handles) = batch(s.poll(t0));
+    let (i, tags, handles) = batch(poll(&mut s, t0));
     assert_eq!((i, tags.clone()), (0, vec![10, 20]));
     // The instance is busy: nothing more until the batch completes.
-    assert!(matches!(s.poll(t0), SequencePoll::Wait(None)));
+    assert!(matches!(poll(&mut s, t0), SequencePoll::Wait(None)));
     s.complete(0, handles.iter().map(|&h| (h, word(5))).collect(), t0);
-    let (_, tags, _) = batch(s.poll(t0));
+    let (_, tags, _) = batch(poll(&mut s, t0));
     assert_eq!(tags, vec![11]);
 }
 
@@ -73,28 +86,28 @@ fn state_is_carried_and_reset_by_a_start() {
     let t0 = Instant::now();
     let mut s = scheduler(Strategy::Direct, 4, 1);
     s.admit(req(7, 1, true, false, t0), t0).unwrap();
-    let SequencePoll::Batch { requests, .. } = s.poll(t0) else {
+    let SequencePoll::Batch { requests, .. } = poll(&mut s, t0) else {
         panic!()
     };
     assert_eq!(state_of(&requests), vec![0]);
     let h = requests[0].sequence.as_ref().unwrap().handle;
     s.complete(0, vec![(h, word(41))], t0);
     s.admit(req(7, 2, false, false, t0), t0).unwrap();
-    let SequencePoll::Batch { requests, .. } = s.poll(t0) else {
+    let SequencePoll::Batch { requests, .. } = poll(&mut s, t0) else {
         panic!()
     };
     assert_eq!(state_of(&requests), vec![41]);
     // A failed batch keeps the state.
     s.complete(0, vec![(h, None)], t0);
     s.admit(req(7, 3, false, false, t0), t0).unwrap();
-    let SequencePoll::Batch { requests, .. } = s.poll(t0) else {
+    let SequencePoll::Batch { requests, .. } = poll(&mut s, t0) else {
         panic!()
     };
     assert_eq!(state_of(&requests), vec![41]);
     s.complete(0, vec![(h, word(42))], t0);
     // A start on a live id resets its state.
     s.admit(req(7, 4, true, false, t0), t0).unwrap();
-    let SequencePoll::Batch { requests, .. } = s.poll(t0) else {
+    let SequencePoll::Batch { requests, .. } = poll(&mut s, t0) else {
         panic!()
     };
     assert_eq!(state_of(&requests), vec![0]);
@@ -115,12 +128,12 @@ fn unknown_ended_and_expired_sequences_are_refused() {
         refused(s.admit(req(1, 2, false, false, t0), t0)),
         SequenceRejection::Ended
     );
-    let (_, _, h) = batch(s.poll(t0));
+    let (_, _, h) = batch(poll(&mut s, t0));
     s.complete(0, vec![(h[0], word(1))], t0);
     assert_eq!(s.live(), 0);
     // Idle expiry: freed after max_idle (1 s) with nothing queued.
     s.admit(req(2, 1, true, false, t0), t0).unwrap();
-    let (_, _, h) = batch(s.poll(t0));
+    let (_, _, h) = batch(poll(&mut s, t0));
     s.complete(0, vec![(h[0], word(1))], at(t0, 10));
     assert_eq!(s.expire(at(t0, 1009)), 0);
     assert_eq!(s.live(), 1);
@@ -146,16 +159,16 @@ fn max_sequences_then_backlog() {
     assert_eq!(s.backlogged(), 1);
     let (_, r) = s.admit(req(4, 4, true, false, t0), t0).unwrap_err();
     assert_eq!(r, SequenceRejection::TooManySequences);
-    let (_, tags, h) = batch(s.poll(t0));
+    let (_, tags, h) = batch(poll(&mut s, t0));
     assert_eq!(tags, vec![1, 2]);
     // Sequence 1 ends: sequence 3 moves in and runs.
     s.admit(req(1, 5, false, true, t0), t0).unwrap();
     s.complete(0, h.iter().map(|&h| (h, word(0))).collect(), t0);
-    let (_, tags, h) = batch(s.poll(t0));
+    let (_, tags, h) = batch(poll(&mut s, t0));
     assert_eq!(tags, vec![5]);
     s.complete(0, h.iter().map(|&h| (h, word(0))).collect(), t0);
     assert_eq!(s.backlogged(), 0);
-    let (_, tags, _) = batch(s.poll(t0));
+    let (_, tags, _) = batch(poll(&mut s, t0));
     assert_eq!(tags, vec![3]);
 }
 
@@ -168,8 +181,8 @@ fn direct_orders_rows_by_slot_and_pins_to_instances() {
             .unwrap();
     }
     // Sequences alternate between the two instances (least loaded first).
-    let (i0, tags0, h0) = batch(s.poll(t0));
-    let (i1, tags1, h1) = batch(s.poll(t0));
+    let (i0, tags0, h0) = batch(poll(&mut s, t0));
+    let (i1, tags1, h1) = batch(poll(&mut s, t0));
     assert_eq!((i0, tags0), (0, vec![1, 3]));
     assert_eq!((i1, tags1), (1, vec![2, 4]));
     // Later requests go to the same instances, in slot order whatever their age.
@@ -178,7 +191,7 @@ fn direct_orders_rows_by_slot_and_pins_to_instances() {
     s.admit(req(3, 30, false, false, t0), t0).unwrap();
     s.admit(req(1, 10, false, false, at(t0, 1)), at(t0, 1))
         .unwrap();
-    let (i, tags, _) = batch(s.poll(at(t0, 1)));
+    let (i, tags, _) = batch(poll(&mut s, at(t0, 1)));
     assert_eq!((i, tags), (0, vec![10, 30]));
 }
 
@@ -193,26 +206,29 @@ fn oldest_orders_by_age_waits_for_the_delay_and_prefers_sizes() {
     for id in 1..=3 {
         s.admit(req(id, id as u32, true, false, t0), t0).unwrap();
     }
-    let (_, _, h) = batch(s.poll(t0));
+    let (_, _, h) = batch(poll(&mut s, t0));
     s.complete(0, h.iter().map(|&h| (h, word(0))).collect(), t0);
     // One of three live sequences ready: wait for the others until the delay.
     s.admit(req(3, 30, false, false, at(t0, 1)), at(t0, 1))
         .unwrap();
-    match s.poll(at(t0, 2)) {
+    match poll(&mut s, at(t0, 2)) {
         SequencePoll::Wait(Some(w)) => assert_eq!(w, at(t0, 6)),
         other => panic!("{other:?}"),
     }
     // Two ready: a preferred size, sent at once, oldest first.
     s.admit(req(1, 10, false, false, at(t0, 2)), at(t0, 2))
         .unwrap();
-    let (_, tags, h) = batch(s.poll(at(t0, 2)));
+    let (_, tags, h) = batch(poll(&mut s, at(t0, 2)));
     assert_eq!(tags, vec![30, 10]);
     s.complete(0, h.iter().map(|&h| (h, word(0))).collect(), at(t0, 3));
     // One ready, not preferred: sent when the delay has passed.
     s.admit(req(2, 20, false, false, at(t0, 3)), at(t0, 3))
         .unwrap();
-    assert!(matches!(s.poll(at(t0, 7)), SequencePoll::Wait(Some(_))));
-    let (_, tags, _) = batch(s.poll(at(t0, 8)));
+    assert!(matches!(
+        poll(&mut s, at(t0, 7)),
+        SequencePoll::Wait(Some(_))
+    ));
+    let (_, tags, _) = batch(poll(&mut s, at(t0, 8)));
     assert_eq!(tags, vec![20]);
 }
 
@@ -225,7 +241,7 @@ fn every_live_sequence_ready_sends_at_once() {
     s.add_instance(t0);
     s.admit(req(1, 1, true, false, t0), t0).unwrap();
     s.admit(req(2, 2, true, false, t0), t0).unwrap();
-    let (_, tags, _) = batch(s.poll(t0));
+    let (_, tags, _) = batch(poll(&mut s, t0));
     assert_eq!(tags, vec![1, 2]);
 }
 
@@ -241,7 +257,7 @@ fn cancelled_requests_leave_and_close_frees_idle_sequences() {
     s.close(t0);
     // Sequence 2 has nothing left: freed. Sequence 1 runs, then is freed.
     assert_eq!(s.live(), 1);
-    let (_, tags, h) = batch(s.poll(t0));
+    let (_, tags, h) = batch(poll(&mut s, t0));
     assert_eq!(tags, vec![1]);
     assert!(!s.is_drained());
     s.complete(0, vec![(h[0], word(0))], t0);
