@@ -20,7 +20,8 @@
 //! `intra_op_threads`, `inter_op_threads`, `allow_spinning`, `force_spinning_stop`
 //! (ONNX Runtime's `session.force_spinning_stop`) (by default none: the
 //! session runs on the process's one ONNX Runtime thread pool, one thread per
-//! physical core, shared by every model; setting any of them gives the session a
+//! physical core, shared by every model, whose runs take turns ([`turns`]);
+//! setting any of them gives the session a
 //! pool of its own: intra-op threads default to the physical cores divided among
 //! the group's `instances`, inter-op 1, spinning on; see [`threads`]),
 //! `optimization_level`
@@ -43,6 +44,7 @@ pub mod provider;
 mod runtime;
 mod signature;
 mod threads;
+pub mod turns;
 
 use std::path::{Component, Path, PathBuf};
 
@@ -139,6 +141,12 @@ fn optimization_level(params: &Params<'_>) -> Result<GraphOptimizationLevel, Wor
 }
 
 impl Onnx {
+    /// Whether this session's runs take turns on the shared pool ([`turns`]): on
+    /// the CPU provider without a pool of its own.
+    fn takes_turns(&self) -> bool {
+        self.threads == Threads::Shared && self.provider == Provider::Cpu
+    }
+
     fn session(&self) -> Result<Session, WorkerError> {
         let builder = Session::builder(&self.environment)
             .map_err(ort_error("session options"))?
@@ -294,6 +302,7 @@ impl Onnx {
                 .iter()
                 .map(|&feed| self.input_value(feed, view, rows))
                 .collect::<Result<Vec<_>, _>>()?;
+            let _turn = self.takes_turns().then(|| turns::SHARED.take());
             session
                 .run(values.as_slice())
                 .map_err(ort_error("inference"))?

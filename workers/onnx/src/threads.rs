@@ -4,7 +4,8 @@
 //! model loaded, spinning allowed. One pool means no model's idle threads spin
 //! against another's work (the reason the PP-OCR configs once turned spinning off,
 //! which cost each model alone: ocr-det 0.67× Python), and a pool that is idle
-//! parks (no CPU: tests/tests/onnx_thread_pool.rs). An operator who sets
+//! parks (no CPU: tests/tests/onnx_thread_pool.rs); runs on it take turns
+//! ([`crate::turns`]). An operator who sets
 //! `intra_op_threads`, `inter_op_threads`, `allow_spinning` or
 //! `force_spinning_stop` gets a pool of the session's own with those settings
 //! (the others at their former defaults); only such a pool can stop spinning as a

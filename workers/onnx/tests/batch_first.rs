@@ -4,42 +4,14 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
+mod common;
 
-use kiln_worker_onnx::Onnx;
-use kiln_worker_sdk::testing::{Harness, TestTensor};
+use common::{line, ocr_cls};
 use kiln_worker_sdk::{DataType, TensorSpec};
-
-fn start() -> Harness {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let cache = std::env::var_os("KILN_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join(".cache"));
-    let dir = root.join("examples/models/ocr-cls/1");
-    assert!(
-        dir.join("model.onnx").is_file(),
-        "{} is missing: run scripts/fetch-models",
-        dir.join("model.onnx").display()
-    );
-    let runtime = cache.join("onnxruntime/libonnxruntime.so.1.31.1");
-    Harness::start::<Onnx>(&[
-        ("model_dir", &dir.to_string_lossy()),
-        ("runtime", &runtime.to_string_lossy()),
-    ])
-    .unwrap()
-}
-
-/// A text-line-sized input, different for every `seed`.
-fn line(seed: usize) -> TestTensor {
-    let data: Vec<f32> = (0..3 * 48 * 192)
-        .map(|i| (((i * (seed + 3)) % 97) as f32 / 48.0) - 1.0)
-        .collect();
-    TestTensor::new("x", DataType::Fp32, &[1, 3, 48, 192], &data)
-}
 
 #[test]
 fn first_dim_batches_as_before() {
-    let mut h = start();
+    let mut h = ocr_cls(&[]);
     assert_eq!(h.info().max_batch_size, 8);
     assert_eq!(
         h.info().inputs.to_vec(),

@@ -1,0 +1,94 @@
+//! Runs on the process's shared ONNX Runtime pool take turns.
+//!
+//! The shared pool has one intra-op thread per physical core, the calling thread
+//! being one of them ([`crate::runtime`]): one run already uses every core. Two runs
+//! at once put both callers and the pool's threads on the same cores, and each
+//! parallel section then waits for threads preempted in the middle of their share
+//! of it. So runs on the shared pool go one at a time, in the order they asked (a
+//! ticket lock: no model waits behind a stream of another's runs). The OCR pipeline
+//! at 8 clients, three models on the pool, gained 7–16 % images/s in every round
+//! (docs/benchmarks.md, #32). A session with a pool of its own
+//! ([`crate::threads::Threads::Own`]) or on the CUDA provider does not take turns.
+//!
+//! A turn costs a run two uncontended lock/unlock pairs; only a turn handed to a
+//! waiting run wakes a thread.
+
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+
+/// The turns of the process's shared pool.
+pub static SHARED: Turns = Turns::new();
+
+/// Turns taken one at a time, in the order they were asked for.
+pub struct Turns {
+    tickets: Mutex<Tickets>,
+    next: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Tickets {
+    /// Tickets handed out.
+    issued: u64,
+    /// Turns finished: the ticket whose turn it is.
+    done: u64,
+}
+
+/// A turn, held until dropped.
+#[must_use = "the turn ends when this is dropped"]
+pub struct Turn<'a> {
+    turns: &'a Turns,
+}
+
+impl Turns {
+    pub const fn new() -> Self {
+        Turns {
+            tickets: Mutex::new(Tickets { issued: 0, done: 0 }),
+            next: Condvar::new(),
+        }
+    }
+
+    /// Waits for the caller's turn, behind every caller that asked before it.
+    pub fn take(&self) -> Turn<'_> {
+        let mut tickets = self.lock();
+        let ticket = tickets.issued;
+        tickets.issued += 1;
+        while tickets.done != ticket {
+            tickets = self
+                .next
+                .wait(tickets)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        Turn { turns: self }
+    }
+
+    /// How many callers wait for their turn (not counting the one whose turn it is).
+    pub fn waiting(&self) -> u64 {
+        let tickets = self.lock();
+        (tickets.issued - tickets.done).saturating_sub(1)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Tickets> {
+        // A turn's holder never panics while it holds the lock itself.
+        self.tickets.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Default for Turns {
+    fn default() -> Self {
+        Turns::new()
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        let mut tickets = self.turns.lock();
+        tickets.done += 1;
+        let waiting = tickets.issued > tickets.done;
+        drop(tickets);
+        if waiting {
+            self.turns.next.notify_all();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
