@@ -6,8 +6,9 @@
 //! parallel section then waits for threads preempted in the middle of their share
 //! of it. So runs on the shared pool go one at a time, in the order they asked (a
 //! ticket lock: no model waits behind a stream of another's runs). The OCR pipeline
-//! at 8 clients, three models on the pool, gained 7–16 % images/s in every round
-//! (docs/benchmarks.md, #32). A session with a pool of its own
+//! at 8 clients, three models on the pool, was ahead in 6 rounds of 6 (+2 to +29 %
+//! images/s, the rounds' median +9 %; docs/benchmarks.md, #32); one model alone
+//! (one run at a time anyway) pays nothing measurable. A session with a pool of its own
 //! ([`crate::threads::Threads::Own`]) or on the CUDA provider does not take turns.
 //!
 //! A turn costs a run two uncontended lock/unlock pairs; only a turn handed to a
