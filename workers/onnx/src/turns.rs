@@ -16,7 +16,8 @@
 
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
-/// The turns of the process's shared pool.
+/// The turns of the process's shared pool: one per copy of this plugin, as the
+/// pool is (a `kiln worker-host` process has its own pool and its own turns).
 pub static SHARED: Turns = Turns::new();
 
 /// Turns taken one at a time, in the order they were asked for.
