@@ -15,6 +15,7 @@
 //! waiting run wakes a thread.
 
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 /// The turns of the process's shared pool: one per copy of this plugin, as the
 /// pool is (a `kiln worker-host` process has its own pool and its own turns).
@@ -23,15 +24,26 @@ pub static SHARED: Turns = Turns::new();
 /// Turns taken one at a time, in the order they were asked for.
 pub struct Turns {
     tickets: Mutex<Tickets>,
+    /// Told when a turn ends and another caller waits for it.
     next: Condvar,
+    /// Told when a caller starts to wait, while someone watches ([`Turns::until_waiting`]).
+    asked: Condvar,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Tickets {
     /// Tickets handed out.
     issued: u64,
     /// Turns finished: the ticket whose turn it is.
     done: u64,
+    /// Callers in [`Turns::until_waiting`].
+    watchers: usize,
+}
+
+impl Tickets {
+    fn waiting(&self) -> u64 {
+        (self.issued - self.done).saturating_sub(1)
+    }
 }
 
 /// A turn, held until dropped.
@@ -43,8 +55,13 @@ pub struct Turn<'a> {
 impl Turns {
     pub const fn new() -> Self {
         Turns {
-            tickets: Mutex::new(Tickets { issued: 0, done: 0 }),
+            tickets: Mutex::new(Tickets {
+                issued: 0,
+                done: 0,
+                watchers: 0,
+            }),
             next: Condvar::new(),
+            asked: Condvar::new(),
         }
     }
 
@@ -53,6 +70,9 @@ impl Turns {
         let mut tickets = self.lock();
         let ticket = tickets.issued;
         tickets.issued += 1;
+        if tickets.done != ticket && tickets.watchers > 0 {
+            self.asked.notify_all();
+        }
         while tickets.done != ticket {
             tickets = self
                 .next
@@ -64,8 +84,20 @@ impl Turns {
 
     /// How many callers wait for their turn (not counting the one whose turn it is).
     pub fn waiting(&self) -> u64 {
-        let tickets = self.lock();
-        (tickets.issued - tickets.done).saturating_sub(1)
+        self.lock().waiting()
+    }
+
+    /// Waits until `n` callers wait for their turn, for at most `limit`; whether
+    /// they do. For tests and diagnostics: no caller pays for it unless one watches.
+    pub fn until_waiting(&self, n: u64, limit: Duration) -> bool {
+        let mut tickets = self.lock();
+        tickets.watchers += 1;
+        let (mut tickets, _) = self
+            .asked
+            .wait_timeout_while(tickets, limit, |t| t.waiting() < n)
+            .unwrap_or_else(PoisonError::into_inner);
+        tickets.watchers -= 1;
+        tickets.waiting() >= n
     }
 
     fn lock(&self) -> MutexGuard<'_, Tickets> {

@@ -5,50 +5,20 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Command;
 
-use kiln_worker_onnx::Onnx;
 use kiln_worker_sdk::testing::{Harness, TestTensor};
 use kiln_worker_sdk::{DataType, TensorSpec};
 
 const CHUNK: usize = 512;
 const STATE: usize = 2 * 128;
 
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn cache_dir() -> PathBuf {
-    std::env::var_os("KILN_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join(".cache"))
-}
-
-fn model_dir() -> PathBuf {
-    let dir = repo_root().join("examples/models/silero-vad/1");
-    assert!(
-        dir.join("model.onnx").is_file(),
-        "{} is missing: run scripts/fetch-models",
-        dir.join("model.onnx").display()
-    );
-    dir
-}
-
-fn runtime() -> String {
-    cache_dir()
-        .join("onnxruntime/libonnxruntime.so.1.31.1")
-        .to_string_lossy()
-        .into_owned()
-}
-
 /// Starts the worker on Silero with `extra` parameters after the model's location.
 fn start(extra: &[(&str, &str)]) -> Result<Harness, String> {
-    let dir = model_dir().to_string_lossy().into_owned();
-    let runtime = runtime();
-    let mut params = vec![("model_dir", dir.as_str()), ("runtime", runtime.as_str())];
-    params.extend_from_slice(extra);
-    Harness::start::<Onnx>(&params).map_err(|e| e.0)
+    common::start("silero-vad", extra)
 }
 
 /// Silero with its state batch first and sr constant, as it is served statefully.
@@ -222,7 +192,7 @@ fn batched_streams_match_onnxruntime_run_alone() {
     // the 512-sample chunk, as silero-vad's own wrapper feeds the model: the speech
     // probabilities then span 0..1.
     const WIDTH: usize = 64 + CHUNK;
-    let python = cache_dir().join("venv/bin/python");
+    let python = common::cache_dir().join("venv/bin/python");
     assert!(
         python.is_file(),
         "{} is missing: run scripts/setup-python",
@@ -230,8 +200,8 @@ fn batched_streams_match_onnxruntime_run_alone() {
     );
     let out = std::env::temp_dir().join(format!("kiln-onnx-silero-{}", std::process::id()));
     let status = Command::new(&python)
-        .arg(repo_root().join("tests/golden/silero_reference.py"))
-        .arg(model_dir().join("model.onnx"))
+        .arg(common::repo_root().join("tests/golden/silero_reference.py"))
+        .arg(common::model_dir("silero-vad").join("model.onnx"))
         .arg(&out)
         .args(["--streams", &STREAMS.to_string()])
         .args(["--chunks", &CHUNKS.to_string()])

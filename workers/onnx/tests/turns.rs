@@ -12,6 +12,9 @@ use std::time::Duration;
 use common::{line, ocr_cls};
 use kiln_worker_onnx::turns;
 
+/// How long a step may take before the test fails (a bound on a hang, never on a pass).
+const LIMIT: Duration = Duration::from_secs(30);
+
 #[test]
 fn a_run_on_the_shared_pool_waits_for_its_turn() {
     let mut shared = ocr_cls(&[]);
@@ -19,18 +22,14 @@ fn a_run_on_the_shared_pool_waits_for_its_turn() {
     let turn = turns::SHARED.take();
 
     // A pool of its own: no turn to wait for.
-    let own_run = thread::spawn(move || own.run(&[vec![line(0)]]).map(|a| a.len()));
-    for _ in 0..3000 {
-        if own_run.is_finished() {
-            break;
-        }
-        thread::sleep(Duration::from_millis(10));
-    }
-    assert!(
-        own_run.is_finished(),
-        "a session with its own pool waited for the shared pool's turn"
-    );
-    assert_eq!(own_run.join().unwrap().unwrap(), 1);
+    let (own_done, own_finished) = mpsc::channel();
+    thread::spawn(move || {
+        let _ = own_done.send(own.run(&[vec![line(0)]]).map(|a| a.len()));
+    });
+    let own_answers = own_finished
+        .recv_timeout(LIMIT)
+        .expect("a session with its own pool waited for the shared pool's turn");
+    assert_eq!(own_answers.unwrap(), 1);
 
     // The shared pool: the run waits until the turn held here is given back.
     let (done, finished) = mpsc::channel();
@@ -38,14 +37,14 @@ fn a_run_on_the_shared_pool_waits_for_its_turn() {
         let answers = shared.run(&[vec![line(1)]]).map(|a| a.len());
         done.send(answers).unwrap();
     });
-    let mut polls = 0;
-    while turns::SHARED.waiting() == 0 {
-        if let Ok(answers) = finished.try_recv() {
-            panic!("ran ({answers:?}) while another run held the shared pool's turn");
-        }
-        polls += 1;
-        assert!(polls < 3000, "the run never asked for a turn");
-        thread::sleep(Duration::from_millis(10));
+    if !turns::SHARED.until_waiting(1, LIMIT) {
+        panic!(
+            "the run never asked for a turn (it {})",
+            match finished.try_recv() {
+                Ok(_) => "ran while another run held the shared pool's turn",
+                Err(_) => "did not finish either",
+            }
+        );
     }
     assert!(finished.try_recv().is_err());
     drop(turn);

@@ -8,13 +8,11 @@ use super::Turns;
 
 /// Waits until `n` callers wait for a turn (fails after 30 s, never timing a pass).
 fn until_waiting(turns: &Turns, n: u64) {
-    for _ in 0..3000 {
-        if turns.waiting() == n {
-            return;
-        }
-        thread::sleep(Duration::from_millis(10));
-    }
-    panic!("{n} callers never waited; {} do", turns.waiting());
+    assert!(
+        turns.until_waiting(n, Duration::from_secs(30)),
+        "{n} callers never waited; {} do",
+        turns.waiting()
+    );
 }
 
 #[test]
