@@ -61,6 +61,7 @@ use axes::{AlignedBytes, Split};
 use provider::Provider;
 use signature::{Feed, ModelTensor, Signature, Tensor};
 use threads::Threads;
+use turns::Runs;
 
 /// The onnx worker.
 pub struct Onnx {
@@ -74,6 +75,12 @@ pub struct Onnx {
     /// first, reused from batch to batch.
     scratch: Vec<AlignedBytes>,
     session: Option<Session>,
+    /// Whether runs that meet others on the shared pool go side by side on one core
+    /// each (`side_by_side`, default true; [`turns`]).
+    side_by_side: bool,
+    /// The session on one core of its own for such runs, made the first time one
+    /// is needed.
+    side: Option<Session>,
 }
 
 fn ort_error(context: &str) -> impl Fn(ort::Error) -> WorkerError + '_ {
@@ -147,14 +154,53 @@ impl Onnx {
         self.threads == Threads::Shared && self.provider == Provider::Cpu
     }
 
+    /// Waits for this run's turn on the shared pool, if it takes turns, making the
+    /// side session when the turn is one core and there is none yet. A side
+    /// session that cannot be made is logged and given up: the run, and every
+    /// later one, waits for the whole pool instead.
+    fn turn(&mut self) -> Option<turns::Turn<'static>> {
+        if !self.takes_turns() {
+            return None;
+        }
+        let runs = if self.side_by_side {
+            Runs::PoolOrCore
+        } else {
+            Runs::PoolOnly
+        };
+        let turn = turns::SHARED.take(runs);
+        if turn.on_pool() || self.side.is_some() {
+            return Some(turn);
+        }
+        match self.session_with(Threads::SIDE) {
+            Ok(side) => {
+                log::info!(
+                    "onnx: {}: a second session on one core, for runs beside others",
+                    self.path.display()
+                );
+                self.side = Some(side);
+                Some(turn)
+            }
+            Err(e) => {
+                log::warn!("onnx: no side session, runs wait for the whole pool: {e}");
+                self.side_by_side = false;
+                drop(turn);
+                Some(turns::SHARED.take(Runs::PoolOnly))
+            }
+        }
+    }
+
     fn session(&self) -> Result<Session, WorkerError> {
+        self.session_with(self.threads)
+    }
+
+    fn session_with(&self, threads: Threads) -> Result<Session, WorkerError> {
         let builder = Session::builder(&self.environment)
             .map_err(ort_error("session options"))?
             .with_optimization_level(self.level)
             .map_err(|e| WorkerError::new(format!("optimization level: {e}")))?;
         // `Shared`: `ort` disables the session's own threads itself, since the
         // environment has global pools.
-        let builder = match self.threads {
+        let builder = match threads {
             Threads::Shared => builder,
             Threads::Own {
                 intra,
@@ -286,10 +332,12 @@ impl Onnx {
         convert::input_value(spec.dtype, &shape, bytes)
     }
 
-    /// Runs `session` on the batch and writes its outputs.
+    /// Runs `session` on the batch in `turn` (given back as the run returns) and
+    /// writes its outputs.
     fn run_session(
         &self,
         session: &mut Session,
+        turn: Option<turns::Turn<'_>>,
         batch: &mut Batch<'_, '_>,
         request_rows: &[usize],
         rows: usize,
@@ -302,10 +350,9 @@ impl Onnx {
                 .iter()
                 .map(|&feed| self.input_value(feed, view, rows))
                 .collect::<Result<Vec<_>, _>>()?;
-            let _turn = self.takes_turns().then(|| turns::SHARED.take());
-            session
-                .run(values.as_slice())
-                .map_err(ort_error("inference"))?
+            let outputs = session.run(values.as_slice());
+            drop(turn);
+            outputs.map_err(ort_error("inference"))?
         };
         for (k, spec) in self.signature.outputs.iter().enumerate() {
             let value = outputs.get(&spec.name).ok_or_else(|| {
@@ -381,6 +428,7 @@ impl Worker for Onnx {
         ParamSpec::load("inter_op_threads", ParamKind::Int { min: 1, max: 256 }),
         ParamSpec::load("allow_spinning", ParamKind::Bool),
         ParamSpec::load("force_spinning_stop", ParamKind::Bool),
+        ParamSpec::load("side_by_side", ParamKind::Bool),
         ParamSpec::load("optimization_level", ParamKind::Any),
         ParamSpec::load("max_batch_size", ParamKind::Int { min: 0, max: 4096 }),
         ParamSpec::load(
@@ -412,6 +460,11 @@ impl Worker for Onnx {
             signature: Signature::default(),
             scratch: Vec::new(),
             session: None,
+            side_by_side: params
+                .bool("side_by_side")
+                .map_err(WorkerError::new)?
+                .unwrap_or(true),
+            side: None,
         };
         // Read the model's signature from a session made only for that.
         let session = worker.session()?;
@@ -461,6 +514,7 @@ impl Worker for Onnx {
 
     fn release(&mut self) -> Result<(), WorkerError> {
         self.session = None;
+        self.side = None;
         Ok(())
     }
 
@@ -478,12 +532,22 @@ impl Worker for Onnx {
             batch.input(0)?.shapes().iter().map(Shape::rows).collect()
         };
         self.move_inputs(batch, rows)?;
-        let mut session = self
-            .session
+        let turn = self.turn();
+        let side = turn.as_ref().is_some_and(|t| !t.on_pool());
+        let slot = if side {
+            &mut self.side
+        } else {
+            &mut self.session
+        };
+        let mut session = slot
             .take()
             .ok_or_else(|| WorkerError::new("run before acquire"))?;
-        let result = self.run_session(&mut session, batch, &request_rows, rows);
-        self.session = Some(session);
+        let result = self.run_session(&mut session, turn, batch, &request_rows, rows);
+        if side {
+            self.side = Some(session);
+        } else {
+            self.session = Some(session);
+        }
         result
     }
 }

@@ -38,6 +38,16 @@ pub enum Threads {
 }
 
 impl Threads {
+    /// The side session's: one thread, the caller's, for a run beside others on one
+    /// core of the shared pool ([`crate::turns`]). ONNX Runtime starts no pool
+    /// threads for it, so there is nothing to spin.
+    pub const SIDE: Threads = Threads::Own {
+        intra: 1,
+        inter: 1,
+        spinning: false,
+        stop_between_runs: false,
+    };
+
     /// [`Threads::Shared`] unless one of [`OWN_POOL_PARAMS`] is set; then its own
     /// pool: `intra_op_threads` (default: `physical_cores` divided among the
     /// group's instances, which the server passes as [`INSTANCES_PARAM`]),
