@@ -17,10 +17,14 @@
 //! `model.onnx`), `model_dir` (set by the server's model repository), `runtime` (the
 //! `libonnxruntime.so`; else `$KILN_ONNXRUNTIME`, else
 //! `$KILN_CACHE/onnxruntime/libonnxruntime.so.1.31.1`, else `./.cache/onnxruntime/…`),
-//! `intra_op_threads`, `inter_op_threads`, `allow_spinning`, `force_spinning_stop`
-//! (ONNX Runtime's `session.force_spinning_stop`) (by default none: the
+//! `side_by_side`, `intra_op_threads`, `inter_op_threads`, `allow_spinning`,
+//! `force_spinning_stop` (ONNX Runtime's `session.force_spinning_stop`) (by default
+//! none of the last four: the
 //! session runs on the process's one ONNX Runtime thread pool, one thread per
-//! physical core, shared by every model, whose runs take turns ([`turns`]);
+//! physical core, shared by every model, whose runs take turns ([`turns`]: a run
+//! alone takes the whole pool, runs that meet go side by side on one core each, on a
+//! second session of one thread, made when first needed; `side_by_side` = false
+//! turns that off);
 //! setting any of them gives the session a
 //! pool of its own: intra-op threads default to the physical cores divided among
 //! the group's `instances`, inter-op 1, spinning on; see [`threads`]),
