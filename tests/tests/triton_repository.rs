@@ -213,6 +213,11 @@ async fn config_answers_what_triton_answers_for_the_same_file() {
     assert_eq!(auto["input"][0]["name"], json!("x"), "{auto}");
     assert_eq!(auto["input"][0]["dims"], json!([3, -1, -1]), "{auto}");
     assert_eq!(auto["output"][0]["data_type"], json!("TYPE_FP32"), "{auto}");
+    // No instance group: Triton's default for ONNX Runtime on the CPU, two
+    // instances, which kiln runs.
+    assert_eq!(auto["instance_group"][0]["count"], json!(2), "{auto}");
+    let metadata = kiln.client.model_metadata("auto").await.unwrap();
+    assert_eq!(metadata["parameters"]["instances"], json!(2), "{metadata}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,8 +12,8 @@
 //! | `input`/`output` (auto-completed)   | the model's tensors, as the worker read them |
 //! | `max_batch_size` of a model that batches (auto-completed, [`super::autocomplete`]) | the group's batch size (4) |
 //! | a scheduler, when kiln's auto-completion chose the dynamic batcher | `dynamic_batching {}` |
-//! | `instance_group` (a worker's model) | one group `<model>_0`, count 1, `KIND_CPU` |
-//! | an instance group's name, count, kind | `<model>_<i>`, 1, `KIND_CPU`             |
+//! | `instance_group` (a worker's model) | one group `<model>_0`, count 2 for `onnxruntime` (1 for others), `KIND_CPU` |
+//! | an instance group's name, count, kind | `<model>_<i>`, 2 for `onnxruntime` on the CPU (else 1), `KIND_CPU` |
 //! | `dynamic_batching.preferred_batch_size` | `[max_batch_size]`                     |
 //! | `optimization` (a worker's model)   | default priority, pinned input and output memory |
 //! | `model_transaction_policy` (an ensemble) | `decoupled: false`                    |
@@ -71,11 +71,14 @@ pub fn complete(config: &ModelConfig, name: &str, served: &Served) -> ModelConfi
     if c.instance_group.is_empty() {
         c.instance_group.push(ModelInstanceGroup::default());
     }
+    let onnx = c.backend == "onnxruntime";
     for (i, g) in c.instance_group.iter_mut().enumerate() {
         if g.name.is_empty() {
             g.name = format!("{name}_{i}");
         }
-        g.count = g.count.max(1);
+        if g.count < 1 {
+            g.count = super::map::default_instance_count(onnx, g.kind(), &g.gpus);
+        }
         if g.kind() == Kind::Auto {
             g.set_kind(Kind::Cpu);
         }

@@ -64,6 +64,8 @@ const HONOURED_WORKER: &[&str] = &[
     "dynamic_batching.default_queue_policy.timeout_action",
     "dynamic_batching.priority_queue_policy",
     "dynamic_batching",
+    // A group of defaults only (`instance_group [{ kind: KIND_AUTO }]`).
+    "instance_group",
     "instance_group.name",
     "instance_group.count",
     "instance_group.kind",
@@ -470,17 +472,41 @@ fn dynamic_batching(d: &proto::ModelDynamicBatching, set: &mut impl FnMut(&str, 
     }
 }
 
+/// Triton's instance count of a group that gives none (`SetDefaultInstanceCount`):
+/// 2 for ONNX Runtime on the CPU, 1 otherwise. On kiln's shared ONNX Runtime pool
+/// two instances run a model's requests side by side under load and on every core
+/// for one client (docs/models.md, "The onnx worker").
+pub(super) fn default_instance_count(onnx: bool, kind: Kind, gpus: &[i32]) -> i32 {
+    let cpu = matches!(kind, Kind::Cpu) || (matches!(kind, Kind::Auto) && gpus.is_empty());
+    if onnx && cpu {
+        2
+    } else {
+        1
+    }
+}
+
 fn instance_group(
     groups: &[proto::ModelInstanceGroup],
     worker: &str,
     set: &mut impl FnMut(&str, ParamValue),
 ) -> Result<(), String> {
+    let onnx = worker == "onnx";
     let group = match groups {
-        [] => return Ok(()),
+        // Triton's group of kind AUTO, which is the CPU to kiln (below).
+        [] => {
+            let count = default_instance_count(onnx, Kind::Auto, &[]);
+            set("instances", ParamValue::Int(count.into()));
+            return Ok(());
+        }
         [one] => one,
         _ => return Err("`instance_group`: kiln runs one instance group per model".into()),
     };
-    set("instances", ParamValue::Int(group.count.max(1).into()));
+    let count = if group.count >= 1 {
+        group.count
+    } else {
+        default_instance_count(onnx, group.kind(), &group.gpus)
+    };
+    set("instances", ParamValue::Int(count.into()));
     if worker == "python" {
         // The interpreter runs on the CPU; the model's own code picks its devices.
         return match (group.kind(), &group.gpus[..]) {

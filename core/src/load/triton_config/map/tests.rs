@@ -159,3 +159,39 @@ fn name_must_be_the_folder() {
     let e = mapped("name: \"other\" backend: \"onnxruntime\"").unwrap_err();
     assert!(e.contains("other"), "{e}");
 }
+
+#[test]
+fn a_group_without_a_count_gets_tritons_default() {
+    let instances = |text: &str| {
+        params(text)
+            .into_iter()
+            .find(|(key, _)| key == "instances")
+            .map(|(_, v)| v)
+    };
+    // ONNX Runtime on the CPU: 2, with no group, a CPU group, or an AUTO one without gpus.
+    for text in [
+        "backend: \"onnxruntime\"",
+        "platform: \"onnxruntime_onnx\" instance_group [{ kind: KIND_CPU }]",
+        "backend: \"onnxruntime\" instance_group [{ kind: KIND_AUTO }]",
+    ] {
+        assert_eq!(instances(text).as_deref(), Some("Int(2)"), "{text}");
+    }
+    // A count given, a GPU group, or another backend: as given, else 1.
+    for (text, count) in [
+        (
+            "backend: \"onnxruntime\" instance_group [{ count: 3 kind: KIND_CPU }]",
+            "Int(3)",
+        ),
+        (
+            "backend: \"onnxruntime\" instance_group [{ kind: KIND_GPU }]",
+            "Int(1)",
+        ),
+        ("backend: \"python\"", "Int(1)"),
+        (
+            "backend: \"python\" instance_group [{ kind: KIND_CPU }]",
+            "Int(1)",
+        ),
+    ] {
+        assert_eq!(instances(text).as_deref(), Some(count), "{text}");
+    }
+}
