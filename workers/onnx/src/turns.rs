@@ -25,7 +25,10 @@ use std::time::Duration;
 /// The turns of the process's shared pool, one core per thread of its intra-op
 /// pool: one per copy of this plugin, as the pool is (a `kiln worker-host` process
 /// has its own pool and its own turns).
-pub static SHARED: LazyLock<Turns> = LazyLock::new(|| Turns::new(crate::threads::physical_cores()));
+pub static SHARED: LazyLock<Turns> = LazyLock::new(|| {
+    let threads = crate::runtime::GLOBAL_INTRA_OP_THREADS.get().copied();
+    Turns::new(threads.unwrap_or_else(crate::threads::physical_cores))
+});
 
 /// What a caller can run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
