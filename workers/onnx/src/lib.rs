@@ -197,6 +197,15 @@ impl Onnx {
         self.session_with(self.threads)
     }
 
+    /// Where the session a run uses is kept: the side session's slot or the main one.
+    fn slot(&mut self, side: bool) -> &mut Option<Session> {
+        if side {
+            &mut self.side
+        } else {
+            &mut self.session
+        }
+    }
+
     fn session_with(&self, threads: Threads) -> Result<Session, WorkerError> {
         let builder = Session::builder(&self.environment)
             .map_err(ort_error("session options"))?
@@ -538,20 +547,12 @@ impl Worker for Onnx {
         self.move_inputs(batch, rows)?;
         let turn = self.turn();
         let side = turn.as_ref().is_some_and(|t| !t.on_pool());
-        let slot = if side {
-            &mut self.side
-        } else {
-            &mut self.session
-        };
-        let mut session = slot
+        let mut session = self
+            .slot(side)
             .take()
             .ok_or_else(|| WorkerError::new("run before acquire"))?;
         let result = self.run_session(&mut session, turn, batch, &request_rows, rows);
-        if side {
-            self.side = Some(session);
-        } else {
-            self.session = Some(session);
-        }
+        *self.slot(side) = Some(session);
         result
     }
 }

@@ -71,13 +71,13 @@ pub fn complete(config: &ModelConfig, name: &str, served: &Served) -> ModelConfi
     if c.instance_group.is_empty() {
         c.instance_group.push(ModelInstanceGroup::default());
     }
-    let onnx = c.backend == "onnxruntime";
+    let worker = super::map::worker_of(&c.platform, &c.backend).unwrap_or_default();
     for (i, g) in c.instance_group.iter_mut().enumerate() {
         if g.name.is_empty() {
             g.name = format!("{name}_{i}");
         }
         if g.count < 1 {
-            g.count = super::map::default_instance_count(onnx, g.kind(), &g.gpus);
+            g.count = super::map::default_instance_count(worker, g.kind(), &g.gpus);
         }
         if g.kind() == Kind::Auto {
             g.set_kind(Kind::Cpu);

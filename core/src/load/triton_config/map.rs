@@ -95,7 +95,7 @@ const ORT_PARAMETERS: &[(&str, &str)] = &[
 ];
 
 /// Which worker serves a Triton platform or backend: the one place that names them.
-fn worker_of(platform: &str, backend: &str) -> Result<&'static str, String> {
+pub(super) fn worker_of(platform: &str, backend: &str) -> Result<&'static str, String> {
     match (platform, backend) {
         ("onnxruntime_onnx", "" | "onnxruntime") | ("", "onnxruntime") => Ok("onnx"),
         ("", "python") => Ok("python"),
@@ -476,9 +476,9 @@ fn dynamic_batching(d: &proto::ModelDynamicBatching, set: &mut impl FnMut(&str, 
 /// 2 for ONNX Runtime on the CPU, 1 otherwise. On kiln's shared ONNX Runtime pool
 /// two instances run a model's requests side by side under load and on every core
 /// for one client (docs/models.md, "The onnx worker").
-pub(super) fn default_instance_count(onnx: bool, kind: Kind, gpus: &[i32]) -> i32 {
+pub(super) fn default_instance_count(worker: &str, kind: Kind, gpus: &[i32]) -> i32 {
     let cpu = matches!(kind, Kind::Cpu) || (matches!(kind, Kind::Auto) && gpus.is_empty());
-    if onnx && cpu {
+    if worker == "onnx" && cpu {
         2
     } else {
         1
@@ -490,11 +490,10 @@ fn instance_group(
     worker: &str,
     set: &mut impl FnMut(&str, ParamValue),
 ) -> Result<(), String> {
-    let onnx = worker == "onnx";
     let group = match groups {
         // Triton's group of kind AUTO, which is the CPU to kiln (below).
         [] => {
-            let count = default_instance_count(onnx, Kind::Auto, &[]);
+            let count = default_instance_count(worker, Kind::Auto, &[]);
             set("instances", ParamValue::Int(count.into()));
             return Ok(());
         }
@@ -504,7 +503,7 @@ fn instance_group(
     let count = if group.count >= 1 {
         group.count
     } else {
-        default_instance_count(onnx, group.kind(), &group.gpus)
+        default_instance_count(worker, group.kind(), &group.gpus)
     };
     set("instances", ParamValue::Int(count.into()));
     if worker == "python" {

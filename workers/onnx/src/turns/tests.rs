@@ -19,16 +19,17 @@ fn until_waiting(turns: &Turns, n: u64) {
     );
 }
 
-/// Starts a caller that takes a turn, says whether it holds the pool, and holds the
-/// turn until told to give it back.
-fn caller(
-    turns: &Arc<Turns>,
-    runs: Runs,
-) -> (
+/// A caller's thread: what it says (whether it holds the pool), the sender that
+/// tells it to give its turn back, and its handle.
+type Caller = (
     mpsc::Receiver<bool>,
     mpsc::Sender<()>,
     thread::JoinHandle<()>,
-) {
+);
+
+/// Starts a caller that takes a turn, says whether it holds the pool, and holds the
+/// turn until told to give it back.
+fn caller(turns: &Arc<Turns>, runs: Runs) -> Caller {
     let (said, heard) = mpsc::channel();
     let (release, released) = mpsc::channel::<()>();
     let turns = turns.clone();
@@ -38,6 +39,17 @@ fn caller(
         let _ = released.recv();
     });
     (heard, release, handle)
+}
+
+/// Holds the whole pool until a caller (`runs`) waits behind it, then gives it
+/// back: a caller that had to wait.
+fn caller_that_waited(turns: &Arc<Turns>, runs: Runs) -> Caller {
+    let pool = turns.take(Runs::PoolOrCore);
+    assert!(pool.on_pool());
+    let waiter = caller(turns, runs);
+    until_waiting(turns, 1);
+    drop(pool);
+    waiter
 }
 
 #[test]
@@ -90,10 +102,7 @@ fn runs_that_meet_go_side_by_side_on_one_core_each() {
 #[test]
 fn a_run_without_a_side_session_waits_for_every_core() {
     let turns = Arc::new(Turns::new(2));
-    let pool = turns.take(Runs::PoolOrCore);
-    let (core_said, core_release, core) = caller(&turns, Runs::PoolOrCore);
-    until_waiting(&turns, 1);
-    drop(pool);
+    let (core_said, core_release, core) = caller_that_waited(&turns, Runs::PoolOrCore);
     assert!(!core_said.recv_timeout(LIMIT).unwrap());
     // One core is free, but this caller runs only on the whole pool.
     let (pool_said, pool_release, whole) = caller(&turns, Runs::PoolOnly);
@@ -137,10 +146,7 @@ fn turns_are_given_in_the_order_asked() {
 #[test]
 fn a_pool_of_one_core_is_always_the_whole_pool() {
     let turns = Arc::new(Turns::new(1));
-    let first = turns.take(Runs::PoolOrCore);
-    let (said, release, t) = caller(&turns, Runs::PoolOrCore);
-    until_waiting(&turns, 1);
-    drop(first);
+    let (said, release, t) = caller_that_waited(&turns, Runs::PoolOrCore);
     assert!(said.recv_timeout(LIMIT).unwrap());
     release.send(()).unwrap();
     t.join().unwrap();
